@@ -1,0 +1,64 @@
+//! # genesis-backend-api
+//!
+//! The versioned interface between the Genesis core and its device backends, and the SDK for
+//! writing a backend plugin.
+//!
+//! A backend is a `cdylib` the core discovers and loads at run time. Its author implements two
+//! safe traits, [`Backend`] and [`Device`], and writes one line:
+//!
+//! ```ignore
+//! genesis_backend_api::export_backend!("mydev", MyBackend, MyBackend::new);
+//! ```
+//!
+//! The macro exports a [`abi::PluginDeclaration`] (name and interface version, readable without
+//! running plugin code) and an abi_stable root module whose every function catches panics and
+//! turns them into [`ErrorKind::Internal`] errors. Optional parts of the interface have default
+//! methods that return [`ErrorKind::Unsupported`].
+//!
+//! ## Versions
+//! [`API_VERSION`] is `major.minor`, independent of crate versions. A minor version only appends
+//! functions to the root module or values to open enums ([`DType`], [`OpKind`], [`ErrorKind`]);
+//! receivers refuse unknown values with `Unsupported`. The host loads any plugin of its major
+//! version and never calls a function the plugin lacks. See `CHANGELOG.md`.
+//!
+//! ## Operations
+//! Ops are described by [`Op`] on strided [`TensorDesc`]s; [`Device::capabilities`] lists the
+//! (op, dtype) pairs a device runs. The [`sdk`] module has helpers for validating operands and
+//! walking strided tensors.
+
+pub mod abi;
+mod dtype;
+mod error;
+#[doc(hidden)]
+pub mod export;
+mod info;
+mod op;
+pub mod sdk;
+mod tensor;
+mod traits;
+
+pub use abi_stable;
+pub use dtype::DType;
+pub use error::{BackendError, ErrorKind, RawError, Result};
+pub use info::{BackendInfo, DeviceProperties, MemoryStats, Probe, RawBackendInfo, RawDeviceProperties, RawProbe};
+pub use op::{BinaryOp, Capability, CollectiveOp, Op, OpAttrs, OpKind, RawOp, ReduceOp, UnaryOp, Window2d};
+pub use tensor::{contiguous_strides, BufferId, TensorDesc, MAX_DIMS};
+pub use traits::{Backend, CollectiveArg, Device};
+
+/// An interface version, `major.minor`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ApiVersion {
+    /// Incompatible changes bump this.
+    pub major: u32,
+    /// Compatible additions bump this.
+    pub minor: u32,
+}
+
+impl std::fmt::Display for ApiVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// The interface version this crate defines.
+pub const API_VERSION: ApiVersion = ApiVersion { major: 1, minor: 0 };

@@ -1,0 +1,149 @@
+//! Helpers for backend authors: operand checks and strided iteration, so every backend
+//! validates the same way and kernels stay short.
+
+pub mod philox;
+
+use crate::dtype::DType;
+use crate::error::{BackendError, Result};
+use crate::op::Op;
+use crate::tensor::TensorDesc;
+
+/// Check the operand counts of `op`.
+pub fn expect_arity(op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc], n_in: usize, n_out: usize) -> Result<()> {
+    if inputs.len() != n_in || outputs.len() != n_out {
+        return Err(BackendError::invalid(format!(
+            "{}: expected {n_in} input(s) and {n_out} output(s), got {} and {}",
+            op.name(),
+            inputs.len(),
+            outputs.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Check that `a` and `b` have one shape.
+pub fn expect_same_shape(op: &Op, a: &TensorDesc, b: &TensorDesc) -> Result<()> {
+    if a.shape() != b.shape() {
+        return Err(BackendError::shape(format!("{}: shapes {:?} and {:?} differ", op.name(), a.shape(), b.shape())));
+    }
+    Ok(())
+}
+
+/// Check that `t` has dtype `dtype`.
+pub fn expect_dtype(op: &Op, t: &TensorDesc, dtype: DType) -> Result<()> {
+    let actual = t.dtype()?;
+    if actual != dtype {
+        return Err(BackendError::dtype(format!("{}: expected {dtype}, got {actual}", op.name())));
+    }
+    Ok(())
+}
+
+/// Refuse outputs whose bytes overlap each other or an input (in-place ops pass
+/// `allow_inputs = true` to skip the input check). Exactly aliasing an input is allowed for
+/// elementwise ops via `allow_identical`.
+pub fn expect_no_overlap(op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc], allow_identical: bool) -> Result<()> {
+    for (i, out) in outputs.iter().enumerate() {
+        if out.numel() > 1 && out.strides().iter().zip(out.shape()).any(|(&s, n)| s == 0 && n > 1) {
+            return Err(BackendError::invalid(format!("{}: output {i} has a zero stride (it would overlap itself)", op.name())));
+        }
+        let Some(o) = out.byte_extent()? else { continue };
+        for (j, other) in outputs.iter().enumerate().skip(i + 1) {
+            if let Some(p) = other.byte_extent()? {
+                if other.buffer == out.buffer && o.0 < p.1 && p.0 < o.1 {
+                    return Err(BackendError::invalid(format!("{}: outputs {i} and {j} overlap", op.name())));
+                }
+            }
+        }
+        for (j, input) in inputs.iter().enumerate() {
+            if allow_identical && input == out {
+                continue;
+            }
+            if let Some(p) = input.byte_extent()? {
+                if input.buffer == out.buffer && o.0 < p.1 && p.0 < o.1 {
+                    return Err(BackendError::invalid(format!("{}: output {i} overlaps input {j}", op.name())));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The reduced axes of a reduction: where the output has size 1 and the input does not.
+/// Fails when ranks differ or a kept axis changes size.
+pub fn reduced_axes(op: &Op, input: &TensorDesc, output: &TensorDesc) -> Result<Vec<bool>> {
+    let (is, os) = (input.shape(), output.shape());
+    if is.len() != os.len() {
+        return Err(BackendError::shape(format!("{}: input {is:?} and output {os:?} differ in rank", op.name())));
+    }
+    is.iter()
+        .zip(&os)
+        .map(|(&i, &o)| match (i, o) {
+            (i, o) if i == o => Ok(false),
+            (_, 1) => Ok(true),
+            _ => Err(BackendError::shape(format!("{}: cannot reduce {is:?} to {os:?}", op.name()))),
+        })
+        .collect()
+}
+
+/// Element offsets of a strided view in row-major order: `offsets(&[2, 3], &[1, 2])` yields
+/// 0, 2, 4, 1, 3, 5. An empty shape yields nothing; rank 0 yields one offset.
+pub fn offsets(shape: &[usize], strides: &[isize]) -> StridedOffsets {
+    StridedOffsets {
+        shape: shape.to_vec(),
+        strides: strides.to_vec(),
+        index: vec![0; shape.len()],
+        offset: 0,
+        remaining: shape.iter().product(),
+    }
+}
+
+/// Iterator returned by [`offsets`].
+pub struct StridedOffsets {
+    shape: Vec<usize>,
+    strides: Vec<isize>,
+    index: Vec<usize>,
+    offset: isize,
+    remaining: usize,
+}
+
+impl Iterator for StridedOffsets {
+    type Item = isize;
+
+    fn next(&mut self) -> Option<isize> {
+        if self.remaining == 0 {
+            return None;
+        }
+        self.remaining -= 1;
+        let current = self.offset;
+        // Odometer step: bump the last axis, carrying into earlier ones.
+        for d in (0..self.shape.len()).rev() {
+            self.index[d] += 1;
+            self.offset += self.strides[d];
+            if self.index[d] < self.shape[d] {
+                break;
+            }
+            self.offset -= self.strides[d] * self.shape[d] as isize;
+            self.index[d] = 0;
+        }
+        Some(current)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.remaining, Some(self.remaining))
+    }
+}
+
+impl ExactSizeIterator for StridedOffsets {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_walk_row_major() {
+        assert_eq!(offsets(&[2, 3], &[1, 2]).collect::<Vec<_>>(), vec![0, 2, 4, 1, 3, 5]);
+        assert_eq!(offsets(&[], &[]).collect::<Vec<_>>(), vec![0]);
+        assert_eq!(offsets(&[2, 0], &[1, 1]).count(), 0);
+        assert_eq!(offsets(&[3, 2], &[0, 1]).collect::<Vec<_>>(), vec![0, 1, 0, 1, 0, 1]);
+    }
+}

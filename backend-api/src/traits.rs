@@ -1,0 +1,90 @@
+//! The safe traits a plugin author implements. [`crate::export_backend!`] turns them into the
+//! plugin's exported module; nothing here knows about the wire format.
+
+use crate::error::{BackendError, Result};
+use crate::info::{BackendInfo, DeviceProperties, MemoryStats, Probe};
+use crate::op::{Capability, CollectiveOp, Op};
+use crate::tensor::{BufferId, TensorDesc};
+
+/// One participant in a collective call: a device and its input and output tensors.
+#[repr(C)]
+#[derive(abi_stable::StableAbi, Debug, Clone, Copy)]
+pub struct CollectiveArg {
+    /// Device index within the backend.
+    pub device: u32,
+    /// What this device contributes.
+    pub input: TensorDesc,
+    /// Where this device's result goes.
+    pub output: TensorDesc,
+}
+
+/// A device backend: the entry point of a plugin.
+///
+/// Constructing it must be cheap and must not touch device drivers; [`Backend::probe`] is
+/// where drivers are first loaded. Every method may be called from several threads.
+pub trait Backend: Send + Sync + 'static {
+    /// The per-device state this backend opens.
+    type Device: Device;
+
+    /// Name, vendor and version.
+    fn info(&self) -> BackendInfo;
+
+    /// Count devices; when there are none, say why.
+    fn probe(&self) -> Probe;
+
+    /// Properties of device `index` (already checked to be in range).
+    fn device_properties(&self, index: usize) -> Result<DeviceProperties>;
+
+    /// Open device `index` (already checked to be in range). Called once per device.
+    fn open_device(&self, index: usize) -> Result<Self::Device>;
+
+    /// Run a collective over `args` (one entry per participating device, in rank order).
+    /// Optional; the default says `Unsupported`.
+    fn collective(&self, op: CollectiveOp, args: &[CollectiveArg]) -> Result<()> {
+        let _ = args;
+        Err(BackendError::unsupported(format!("collective {op:?} is not implemented by this backend")))
+    }
+}
+
+/// One opened device: memory, transfers and execution.
+///
+/// Work may run asynchronously in issue order; [`Device::read`] and [`Device::synchronize`]
+/// wait for it, and report an error of earlier asynchronous work if there was one.
+pub trait Device: Send + Sync + 'static {
+    /// Allocate `bytes` (0 is allowed and yields a valid, empty buffer).
+    fn allocate(&self, bytes: usize) -> Result<BufferId>;
+
+    /// Release a buffer. Releasing an unknown handle is an `InvalidArgument` error.
+    fn free(&self, buffer: BufferId) -> Result<()>;
+
+    /// Copy host bytes into `dst` at byte `offset`.
+    fn write(&self, dst: BufferId, offset: usize, src: &[u8]) -> Result<()>;
+
+    /// Copy bytes of `src` starting at byte `offset` to the host, after pending work.
+    fn read(&self, src: BufferId, offset: usize, dst: &mut [u8]) -> Result<()>;
+
+    /// Wait for all issued work.
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Current memory statistics.
+    fn memory_stats(&self) -> Result<MemoryStats>;
+
+    /// Reset the peak counters to the current values.
+    fn reset_peak_memory(&self) -> Result<()> {
+        Err(BackendError::unsupported("reset_peak_memory is not implemented by this backend"))
+    }
+
+    /// Return cached, unused memory to the system or driver.
+    fn empty_cache(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// The (op, dtype) pairs [`Device::execute`] runs. A claim that is wrong is a
+    /// conformance failure; an op not claimed must fail cleanly with `Unsupported`.
+    fn capabilities(&self) -> Vec<Capability>;
+
+    /// Run `op` reading `inputs` and writing `outputs` (see [`Op`] for each op's operands).
+    fn execute(&self, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()>;
+}
