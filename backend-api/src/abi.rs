@@ -10,6 +10,7 @@ use crate::error::RawError;
 use crate::info::{MemoryStats, RawBackendInfo, RawDeviceProperties, RawProbe};
 use crate::op::{Capability, RawOp};
 use crate::tensor::{BufferId, TensorDesc};
+#[cfg(not(feature = "fixture-api-1-0"))]
 use crate::traits::CollectiveArg;
 use abi_stable::library::RootModule;
 use abi_stable::sabi_types::VersionStrings;
@@ -89,9 +90,9 @@ pub type RawResult<T> = RResult<T, RawError>;
 /// The root module of a plugin: one function pointer per interface function.
 ///
 /// Device-level functions take the device index first; the plugin opens devices lazily.
-/// Fields up to `execute` exist since 1.0; fields after it are optional and read as
-/// `Option` (a plugin built against an interface without them gets `None`, which the host
-/// reports as `Unsupported`). New functions are appended at the end in minor versions.
+/// Fields up to `execute` exist since 1.0; each later minor version appends fields at the
+/// end, and those read as `Option` (a plugin built against an older minor lacks them, which
+/// the host reports as `Unsupported`). Never reorder, remove or retype a field.
 #[repr(C)]
 #[derive(StableAbi)]
 #[sabi(kind(Prefix(prefix_ref = PluginModuleRef)))]
@@ -126,8 +127,8 @@ pub struct PluginModule {
     /// Run one op.
     #[sabi(last_prefix_field)]
     pub execute: extern "C" fn(u32, &RawOp, RSlice<'_, TensorDesc>, RSlice<'_, TensorDesc>) -> RawResult<()>,
-    /// Run a collective over several devices (optional).
-    #[cfg(not(feature = "fixture-without-optional-tail"))]
+    /// Run a collective over several devices. Since 1.1.
+    #[cfg(not(feature = "fixture-api-1-0"))]
     pub collective: extern "C" fn(u32, RSlice<'_, CollectiveArg>) -> RawResult<()>,
 }
 

@@ -28,16 +28,8 @@ pub enum DType {
 
 impl DType {
     /// Every dtype of this interface version.
-    pub const ALL: [DType; 8] = [
-        DType::F32,
-        DType::F64,
-        DType::F16,
-        DType::BF16,
-        DType::I64,
-        DType::I32,
-        DType::U8,
-        DType::Bool,
-    ];
+    pub const ALL: [DType; 8] =
+        [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64, DType::I32, DType::U8, DType::Bool];
 
     /// The dtype for a wire code.
     pub fn from_code(code: u32) -> Result<DType> {

@@ -86,7 +86,10 @@ pub fn guard<T>(call: &str, f: impl FnOnce() -> Result<T>) -> RawResult<T> {
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "non-string panic payload".into());
-            RErr(RawError { kind: ErrorKind::Internal as u32, message: format!("panic in backend call `{call}`: {what}").into() })
+            RErr(RawError {
+                kind: ErrorKind::Internal as u32,
+                message: format!("panic in backend call `{call}`: {what}").into(),
+            })
         }
     }
 }
@@ -116,7 +119,8 @@ extern "C" fn open_device<E: Exported>(index: u32) -> RawResult<()> {
 
 extern "C" fn allocate<E: Exported>(index: u32, bytes: u64) -> RawResult<BufferId> {
     guard("allocate", || {
-        let bytes = usize::try_from(bytes).map_err(|_| BackendError::invalid(format!("allocation of {bytes} bytes")))?;
+        let bytes =
+            usize::try_from(bytes).map_err(|_| BackendError::invalid(format!("allocation of {bytes} bytes")))?;
         E::instance().device(index)?.allocate(bytes)
     })
 }
@@ -165,10 +169,11 @@ extern "C" fn execute<E: Exported>(
     })
 }
 
-#[cfg(not(feature = "fixture-without-optional-tail"))]
+#[cfg(not(feature = "fixture-api-1-0"))]
 extern "C" fn collective<E: Exported>(op: u32, args: RSlice<'_, CollectiveArg>) -> RawResult<()> {
     guard("collective", || {
-        let op = CollectiveOp::from_code(op).ok_or_else(|| BackendError::unsupported(format!("unknown collective {op}")))?;
+        let op =
+            CollectiveOp::from_code(op).ok_or_else(|| BackendError::unsupported(format!("unknown collective {op}")))?;
         E::instance().backend.collective(op, args.as_slice())
     })
 }
@@ -190,14 +195,14 @@ pub fn module<E: Exported>() -> PluginModuleRef {
         empty_cache: empty_cache::<E>,
         capabilities: capabilities::<E>,
         execute: execute::<E>,
-        #[cfg(not(feature = "fixture-without-optional-tail"))]
+        #[cfg(not(feature = "fixture-api-1-0"))]
         collective: collective::<E>,
     }
     .leak_into_prefix()
 }
 
 // Keep the unused-import lint quiet when the optional tail is compiled out.
-#[cfg(feature = "fixture-without-optional-tail")]
+#[cfg(feature = "fixture-api-1-0")]
 const _: Option<(CollectiveOp, CollectiveArg)> = None;
 
 /// Export a backend from a plugin crate.

@@ -126,7 +126,10 @@ impl From<RawBackendInfo> for BackendInfo {
 
 impl From<Probe> for RawProbe {
     fn from(p: Probe) -> Self {
-        RawProbe { device_count: p.device_count as u32, unavailable_reason: p.unavailable_reason.unwrap_or_default().into() }
+        RawProbe {
+            device_count: p.device_count as u32,
+            unavailable_reason: p.unavailable_reason.unwrap_or_default().into(),
+        }
     }
 }
 

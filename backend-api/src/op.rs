@@ -192,14 +192,9 @@ pub enum CollectiveOp {
 impl CollectiveOp {
     /// The op for a wire code.
     pub fn from_code(code: u32) -> Option<CollectiveOp> {
-        [
-            CollectiveOp::AllReduceSum,
-            CollectiveOp::Broadcast,
-            CollectiveOp::AllGather,
-            CollectiveOp::ReduceScatterSum,
-        ]
-        .get(code as usize)
-        .copied()
+        [CollectiveOp::AllReduceSum, CollectiveOp::Broadcast, CollectiveOp::AllGather, CollectiveOp::ReduceScatterSum]
+            .get(code as usize)
+            .copied()
     }
 }
 
@@ -560,7 +555,16 @@ pub struct RawOp {
 }
 
 fn window_ints(w: &Window2d, extra: i64) -> [i64; 8] {
-    [w.kernel[0], w.kernel[1], w.stride[0], w.stride[1], w.padding[0], w.padding[1], w.dilation[0], w.dilation[1] + (extra << 32)]
+    [
+        w.kernel[0],
+        w.kernel[1],
+        w.stride[0],
+        w.stride[1],
+        w.padding[0],
+        w.padding[1],
+        w.dilation[0],
+        w.dilation[1] + (extra << 32),
+    ]
 }
 
 fn window_from(ints: &[i64; 8]) -> (Window2d, u32) {
@@ -613,7 +617,11 @@ impl Op {
                 other(5)
             }
             Op::Matmul => other(6),
-            Op::Gather { dim } | Op::ScatterAdd { dim } | Op::IndexSelect { dim } | Op::IndexAdd { dim } | Op::CumSum { dim } => {
+            Op::Gather { dim }
+            | Op::ScatterAdd { dim }
+            | Op::IndexSelect { dim }
+            | Op::IndexAdd { dim }
+            | Op::CumSum { dim } => {
                 a.ints[0] = dim as i64;
                 other(match self {
                     Op::Gather { .. } => 7,
@@ -656,7 +664,8 @@ impl Op {
                 a.floats[0] = scale;
                 other(if matches!(self, Op::Attention { .. }) { 24 } else { 25 })
             }
-            Op::CrossEntropy { ignore_index, label_smoothing } | Op::CrossEntropyBackward { ignore_index, label_smoothing } => {
+            Op::CrossEntropy { ignore_index, label_smoothing }
+            | Op::CrossEntropyBackward { ignore_index, label_smoothing } => {
                 a.ints[0] = ignore_index;
                 a.floats[0] = label_smoothing;
                 other(if matches!(self, Op::CrossEntropy { .. }) { 26 } else { 27 })
@@ -743,14 +752,9 @@ impl Op {
                 25 => Op::AttentionBackward { causal: i[0] != 0, scale: f[0] },
                 26 => Op::CrossEntropy { ignore_index: i[0], label_smoothing: f[0] },
                 27 => Op::CrossEntropyBackward { ignore_index: i[0], label_smoothing: f[0] },
-                28 => Op::AdamW {
-                    lr: f[0],
-                    beta1: f[1],
-                    beta2: f[2],
-                    eps: f[3],
-                    weight_decay: f[4],
-                    step: i[0] as u64,
-                },
+                28 => {
+                    Op::AdamW { lr: f[0], beta1: f[1], beta2: f[2], eps: f[3], weight_decay: f[4], step: i[0] as u64 }
+                }
                 29 => Op::Conv2d { window, groups },
                 30 => Op::Conv2dBackwardInput { window, groups },
                 31 => Op::Conv2dBackwardWeight { window, groups },

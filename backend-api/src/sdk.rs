@@ -44,7 +44,10 @@ pub fn expect_dtype(op: &Op, t: &TensorDesc, dtype: DType) -> Result<()> {
 pub fn expect_no_overlap(op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc], allow_identical: bool) -> Result<()> {
     for (i, out) in outputs.iter().enumerate() {
         if out.numel() > 1 && out.strides().iter().zip(out.shape()).any(|(&s, n)| s == 0 && n > 1) {
-            return Err(BackendError::invalid(format!("{}: output {i} has a zero stride (it would overlap itself)", op.name())));
+            return Err(BackendError::invalid(format!(
+                "{}: output {i} has a zero stride (it would overlap itself)",
+                op.name()
+            )));
         }
         let Some(o) = out.byte_extent()? else { continue };
         for (j, other) in outputs.iter().enumerate().skip(i + 1) {

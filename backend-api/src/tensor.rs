@@ -47,9 +47,7 @@ impl TensorDesc {
         strides: &[isize],
     ) -> Result<TensorDesc> {
         if shape.len() != strides.len() {
-            return Err(BackendError::invalid(format!(
-                "shape {shape:?} and strides {strides:?} differ in rank"
-            )));
+            return Err(BackendError::invalid(format!("shape {shape:?} and strides {strides:?} differ in rank")));
         }
         if shape.len() > MAX_DIMS {
             return Err(BackendError::unsupported(format!(

@@ -1,0 +1,227 @@
+//! Element types and their arithmetic, written once for every dtype.
+//!
+//! Kernels are generic over [`Element`]; [`with_dtype!`] is the one place that turns a runtime
+//! [`DType`] into a type. f16 and bf16 compute through f32 (their `Compute` type), which is
+//! also what the interface's accumulation rule asks for.
+
+use genesis_backend_api::DType;
+use half::{bf16, f16};
+
+/// A stored element type.
+pub trait Element: Copy + Send + Sync + 'static + PartialEq {
+    /// Its dtype.
+    const DTYPE: DType;
+    /// The type arithmetic runs in.
+    type Compute: Arith;
+    /// Widen for computing.
+    fn compute(self) -> Self::Compute;
+    /// Narrow a result (round to nearest for floats).
+    fn store(value: Self::Compute) -> Self;
+    /// Conversion for casts and scalars; floats to ints truncate toward zero and saturate.
+    fn to_f64(self) -> f64;
+    /// See [`Element::to_f64`].
+    fn from_f64(value: f64) -> Self;
+}
+
+/// Arithmetic on compute types.
+pub trait Arith: Copy + PartialOrd + Send + Sync + 'static {
+    /// Additive identity.
+    const ZERO: Self;
+    /// Multiplicative identity.
+    const ONE: Self;
+    /// True for floating-point types.
+    const IS_FLOAT: bool;
+    /// `a + b` (wrapping for integers).
+    fn add(self, b: Self) -> Self;
+    /// `a - b`.
+    fn sub(self, b: Self) -> Self;
+    /// `a * b`.
+    fn mul(self, b: Self) -> Self;
+    /// `a / b`; integer division by zero yields 0 rather than trapping.
+    fn div(self, b: Self) -> Self;
+    /// `a % b` with the sign of `b`.
+    fn rem(self, b: Self) -> Self;
+    /// `a ^ b`.
+    fn pow(self, b: Self) -> Self;
+    /// True for NaN.
+    fn is_nan(self) -> bool;
+    /// Via f64, for transcendental functions.
+    fn to_f64(self) -> f64;
+    /// Via f64.
+    fn from_f64(v: f64) -> Self;
+}
+
+macro_rules! float_arith {
+    ($t:ty) => {
+        impl Arith for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            const IS_FLOAT: bool = true;
+            fn add(self, b: Self) -> Self {
+                self + b
+            }
+            fn sub(self, b: Self) -> Self {
+                self - b
+            }
+            fn mul(self, b: Self) -> Self {
+                self * b
+            }
+            fn div(self, b: Self) -> Self {
+                self / b
+            }
+            fn rem(self, b: Self) -> Self {
+                let r = self % b;
+                if r != 0.0 && ((r < 0.0) != (b < 0.0)) {
+                    r + b
+                } else {
+                    r
+                }
+            }
+            fn pow(self, b: Self) -> Self {
+                self.powf(b)
+            }
+            fn is_nan(self) -> bool {
+                <$t>::is_nan(self)
+            }
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
+        }
+    };
+}
+float_arith!(f32);
+float_arith!(f64);
+
+macro_rules! int_arith {
+    ($t:ty) => {
+        impl Arith for $t {
+            const ZERO: Self = 0;
+            const ONE: Self = 1;
+            const IS_FLOAT: bool = false;
+            fn add(self, b: Self) -> Self {
+                self.wrapping_add(b)
+            }
+            fn sub(self, b: Self) -> Self {
+                self.wrapping_sub(b)
+            }
+            fn mul(self, b: Self) -> Self {
+                self.wrapping_mul(b)
+            }
+            fn div(self, b: Self) -> Self {
+                if b == 0 {
+                    0
+                } else {
+                    self.wrapping_div(b)
+                }
+            }
+            #[allow(unused_comparisons)]
+            fn rem(self, b: Self) -> Self {
+                if b == 0 {
+                    return 0;
+                }
+                let r = self.wrapping_rem(b);
+                if r != 0 && ((r < 0) != (b < 0)) {
+                    r.wrapping_add(b)
+                } else {
+                    r
+                }
+            }
+            fn pow(self, b: Self) -> Self {
+                self.wrapping_pow(b.clamp(0, u32::MAX as $t) as u32)
+            }
+            fn is_nan(self) -> bool {
+                false
+            }
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
+        }
+    };
+}
+int_arith!(i64);
+int_arith!(i32);
+int_arith!(u8);
+
+macro_rules! element {
+    ($t:ty, $dtype:expr, $compute:ty, |$x:ident| $widen:expr, |$y:ident| $narrow:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = $dtype;
+            type Compute = $compute;
+            fn compute(self) -> $compute {
+                let $x = self;
+                $widen
+            }
+            fn store(value: $compute) -> Self {
+                let $y = value;
+                $narrow
+            }
+            fn to_f64(self) -> f64 {
+                Arith::to_f64(self.compute())
+            }
+            fn from_f64(value: f64) -> Self {
+                Self::store(<$compute as Arith>::from_f64(value))
+            }
+        }
+    };
+}
+element!(f32, DType::F32, f32, |x| x, |y| y);
+element!(f64, DType::F64, f64, |x| x, |y| y);
+element!(f16, DType::F16, f32, |x| x.to_f32(), |y| f16::from_f32(y));
+element!(bf16, DType::BF16, f32, |x| x.to_f32(), |y| bf16::from_f32(y));
+element!(i64, DType::I64, i64, |x| x, |y| y);
+element!(i32, DType::I32, i32, |x| x, |y| y);
+element!(u8, DType::U8, u8, |x| x, |y| y);
+
+/// A bool element, stored as one byte holding 0 or 1.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Default)]
+pub struct Bool(pub u8);
+
+element!(Bool, DType::Bool, u8, |x| (x.0 != 0) as u8, |y| Bool((y != 0) as u8));
+
+/// Run `$body` with `$T` bound to the element type of `$dtype`.
+#[macro_export]
+macro_rules! with_dtype {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            genesis_backend_api::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            genesis_backend_api::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            genesis_backend_api::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            genesis_backend_api::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            genesis_backend_api::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            genesis_backend_api::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            genesis_backend_api::DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            genesis_backend_api::DType::Bool => {
+                type $T = $crate::element::Bool;
+                $body
+            }
+        }
+    };
+}

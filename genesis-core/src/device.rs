@@ -1,0 +1,149 @@
+//! Devices: a backend plus a device index, named like PyTorch's (`"cpu"`, `"cuda:1"`).
+
+use crate::backend::{self, Backend};
+use crate::error::{Error, ErrorKind, Result};
+use abi_stable::std_types::RSlice;
+use genesis_backend_api::{BufferId, Capability, DeviceProperties, MemoryStats, Op, RawOp, TensorDesc};
+use std::fmt;
+use std::sync::Arc;
+
+/// An opened device. Cheap to clone; two handles are equal when they name the same device of
+/// the same loaded backend.
+#[derive(Clone)]
+pub struct Device {
+    backend: Arc<Backend>,
+    index: u32,
+}
+
+impl Device {
+    /// Parse `"name"` or `"name:index"`, find the backend, check availability and open the
+    /// device. Errors name the backend and list the known ones, give the probe's reason, or
+    /// the device count.
+    pub fn parse(spec: &str) -> Result<Device> {
+        let (name, index) = match spec.split_once(':') {
+            None => (spec, 0u32),
+            Some((name, index)) => {
+                let index = index.parse::<u32>().map_err(|_| {
+                    Error::invalid(format!("device '{spec}': index '{index}' is not a non-negative integer"))
+                })?;
+                (name, index)
+            }
+        };
+        if name.is_empty() {
+            return Err(Error::invalid(format!("device '{spec}': empty backend name")));
+        }
+        let backend = backend::find(name)?;
+        let probe = backend.probe();
+        if probe.device_count == 0 {
+            let reason = probe.unavailable_reason.clone().unwrap_or_else(|| "it reports no devices".into());
+            return Err(Error::new(ErrorKind::DeviceUnavailable, format!("backend '{name}' is unavailable: {reason}")));
+        }
+        if index as usize >= probe.device_count {
+            return Err(Error::invalid(format!(
+                "device index {index} is out of range: backend '{name}' has {} device(s)",
+                probe.device_count
+            )));
+        }
+        let device = Device { backend, index };
+        device.check((device.module().open_device())(index), "open_device")?;
+        Ok(device)
+    }
+
+    /// The CPU device (`"cpu:0"`).
+    pub fn cpu() -> Result<Device> {
+        Device::parse("cpu")
+    }
+
+    /// The backend running this device.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// The device index within its backend.
+    pub fn index(&self) -> usize {
+        self.index as usize
+    }
+
+    /// Name, memory size and architecture.
+    pub fn properties(&self) -> Result<DeviceProperties> {
+        self.check((self.module().device_properties())(self.index), "device_properties").map(Into::into)
+    }
+
+    /// Memory statistics, as `torch.cuda.memory_stats`.
+    pub fn memory_stats(&self) -> Result<MemoryStats> {
+        self.check((self.module().memory_stats())(self.index), "memory_stats")
+    }
+
+    /// Reset the peak memory counters.
+    pub fn reset_peak_memory_stats(&self) -> Result<()> {
+        self.check((self.module().reset_peak_memory())(self.index), "reset_peak_memory")
+    }
+
+    /// Return cached, unused memory to the system or driver.
+    pub fn empty_cache(&self) -> Result<()> {
+        self.check((self.module().empty_cache())(self.index), "empty_cache")
+    }
+
+    /// Wait for all work issued to this device.
+    pub fn synchronize(&self) -> Result<()> {
+        self.check((self.module().synchronize())(self.index), "synchronize")
+    }
+
+    /// The (op, dtype) pairs this device claims.
+    pub fn capabilities(&self) -> Result<Vec<Capability>> {
+        self.check((self.module().capabilities())(self.index), "capabilities").map(|v| v.into_vec())
+    }
+
+    pub(crate) fn allocate(&self, bytes: usize) -> Result<BufferId> {
+        self.check((self.module().allocate())(self.index, bytes as u64), format_args!("allocate of {bytes} bytes"))
+    }
+
+    pub(crate) fn free(&self, buffer: BufferId) -> Result<()> {
+        self.check((self.module().free())(self.index, buffer), "free")
+    }
+
+    pub(crate) fn write(&self, buffer: BufferId, offset: usize, bytes: &[u8]) -> Result<()> {
+        self.check((self.module().write())(self.index, buffer, offset as u64, bytes.into()), "write")
+    }
+
+    pub(crate) fn read(&self, buffer: BufferId, offset: usize, bytes: &mut [u8]) -> Result<()> {
+        self.check((self.module().read())(self.index, buffer, offset as u64, bytes.into()), "read")
+    }
+
+    pub(crate) fn execute(&self, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+        let raw: RawOp = op.encode();
+        let result =
+            (self.module().execute())(self.index, &raw, RSlice::from_slice(inputs), RSlice::from_slice(outputs));
+        self.check(result, format_args!("{}", op.name()))
+    }
+
+    fn module(&self) -> genesis_backend_api::abi::PluginModuleRef {
+        self.backend.module()
+    }
+
+    fn check<T>(&self, result: genesis_backend_api::abi::RawResult<T>, call: impl fmt::Display) -> Result<T> {
+        result.into_result().map_err(|e| {
+            Error::from(genesis_backend_api::BackendError::from(e)).context(format_args!("{call} on {self}"))
+        })
+    }
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.backend, &other.backend) && self.index == other.index
+    }
+}
+
+impl Eq for Device {}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.backend.name(), self.index)
+    }
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Device({self})")
+    }
+}
