@@ -1,0 +1,129 @@
+//! # genesis-backend-example
+//!
+//! A complete, deliberately simple Genesis backend written against the SDK alone: one
+//! "device" whose memory is host `Vec<u8>`s and whose kernels are plain loops. It is meant
+//! to be read and copied; see `README.md` for how to turn a copy into your own backend.
+//!
+//! - `lib.rs` (this file): the [`Backend`] and [`Device`] implementations.
+//! - `memory.rs`: buffers, memory statistics, and moving strided tensors in and out of `Vec`s.
+//! - `kernels.rs`: the capability list and one function per op.
+//! - `math.rs`: the scalar functions behind the elementwise ops.
+
+mod kernels;
+mod math;
+mod memory;
+#[cfg(test)]
+mod tests;
+
+use genesis_backend_api::{
+    Backend, BackendError, BackendInfo, BufferId, Capability, Device, DeviceProperties, MemoryStats, Op, Probe, Result,
+    TensorDesc,
+};
+use memory::Memory;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+genesis_backend_api::export_backend!("example", ExampleBackend, ExampleBackend::new);
+
+/// The backend: stateless, because everything lives in the device it opens.
+#[derive(Debug, Default)]
+pub struct ExampleBackend;
+
+impl ExampleBackend {
+    /// Cheap, as the interface requires: no device is touched until `probe`/`open_device`.
+    pub fn new() -> ExampleBackend {
+        ExampleBackend
+    }
+}
+
+impl Backend for ExampleBackend {
+    type Device = ExampleDevice;
+
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            name: "example".into(),
+            vendor: "Genesis".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            description: "Reference plugin: host memory and plain-Rust f32 kernels".into(),
+        }
+    }
+
+    fn probe(&self) -> Probe {
+        Probe { device_count: 1, unavailable_reason: None }
+    }
+
+    fn device_properties(&self, index: usize) -> Result<DeviceProperties> {
+        check_index(index)?;
+        Ok(DeviceProperties {
+            name: "example device".into(),
+            // The memory is the host's, and its size is not ours to report.
+            total_memory: 0,
+            compute_capability: (0, 0),
+            thread_safe: true,
+        })
+    }
+
+    fn open_device(&self, index: usize) -> Result<ExampleDevice> {
+        check_index(index)?;
+        Ok(ExampleDevice { memory: Mutex::new(Memory::new()) })
+    }
+}
+
+// The export glue already checks indices against `probe`; checking again keeps direct
+// callers (like the tests) honest too.
+fn check_index(index: usize) -> Result<()> {
+    if index != 0 {
+        return Err(BackendError::invalid(format!(
+            "the example backend has one device; index {index} is out of range"
+        )));
+    }
+    Ok(())
+}
+
+/// The one device. Every call takes the memory lock, so calls from several threads simply
+/// run one after another and all work is finished when a call returns.
+pub struct ExampleDevice {
+    memory: Mutex<Memory>,
+}
+
+impl ExampleDevice {
+    fn memory(&self) -> MutexGuard<'_, Memory> {
+        // A panic caught by the export glue would poison the lock and make the device
+        // unusable for good; the memory map stays consistent between statements, so carry on.
+        self.memory.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Device for ExampleDevice {
+    fn allocate(&self, bytes: usize) -> Result<BufferId> {
+        self.memory().allocate(bytes)
+    }
+
+    fn free(&self, buffer: BufferId) -> Result<()> {
+        self.memory().free(buffer)
+    }
+
+    fn write(&self, dst: BufferId, offset: usize, src: &[u8]) -> Result<()> {
+        self.memory().write(dst, offset, src)
+    }
+
+    fn read(&self, src: BufferId, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.memory().read(src, offset, dst)
+    }
+
+    fn memory_stats(&self) -> Result<MemoryStats> {
+        Ok(self.memory().stats())
+    }
+
+    fn reset_peak_memory(&self) -> Result<()> {
+        self.memory().reset_peaks();
+        Ok(())
+    }
+
+    fn capabilities(&self) -> Vec<Capability> {
+        kernels::capabilities()
+    }
+
+    fn execute(&self, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+        kernels::execute(&mut self.memory(), op, inputs, outputs)
+    }
+}
