@@ -283,7 +283,9 @@ pub enum Op {
         /// The scanned dimension.
         dim: u32,
     },
-    /// `[] -> [y]` uniform in `[low, high)` from Philox4x32-10 at `(seed, offset)`.
+    /// `[] -> [y]` uniform in `[low, high)` from Philox4x32-10 at `(seed, offset)`: element
+    /// `i` (row-major) is `low + (high-low)*u` computed in f64 and rounded to the dtype, with
+    /// `u` = `sdk::philox::uniform_f64` for f64 outputs and `uniform_f32` otherwise.
     RandUniform {
         /// Philox key.
         seed: u64,
@@ -294,7 +296,8 @@ pub enum Op {
         /// Exclusive upper bound.
         high: f64,
     },
-    /// `[] -> [y]` normal(mean, std) from Philox4x32-10 at `(seed, offset)` (Box-Muller).
+    /// `[] -> [y]` normal(mean, std) from Philox4x32-10 at `(seed, offset)`: element `i` is
+    /// `mean + std*sdk::philox::normal_f64(seed, offset, i)` in f64, rounded to the dtype.
     RandNormal {
         /// Philox key.
         seed: u64,
@@ -305,8 +308,9 @@ pub enum Op {
         /// Standard deviation.
         std: f64,
     },
-    /// `[x] -> [y]`, `y = x * keep / (1-p)` with `keep = uniform >= p` drawn from Philox at
-    /// `(seed, offset)`. The same call on the gradient is the backward.
+    /// `[x] -> [y]`, `y = x * keep / (1-p)` computed in the compute type, with element `i`
+    /// kept when `u >= p` (compared in f64), `u` drawn as in `RandUniform` for y's dtype.
+    /// The same call on the gradient is the backward.
     Dropout {
         /// Philox key.
         seed: u64,
@@ -323,14 +327,16 @@ pub enum Op {
     SoftmaxBackward,
     /// `[y, dy] -> [dx]` given the log-softmax output `y`.
     LogSoftmaxBackward,
-    /// `[x, weight, bias] -> [y, mean(f32), rstd(f32)]` over the last dim.
+    /// `[x, weight, bias] -> [y, mean(f32), rstd(f32)]` over the last dim; `mean` and `rstd`
+    /// have the leading dims of `x` (`rstd = 1/sqrt(var + eps)`, biased variance).
     LayerNorm {
         /// Added to the variance.
         eps: f64,
     },
     /// `[dy, x, weight, mean, rstd] -> [dx, dweight, dbias]`.
     LayerNormBackward,
-    /// `[x, weight] -> [y, rstd(f32)]` over the last dim.
+    /// `[x, weight] -> [y, rstd(f32)]` over the last dim, `y = x * rstd * weight` with
+    /// `rstd = 1/sqrt(mean(x²) + eps)` of shape `x.shape[..-1]`.
     RmsNorm {
         /// Added to the mean square.
         eps: f64,
@@ -338,13 +344,16 @@ pub enum Op {
     /// `[dy, x, weight, rstd] -> [dx, dweight]`.
     RmsNormBackward,
     /// `[x (b, h, s, d), cos (s, d/2), sin (s, d/2)] -> [y]`, rotating pairs `(i, i+d/2)`
-    /// (the Hugging Face "rotate half" layout); `inverse` rotates by `-θ` (the backward).
+    /// (the Hugging Face "rotate half" layout): `y_i = x_i cos - x_{i+d/2} sin`,
+    /// `y_{i+d/2} = x_{i+d/2} cos + x_i sin`; `inverse` rotates by `-θ` (the backward).
     Rotary {
         /// Rotate by the negative angle.
         inverse: bool,
     },
     /// `[q (b, hq, s, d), k (b, hk, t, d), v (b, hk, t, d)] -> [o (b, hq, s, d), lse(f32, b, hq, s)]`
-    /// with `hq` a multiple of `hk` (grouped-query).
+    /// with `hq` a multiple of `hk` (grouped-query: query head `h` reads kv head
+    /// `h / (hq/hk)`); `lse` is the log-sum-exp of the scaled, masked scores of each query. A
+    /// fully masked row gives NaN.
     Attention {
         /// Mask keys after the query position (bottom-right aligned when `t > s`).
         causal: bool,
@@ -358,23 +367,28 @@ pub enum Op {
         /// As in the forward.
         scale: f64,
     },
-    /// `[logits (n, c), target(i64, n)] -> [loss(f32, n), lse(f32, n)]` per row; rows whose
-    /// target is `ignore_index` get loss 0.
+    /// `[logits (n, c), target(i64, n)] -> [loss(f32, n), lse(f32, n)]` per row:
+    /// `loss = (1-ε)(lse - x_t) + ε(lse - mean_j x_j)` with ε the label smoothing; rows whose
+    /// target is `ignore_index` get loss 0; any other target outside `[0, c)` is an error.
     CrossEntropy {
         /// Target value that contributes nothing.
         ignore_index: i64,
         /// Label smoothing in `[0, 1)`.
         label_smoothing: f64,
     },
-    /// `[logits, target, lse, dloss(f32, n)] -> [dlogits]`.
+    /// `[logits, target, lse, dloss(f32, n)] -> [dlogits]`,
+    /// `dlogits = dloss * (softmax - (1-ε) onehot(t) - ε/c)`, zero on ignored rows.
     CrossEntropyBackward {
         /// As in the forward.
         ignore_index: i64,
         /// As in the forward.
         label_smoothing: f64,
     },
-    /// Multi-tensor AdamW, in place. `inputs = [grad_0, .., grad_n-1]`,
-    /// `outputs = [param_0, exp_avg_0, exp_avg_sq_0, param_1, ..]`; `step` counts from 1.
+    /// Multi-tensor AdamW, in place, PyTorch's update rule. `inputs = [grad_0, .., grad_n-1]`,
+    /// `outputs = [param_0, exp_avg_0, exp_avg_sq_0, param_1, ..]` (moments in the param's
+    /// dtype or f32); `step` counts from 1:
+    /// `p *= 1 - lr·wd; m = β1 m + (1-β1) g; v = β2 v + (1-β2) g²;
+    /// p -= lr/(1-β1^step) · m / (sqrt(v)/sqrt(1-β2^step) + eps)`.
     AdamW {
         /// Learning rate.
         lr: f64,
@@ -389,7 +403,8 @@ pub enum Op {
         /// The step number after this update (bias correction).
         step: u64,
     },
-    /// `[x (n, c, h, w), weight (o, c/groups, kh, kw), bias (o) or absent] -> [y]`.
+    /// `[x (n, c, h, w), weight (o, c/groups, kh, kw)]` or with a third input `bias (o)`
+    /// `-> [y (n, o, oh, ow)]`, zero padding, `oh = (h + 2p - d(kh-1) - 1)/s + 1`.
     Conv2d {
         /// Stride, padding and dilation (`kernel` unused).
         window: Window2d,
@@ -410,7 +425,9 @@ pub enum Op {
         /// As in the forward.
         groups: u32,
     },
-    /// `[x] -> [y, argmax(i64)]`.
+    /// `[x (n, c, h, w)] -> [y, argmax(i64)]`, -inf padding, floor output size; `argmax` is the
+    /// flat index `ih*w + iw` of the chosen input element in its plane (PyTorch's convention);
+    /// NaN wins.
     MaxPool2d {
         /// Kernel, stride, padding, dilation.
         window: Window2d,
@@ -420,7 +437,8 @@ pub enum Op {
         /// As in the forward.
         window: Window2d,
     },
-    /// `[x] -> [y]`, padding counts toward the divisor.
+    /// `[x (n, c, h, w)] -> [y]`, zero padding that counts toward the divisor
+    /// (`count_include_pad`), floor output size.
     AvgPool2d {
         /// Kernel, stride, padding.
         window: Window2d,

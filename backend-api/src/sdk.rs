@@ -93,10 +93,10 @@ pub fn reduced_axes(op: &Op, input: &TensorDesc, output: &TensorDesc) -> Result<
 pub fn offsets(shape: &[usize], strides: &[isize]) -> StridedOffsets {
     StridedOffsets {
         shape: shape.to_vec(),
+        remaining: shape.iter().product(),
         strides: strides.to_vec(),
         index: vec![0; shape.len()],
         offset: 0,
-        remaining: shape.iter().product(),
     }
 }
 
@@ -119,13 +119,15 @@ impl Iterator for StridedOffsets {
         self.remaining -= 1;
         let current = self.offset;
         // Odometer step: bump the last axis, carrying into earlier ones.
+        // Wrapping arithmetic: an axis of size 1 may carry any stride, and stepping past it is
+        // undone at once, so a transient overflow must not trap.
         for d in (0..self.shape.len()).rev() {
             self.index[d] += 1;
-            self.offset += self.strides[d];
+            self.offset = self.offset.wrapping_add(self.strides[d]);
             if self.index[d] < self.shape[d] {
                 break;
             }
-            self.offset -= self.strides[d] * self.shape[d] as isize;
+            self.offset = self.offset.wrapping_sub(self.strides[d].wrapping_mul(self.shape[d] as isize));
             self.index[d] = 0;
         }
         Some(current)

@@ -98,9 +98,43 @@ impl TensorDesc {
         self.strides[..self.rank()].iter().map(|&s| s as isize).collect()
     }
 
-    /// Number of elements.
+    /// Number of elements (saturating: [`TensorDesc::validate`] rejects overflowing shapes).
     pub fn numel(&self) -> usize {
-        self.shape[..self.rank()].iter().map(|&n| n as usize).product()
+        self.shape[..self.rank()]
+            .iter()
+            .fold(1usize, |acc, &n| acc.saturating_mul(usize::try_from(n).unwrap_or(usize::MAX)))
+    }
+
+    /// Check that the descriptor is well formed and that every element it can reach lies in
+    /// a buffer of `buffer_len` bytes. Backends call this on every operand before touching
+    /// memory; after it passes, [`crate::sdk::offsets`] and [`TensorDesc::byte_extent`] are
+    /// safe to use.
+    pub fn validate(&self, buffer_len: usize) -> Result<()> {
+        if self.ndim as usize > MAX_DIMS {
+            return Err(BackendError::invalid(format!(
+                "rank {} exceeds the interface maximum of {MAX_DIMS}",
+                self.ndim
+            )));
+        }
+        self.dtype()?;
+        if self.strides[..self.rank()].iter().any(|&s| s < 0) {
+            return Err(BackendError::invalid(format!("negative stride in {:?}", self.strides())));
+        }
+        let numel = self.shape[..self.rank()].iter().try_fold(1u64, |acc, &n| acc.checked_mul(n));
+        if numel.is_none_or(|n| n > isize::MAX as u64) {
+            return Err(BackendError::invalid(format!("shape {:?} has too many elements", self.shape())));
+        }
+        if let Some((_, end)) = self.byte_extent()? {
+            if end > buffer_len {
+                return Err(BackendError::invalid(format!(
+                    "tensor view (shape {:?}, strides {:?}, byte offset {}) reaches byte {end} of a {buffer_len}-byte buffer",
+                    self.shape(),
+                    self.strides(),
+                    self.offset_bytes
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// True when the elements are dense and row-major.
@@ -120,15 +154,21 @@ impl TensorDesc {
         if self.numel() == 0 {
             return Ok(None);
         }
+        let too_big = || BackendError::invalid("tensor view exceeds the address space");
         let elem = self.dtype()?.size_in_bytes() as u128;
         let mut last = 0u128;
         for i in 0..self.rank() {
-            last += (self.shape[i] as u128 - 1) * self.strides[i].max(0) as u128;
+            let reach = (self.shape[i] as u128 - 1) * self.strides[i].max(0) as u128;
+            last = last.checked_add(reach).ok_or_else(too_big)?;
         }
         let start = self.offset_bytes as u128;
-        let end = start + (last + 1) * elem;
+        let end = last
+            .checked_add(1)
+            .and_then(|n| n.checked_mul(elem))
+            .and_then(|n| n.checked_add(start))
+            .ok_or_else(too_big)?;
         if end > usize::MAX as u128 {
-            return Err(BackendError::invalid("tensor view exceeds the address space"));
+            return Err(too_big());
         }
         Ok(Some((start as usize, end as usize)))
     }

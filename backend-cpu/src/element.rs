@@ -150,6 +150,9 @@ int_arith!(u8);
 
 macro_rules! element {
     ($t:ty, $dtype:expr, $compute:ty, |$x:ident| $widen:expr, |$y:ident| $narrow:expr) => {
+        element!($t, $dtype, $compute, |$x| $widen, |$y| $narrow, |v| Self::store(<$compute as Arith>::from_f64(v)));
+    };
+    ($t:ty, $dtype:expr, $compute:ty, |$x:ident| $widen:expr, |$y:ident| $narrow:expr, |$v:ident| $from:expr) => {
         impl Element for $t {
             const DTYPE: DType = $dtype;
             type Compute = $compute;
@@ -165,18 +168,81 @@ macro_rules! element {
                 Arith::to_f64(self.compute())
             }
             fn from_f64(value: f64) -> Self {
-                Self::store(<$compute as Arith>::from_f64(value))
+                let $v = value;
+                $from
             }
         }
     };
 }
 element!(f32, DType::F32, f32, |x| x, |y| y);
 element!(f64, DType::F64, f64, |x| x, |y| y);
-element!(f16, DType::F16, f32, |x| x.to_f32(), |y| f16::from_f32(y));
-element!(bf16, DType::BF16, f32, |x| x.to_f32(), |y| bf16::from_f32(y));
+// f64 -> f16/bf16 must round once: going through a round-to-nearest f32 rounds twice and
+// breaks ties the wrong way (1 + 2^-11 + 2^-40 would become 1.0 in f16 instead of 1 + 2^-10).
+// `half::f16::from_f64` has the same flaw (it narrows to f32 first on F16C hardware and
+// truncates the low mantissa bits in software), hence `f32_round_to_odd`.
+element!(f16, DType::F16, f32, |x| x.to_f32(), |y| f16::from_f32(y), |v| f16::from_f32(f32_round_to_odd(v)));
+element!(bf16, DType::BF16, f32, |x| x.to_f32(), |y| bf16::from_f32(y), |v| bf16::from_f32(f32_round_to_odd(v)));
 element!(i64, DType::I64, i64, |x| x, |y| y);
 element!(i32, DType::I32, i32, |x| x, |y| y);
 element!(u8, DType::U8, u8, |x| x, |y| y);
+
+/// `v` narrowed to f32 with round-to-odd: truncate toward zero and set the last mantissa bit
+/// when the result is inexact. Rounding that to a format with at most 22 significant bits
+/// (f16 has 11, bf16 8) gives the correctly rounded value of `v` (Boldo & Melquiond, "When
+/// double rounding is odd", 2005), so `f16::from_f32(f32_round_to_odd(v))` rounds `v` once.
+pub fn f32_round_to_odd(v: f64) -> f32 {
+    let nearest = v as f32;
+    if nearest.is_infinite() || nearest.is_nan() || nearest as f64 == v {
+        // Exact, NaN, or beyond f32's range (and so beyond f16's and bf16's too).
+        return nearest;
+    }
+    let mut bits = nearest.to_bits();
+    if (nearest as f64).abs() > v.abs() {
+        // Rounded away from zero: step one ulp back toward zero (magnitude bits - 1).
+        bits -= 1;
+    }
+    f32::from_bits(bits | 1)
+}
+
+/// The type sums, means, products and scans accumulate in. f32 accumulates in f64 (as
+/// PyTorch's CPU kernels do), so long f32 sums keep ~f32 accuracy without compensated
+/// summation; f16 and bf16 accumulate in f32 (the interface rule); integers accumulate in
+/// their own type with wrapping arithmetic, which gives the same bits as summing wide and
+/// truncating to the output dtype.
+pub trait Accumulate: Element {
+    /// The accumulator.
+    type Acc: Arith;
+    /// Widen into the accumulator.
+    fn to_acc(self) -> Self::Acc;
+    /// Round an accumulated value back to the element type.
+    fn from_acc(acc: Self::Acc) -> Self;
+}
+
+macro_rules! accumulate {
+    ($t:ty, $acc:ty, |$x:ident| $widen:expr, |$y:ident| $narrow:expr) => {
+        impl Accumulate for $t {
+            type Acc = $acc;
+            #[inline(always)]
+            fn to_acc(self) -> $acc {
+                let $x = self;
+                $widen
+            }
+            #[inline(always)]
+            fn from_acc(acc: $acc) -> Self {
+                let $y = acc;
+                $narrow
+            }
+        }
+    };
+}
+accumulate!(f32, f64, |x| x as f64, |y| y as f32);
+accumulate!(f64, f64, |x| x, |y| y);
+accumulate!(f16, f32, |x| x.to_f32(), |y| f16::from_f32(y));
+accumulate!(bf16, f32, |x| x.to_f32(), |y| bf16::from_f32(y));
+accumulate!(i64, i64, |x| x, |y| y);
+accumulate!(i32, i32, |x| x, |y| y);
+accumulate!(u8, u8, |x| x, |y| y);
+accumulate!(Bool, u8, |x| x.0, |y| Bool((y != 0) as u8));
 
 /// A bool element, stored as one byte holding 0 or 1.
 #[repr(transparent)]

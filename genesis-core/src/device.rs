@@ -74,6 +74,45 @@ impl Device {
         self.check((self.module().memory_stats())(self.index), "memory_stats")
     }
 
+    /// Bytes held by live tensors (`torch.cuda.memory_allocated`).
+    pub fn memory_allocated(&self) -> Result<u64> {
+        Ok(self.memory_stats()?.allocated_bytes)
+    }
+
+    /// Bytes held from the system or driver, live plus cached (`memory_reserved`).
+    pub fn memory_reserved(&self) -> Result<u64> {
+        Ok(self.memory_stats()?.reserved_bytes)
+    }
+
+    /// Peak of [`Device::memory_allocated`] since the last reset.
+    pub fn max_memory_allocated(&self) -> Result<u64> {
+        Ok(self.memory_stats()?.peak_allocated_bytes)
+    }
+
+    /// A readable table of the memory statistics (`torch.cuda.memory_summary`).
+    pub fn memory_summary(&self) -> Result<String> {
+        let s = self.memory_stats()?;
+        let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+        let mut out = format!("memory summary of {self}\n");
+        out += &format!(
+            "  {:<24} {:>12.3} MiB (peak {:.3} MiB)\n",
+            "allocated",
+            mib(s.allocated_bytes),
+            mib(s.peak_allocated_bytes)
+        );
+        out += &format!(
+            "  {:<24} {:>12.3} MiB (peak {:.3} MiB)\n",
+            "reserved",
+            mib(s.reserved_bytes),
+            mib(s.peak_reserved_bytes)
+        );
+        out += &format!("  {:<24} {:>12}\n", "live allocations", s.active_allocations);
+        out += &format!("  {:<24} {:>12}\n", "allocation requests", s.allocation_requests);
+        out += &format!("  {:<24} {:>12} hits / {} misses\n", "cache", s.cache_hits, s.cache_misses);
+        out += &format!("  {:<24} {:>12}\n", "out-of-memory errors", s.oom_count);
+        Ok(out)
+    }
+
     /// Reset the peak memory counters.
     pub fn reset_peak_memory_stats(&self) -> Result<()> {
         self.check((self.module().reset_peak_memory())(self.index), "reset_peak_memory")
@@ -92,6 +131,12 @@ impl Device {
     /// The (op, dtype) pairs this device claims.
     pub fn capabilities(&self) -> Result<Vec<Capability>> {
         self.check((self.module().capabilities())(self.index), "capabilities").map(|v| v.into_vec())
+    }
+
+    /// True when this device claims `op` for `dtype` (the capability list is read once).
+    pub fn supports(&self, op: &Op, dtype: genesis_backend_api::DType) -> Result<bool> {
+        let caps = self.backend.capabilities(self.index, || self.capabilities())?;
+        Ok(caps.contains(&(op.kind().0, dtype as u32)))
     }
 
     pub(crate) fn allocate(&self, bytes: usize) -> Result<BufferId> {

@@ -14,17 +14,24 @@
 //! # Ok::<(), genesis::Error>(())
 //! ```
 
+pub mod autograd;
 pub mod backend;
 mod device;
 mod element;
 mod error;
+mod ops;
+pub mod random;
 mod storage;
 mod tensor;
+pub mod testing;
 
+pub use autograd::{grad, no_grad};
 pub use backend::{backends, BackendStatus};
 pub use device::Device;
 pub use element::Element;
 pub use error::{Error, ErrorKind, Result};
 pub use genesis_backend_api::{ApiVersion, DType, MemoryStats, API_VERSION};
 pub use half::{bf16, f16};
-pub use tensor::{broadcast_shapes, Tensor};
+pub use ops::{promote_types, Scalar};
+pub use random::{manual_seed, Generator};
+pub use tensor::{broadcast_shapes, Tensor, TensorData};

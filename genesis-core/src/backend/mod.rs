@@ -21,12 +21,16 @@ use abi_stable::std_types::RSlice;
 use genesis_backend_api::abi::{PluginModuleRef, RawResult};
 use genesis_backend_api::{ApiVersion, BackendInfo, Probe};
 use genesis_backend_api::{CollectiveArg, CollectiveOp};
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 
 pub(crate) use registry::find;
 pub use registry::{backends, load_library, plugin_file_name, BackendStatus};
+
+/// (op kind code, dtype code) pairs a device claims.
+pub(crate) type CapabilitySet = Arc<HashSet<(u32, u32)>>;
 
 /// Where a backend came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +75,8 @@ pub struct Backend {
     api: ApiVersion,
     module: PluginModuleRef,
     probe: OnceLock<Probe>,
+    /// Capability sets per device index, read once.
+    capabilities: Mutex<HashMap<u32, CapabilitySet>>,
 }
 
 impl fmt::Debug for Backend {
@@ -123,6 +129,21 @@ impl Backend {
             ));
         };
         self.check(function(op as u32, RSlice::from_slice(args)), "collective")
+    }
+
+    /// The capability set of device `index`, fetched with `fetch` on first use.
+    pub(crate) fn capabilities(
+        &self,
+        index: u32,
+        fetch: impl FnOnce() -> Result<Vec<genesis_backend_api::Capability>>,
+    ) -> Result<CapabilitySet> {
+        let mut cache = self.capabilities.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(set) = cache.get(&index) {
+            return Ok(set.clone());
+        }
+        let set: CapabilitySet = Arc::new(fetch()?.into_iter().map(|c| (c.op.0, c.dtype)).collect());
+        cache.insert(index, set.clone());
+        Ok(set)
     }
 
     pub(crate) fn module(&self) -> PluginModuleRef {

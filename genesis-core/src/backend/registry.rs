@@ -97,6 +97,7 @@ impl Registry {
                 api: p.api,
                 module: p.module,
                 probe: OnceLock::new(),
+                capabilities: Default::default(),
             }))
         });
         let name = outcome.as_ref().map(|b| b.name.clone()).unwrap_or(fallback_name);
@@ -174,6 +175,7 @@ fn add_embedded(reg: &mut Registry) {
         api: ApiVersion { major: declaration.api_major, minor: declaration.api_minor },
         module: genesis_backend_cpu::genesis_plugin_module(),
         probe: OnceLock::new(),
+        capabilities: Default::default(),
     });
     reg.records.push(Record {
         name: backend.name.clone(),

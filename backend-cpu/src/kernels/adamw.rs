@@ -1,0 +1,164 @@
+//! Multi-tensor AdamW, in place.
+//!
+//! Each (grad, param, exp_avg, exp_avg_sq) group is dispatched on its own dtypes, so one call
+//! may update parameters of several dtypes. The update runs in the param's compute type (f32
+//! for f16/bf16 params); the moments are stored in the param's dtype or in f32.
+
+use super::softmax::{
+    cvt, dense, expect_dtype, expect_shape, float_claims, with_float, Dense, Float, Real, C, FLOATS, PAR_MIN_ELEMS,
+};
+use super::{unsupported, Kernel, View};
+use crate::element::Arith;
+use genesis_backend_api::{BackendError, DType, Op, OpKind, Result};
+use rayon::prelude::*;
+
+fn claims() -> Vec<(OpKind, DType)> {
+    float_claims(&[Op::AdamW { lr: 0.0, beta1: 0.0, beta2: 0.0, eps: 0.0, weight_decay: 0.0, step: 1 }])
+}
+
+/// The per-call constants of the update, in f64 (rounded to the compute type per group).
+#[derive(Clone, Copy)]
+struct Hyper {
+    decay: f64,
+    beta1: f64,
+    beta2: f64,
+    step_size: f64,
+    bc2_sqrt: f64,
+    eps: f64,
+}
+
+fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
+    let Op::AdamW { lr, beta1, beta2, eps, weight_decay, step } = *op else {
+        return Err(unsupported(op, inputs.first().map_or(DType::F32, |v| v.dtype)));
+    };
+    if outputs.len() != 3 * inputs.len() {
+        return Err(BackendError::invalid(format!(
+            "adamw: {} grad(s) need {} outputs (param, exp_avg, exp_avg_sq each), got {}",
+            inputs.len(),
+            3 * inputs.len(),
+            outputs.len()
+        )));
+    }
+    if step == 0 {
+        return Err(BackendError::invalid("adamw: step counts from 1 (it is the step after this update), got 0"));
+    }
+    // A beta of 1 or more zeroes the bias correction and turns every parameter into NaN.
+    for (name, b) in [("beta1", beta1), ("beta2", beta2)] {
+        if !(0.0..1.0).contains(&b) {
+            return Err(BackendError::invalid(format!("adamw: {name} must be in [0, 1), got {b}")));
+        }
+    }
+    for (i, g) in inputs.iter().enumerate() {
+        let [p, m, v] = [&outputs[3 * i], &outputs[3 * i + 1], &outputs[3 * i + 2]];
+        // Every group is checked before any is updated, so a refused call changes nothing.
+        if !FLOATS.contains(&p.dtype) {
+            return Err(unsupported(op, p.dtype));
+        }
+        expect_dtype(op, &format!("grad {i}"), g, p.dtype)?;
+        for (name, t) in [("param", p), ("exp_avg", m), ("exp_avg_sq", v)] {
+            expect_shape(op, &format!("{name} {i}"), t, &g.shape)?;
+        }
+        if m.dtype != v.dtype || (m.dtype != p.dtype && m.dtype != DType::F32) {
+            return Err(BackendError::dtype(format!(
+                "adamw: moments of param {i} are {} and {}; both must be the param's dtype ({}) or float32",
+                m.dtype, v.dtype, p.dtype
+            )));
+        }
+    }
+    check_disjoint(inputs, outputs)?;
+    // Bias corrections in f64: early on, 1 - β2^step is a small difference of numbers near 1,
+    // which f32 would get wrong in the third digit.
+    let bc1 = 1.0 - beta1.powf(step as f64);
+    let bc2 = 1.0 - beta2.powf(step as f64);
+    let h = Hyper { decay: 1.0 - lr * weight_decay, beta1, beta2, step_size: lr / bc1, bc2_sqrt: bc2.sqrt(), eps };
+    for (i, g) in inputs.iter().enumerate() {
+        let [p, m, v] = [&outputs[3 * i], &outputs[3 * i + 1], &outputs[3 * i + 2]];
+        with_float!(op, p.dtype, P => {
+            if m.dtype == p.dtype {
+                update::<P, P>(op, &h, g, p, m, v)
+            } else {
+                update::<P, f32>(op, &h, g, p, m, v)
+            }
+        })?;
+    }
+    Ok(())
+}
+
+/// The device skips its overlap check for in-place ops, so this kernel makes its own: an
+/// output may not share a byte with any other output or with a grad (two grads may overlap;
+/// they are only read). Intervals are the views' byte extents, as in `sdk::expect_no_overlap`.
+fn check_disjoint(inputs: &[View], outputs: &[View]) -> Result<()> {
+    let mut spans: Vec<(usize, usize, bool, usize)> = Vec::with_capacity(inputs.len() + outputs.len());
+    for (i, v) in outputs.iter().enumerate() {
+        if v.numel() > 1 && v.shape.iter().zip(&v.strides).any(|(&n, &s)| n > 1 && s == 0) {
+            return Err(BackendError::invalid(format!(
+                "adamw: output {i} has a zero stride (it would overlap itself)"
+            )));
+        }
+    }
+    for (is_out, list) in [(false, inputs), (true, outputs)] {
+        for (i, v) in list.iter().enumerate() {
+            if let Some((start, end)) = v.address_range() {
+                spans.push((start, end, is_out, i));
+            }
+        }
+    }
+    spans.sort_unstable();
+    // Sweep by start: a span overlaps an earlier one iff it starts before that one's end, so
+    // the largest end so far (over outputs, and over everything) decides.
+    let (mut end_out, mut end_all) = ((0usize, 0usize), (0usize, 0usize, false));
+    let name = |is_out: bool| if is_out { "output" } else { "grad" };
+    for &(start, end, is_out, i) in &spans {
+        let clash = if start < end_out.0 {
+            Some((true, end_out.1))
+        } else if is_out && start < end_all.0 {
+            Some((end_all.2, end_all.1))
+        } else {
+            None
+        };
+        if let Some((other_out, j)) = clash {
+            return Err(BackendError::invalid(format!(
+                "adamw: {} {i} overlaps {} {j} (outputs are updated in place and must be disjoint)",
+                name(is_out),
+                name(other_out)
+            )));
+        }
+        if is_out && end > end_out.0 {
+            end_out = (end, i);
+        }
+        if end > end_all.0 {
+            end_all = (end, i, is_out);
+        }
+    }
+    Ok(())
+}
+
+fn update<P: Float, M: Float>(op: &Op, h: &Hyper, g: &View, p: &View, m: &View, v: &View) -> Result<()> {
+    let gs = dense::<P>(op, g)?;
+    let (mut ps, mut ms, mut vs) =
+        (Dense::<P>::in_place(op, p)?, Dense::<M>::in_place(op, m)?, Dense::<M>::in_place(op, v)?);
+    let k = |x: f64| C::<P>::from_f64(x);
+    let (decay, b1, b2, step_size, bc2_sqrt, eps) =
+        (k(h.decay), k(h.beta1), k(h.beta2), k(h.step_size), k(h.bc2_sqrt), k(h.eps));
+    let (one_b1, one_b2) = (k(1.0 - h.beta1), k(1.0 - h.beta2));
+    ps.slice()
+        .par_iter_mut()
+        .zip(ms.slice().par_iter_mut().zip(vs.slice().par_iter_mut()))
+        .zip(gs.par_iter())
+        .with_min_len(PAR_MIN_ELEMS)
+        .for_each(|((pe, (me, ve)), ge)| {
+            let gc = ge.compute();
+            let mc = b1 * cvt::<C<M>, C<P>>(me.compute()) + one_b1 * gc;
+            let vc = b2 * cvt::<C<M>, C<P>>(ve.compute()) + one_b2 * gc * gc;
+            let pc = pe.compute() * decay - step_size * mc / (vc.sqrt() / bc2_sqrt + eps);
+            *pe = P::store(pc);
+            *me = M::store(cvt::<C<P>, C<M>>(mc));
+            *ve = M::store(cvt::<C<P>, C<M>>(vc));
+        });
+    ps.finish();
+    ms.finish();
+    vs.finish();
+    Ok(())
+}
+
+inventory::submit! { Kernel { claims, run } }

@@ -1,0 +1,231 @@
+//! Scaled dot-product attention (causal or not, grouped-query) and its backward.
+//!
+//! A direct implementation, one query row at a time: scores, max-subtracted softmax, weighted
+//! sum, everything in the compute type (f32 for f16/bf16). The backward recomputes the
+//! probabilities from the saved log-sum-exp, as flash-attention does, so the two directions
+//! agree with the saved statistics of any backend.
+
+use super::softmax::{
+    dense, dense_compute, dims, expect_dtype, expect_shape, float_claims, operands, row_max, split_mut, with_float,
+    Dense, Float, Real, C, PAR_MIN_ELEMS,
+};
+use super::{unsupported, Kernel, View};
+use crate::element::Arith;
+use genesis_backend_api::{BackendError, DType, Op, OpKind, Result};
+use rayon::prelude::*;
+
+fn claims() -> Vec<(OpKind, DType)> {
+    float_claims(&[Op::Attention { causal: false, scale: 1.0 }, Op::AttentionBackward { causal: false, scale: 1.0 }])
+}
+
+/// The problem sizes: batch, query heads, kv heads, queries, keys, head dim.
+#[derive(Clone, Copy)]
+struct Dims {
+    b: usize,
+    hq: usize,
+    hk: usize,
+    s: usize,
+    t: usize,
+    d: usize,
+}
+
+impl Dims {
+    /// Query heads per kv head.
+    fn group(&self) -> usize {
+        self.hq / self.hk
+    }
+
+    /// How many keys query `i` sees: all of them, or under the causal mask aligned to the
+    /// bottom right, those with `j <= i + t - s` (none at all for the first `s - t` queries
+    /// when there are fewer keys than queries).
+    fn visible(&self, causal: bool, i: usize) -> usize {
+        if causal {
+            (i + self.t + 1).saturating_sub(self.s).min(self.t)
+        } else {
+            self.t
+        }
+    }
+
+    /// Queries per parallel task so that a task has enough work to be worth scheduling.
+    fn min_tasks(&self, per_task: usize) -> usize {
+        (PAR_MIN_ELEMS / (per_task * self.t.max(1) * self.d.max(1)).max(1)).max(1)
+    }
+}
+
+fn check(op: &Op, q: &View, k: &View, v: &View) -> Result<Dims> {
+    let [b, hq, s, d] = dims::<4>(op, "q (b, hq, s, d)", q)?;
+    let [bk, hk, t, dk] = dims::<4>(op, "k (b, hk, t, d)", k)?;
+    expect_shape(op, "v", v, &k.shape)?;
+    if bk != b || dk != d {
+        return Err(BackendError::shape(format!(
+            "{}: q {:?} and k {:?} differ in batch or head dim",
+            op.name(),
+            q.shape,
+            k.shape
+        )));
+    }
+    if hk == 0 || hq % hk != 0 {
+        return Err(BackendError::shape(format!(
+            "{}: the query heads ({hq}) must be a multiple of the kv heads ({hk} in k {:?})",
+            op.name(),
+            k.shape
+        )));
+    }
+    expect_dtype(op, "k", k, q.dtype)?;
+    expect_dtype(op, "v", v, q.dtype)?;
+    Ok(Dims { b, hq, hk, s, t, d })
+}
+
+fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
+    match *op {
+        Op::Attention { causal, scale } => {
+            let ([q, k, v], [o, lse]) = operands::<3, 2>(op, inputs, outputs)?;
+            let dm = check(op, q, k, v)?;
+            expect_shape(op, "o", o, &q.shape)?;
+            expect_dtype(op, "o", o, q.dtype)?;
+            expect_shape(op, "lse", lse, &q.shape[..3])?;
+            expect_dtype(op, "lse", lse, DType::F32)?;
+            with_float!(op, q.dtype, T => forward::<T>(op, dm, causal, scale, [q, k, v], [o, lse]))
+        }
+        Op::AttentionBackward { causal, scale } => {
+            let ([q, k, v, o, lse, d_o], [dq, dk, dv]) = operands::<6, 3>(op, inputs, outputs)?;
+            let dm = check(op, q, k, v)?;
+            for (name, t, like) in [("o", o, q), ("do", d_o, q), ("dq", dq, q), ("dk", dk, k), ("dv", dv, v)] {
+                expect_shape(op, name, t, &like.shape)?;
+                expect_dtype(op, name, t, q.dtype)?;
+            }
+            expect_shape(op, "lse", lse, &q.shape[..3])?;
+            expect_dtype(op, "lse", lse, DType::F32)?;
+            with_float!(op, q.dtype, T => backward::<T>(op, dm, causal, scale, [q, k, v, o, lse, d_o], [dq, dk, dv]))
+        }
+        _ => Err(unsupported(op, inputs.first().map_or(DType::F32, |v| v.dtype))),
+    }
+}
+
+fn dot<R: Real>(a: &[R], b: &[R]) -> R {
+    a.iter().zip(b).fold(R::ZERO, |acc, (&x, &y)| acc + x * y)
+}
+
+fn forward<T: Float>(
+    op: &Op,
+    dm: Dims,
+    causal: bool,
+    scale: f64,
+    [q, k, v]: [&View; 3],
+    [o, lse]: [&View; 2],
+) -> Result<()> {
+    let (qs, ks, vs) = (dense_compute::<T>(op, q)?, dense_compute::<T>(op, k)?, dense_compute::<T>(op, v)?);
+    let (mut os, mut lses) = (Dense::<T>::output(op, o)?, Dense::<f32>::output(op, lse)?);
+    let Dims { hq, hk, s, t, d, .. } = dm;
+    let (group, scale) = (dm.group(), C::<T>::from_f64(scale));
+    let tasks: Vec<_> =
+        split_mut(os.slice(), dm.b * hq, s * d).into_iter().zip(split_mut(lses.slice(), dm.b * hq, s)).collect();
+    tasks.into_par_iter().enumerate().with_min_len(dm.min_tasks(s)).for_each(|(bh, (o_head, lse_head))| {
+        let kv = (bh / hq * hk + bh % hq / group) * t * d;
+        let (q_head, k_head, v_head) = (&qs[bh * s * d..][..s * d], &ks[kv..][..t * d], &vs[kv..][..t * d]);
+        let mut scores = vec![C::<T>::ZERO; t];
+        let mut acc = vec![C::<T>::ZERO; d];
+        for i in 0..s {
+            let n = dm.visible(causal, i);
+            let o_row = &mut o_head[i * d..][..d];
+            if n == 0 {
+                o_row.fill(T::store(C::<T>::NAN));
+                lse_head[i] = f32::NAN;
+                continue;
+            }
+            let q_row = &q_head[i * d..][..d];
+            for (j, sc) in scores[..n].iter_mut().enumerate() {
+                *sc = scale * dot(q_row, &k_head[j * d..][..d]);
+            }
+            let m = row_max(scores[..n].iter().copied());
+            let mut sum = C::<T>::ZERO;
+            acc.fill(C::<T>::ZERO);
+            for (j, &sc) in scores[..n].iter().enumerate() {
+                let p = (sc - m).exp();
+                sum += p;
+                for (a, &vv) in acc.iter_mut().zip(&v_head[j * d..][..d]) {
+                    *a += p * vv;
+                }
+            }
+            for (out, &a) in o_row.iter_mut().zip(&acc) {
+                *out = T::store(a / sum);
+            }
+            lse_head[i] = (m + sum.ln()).to_f32();
+        }
+    });
+    os.finish();
+    lses.finish();
+    Ok(())
+}
+
+fn backward<T: Float>(
+    op: &Op,
+    dm: Dims,
+    causal: bool,
+    scale: f64,
+    [q, k, v, o, lse, d_o]: [&View; 6],
+    [dq, dk, dv]: [&View; 3],
+) -> Result<()> {
+    let (qs, ks, vs) = (dense_compute::<T>(op, q)?, dense_compute::<T>(op, k)?, dense_compute::<T>(op, v)?);
+    let (os, dos, lses) = (dense_compute::<T>(op, o)?, dense_compute::<T>(op, d_o)?, dense::<f32>(op, lse)?);
+    let (mut dqs, mut dks, mut dvs) =
+        (Dense::<T>::output(op, dq)?, Dense::<T>::output(op, dk)?, Dense::<T>::output(op, dv)?);
+    let Dims { hk, s, t, d, .. } = dm;
+    let (group, scale) = (dm.group(), C::<T>::from_f64(scale));
+    // One task per (batch, kv head): it owns the dq rows of the group's query heads (adjacent
+    // in memory) and the whole dk/dv head, which the group's heads all add into, so no two
+    // tasks write the same element.
+    let n_tasks = dm.b * hk;
+    let tasks: Vec<_> = split_mut(dqs.slice(), n_tasks, group * s * d)
+        .into_iter()
+        .zip(split_mut(dks.slice(), n_tasks, t * d).into_iter().zip(split_mut(dvs.slice(), n_tasks, t * d)))
+        .collect();
+    tasks.into_par_iter().enumerate().with_min_len(dm.min_tasks(group * s)).for_each(
+        |(bg, (dq_group, (dk_head, dv_head)))| {
+            let kv = bg * t * d;
+            let (k_head, v_head) = (&ks[kv..][..t * d], &vs[kv..][..t * d]);
+            let mut dk_acc = vec![C::<T>::ZERO; t * d];
+            let mut dv_acc = vec![C::<T>::ZERO; t * d];
+            let mut dq_acc = vec![C::<T>::ZERO; d];
+            for hh in 0..group {
+                // Query heads of kv head g of batch b are h = g*group + hh, so (b*hq + h) is this.
+                let bh = bg * group + hh;
+                for i in 0..s {
+                    let row = (bh * s + i) * d;
+                    let (q_row, o_row, do_row) = (&qs[row..][..d], &os[row..][..d], &dos[row..][..d]);
+                    let n = dm.visible(causal, i);
+                    let l = C::<T>::from_f32(lses[bh * s + i]);
+                    // D_i = <do_i, o_i> = sum_j P_ij <do_i, v_j>, the softmax Jacobian's rank-1 term.
+                    let big_d = dot(do_row, o_row);
+                    dq_acc.fill(C::<T>::ZERO);
+                    for j in 0..n {
+                        let (k_row, v_row) = (&k_head[j * d..][..d], &v_head[j * d..][..d]);
+                        let p = (scale * dot(q_row, k_row) - l).exp();
+                        let ds = p * (dot(do_row, v_row) - big_d);
+                        let sds = scale * ds;
+                        for c in 0..d {
+                            dq_acc[c] += ds * k_row[c];
+                            dk_acc[j * d + c] += sds * q_row[c];
+                            dv_acc[j * d + c] += p * do_row[c];
+                        }
+                    }
+                    for (out, &a) in dq_group[(hh * s + i) * d..][..d].iter_mut().zip(&dq_acc) {
+                        *out = T::store(scale * a);
+                    }
+                }
+            }
+            for (out, &a) in dk_head.iter_mut().zip(&dk_acc) {
+                *out = T::store(a);
+            }
+            for (out, &a) in dv_head.iter_mut().zip(&dv_acc) {
+                *out = T::store(a);
+            }
+        },
+    );
+    dqs.finish();
+    dks.finish();
+    dvs.finish();
+    Ok(())
+}
+
+inventory::submit! { Kernel { claims, run } }

@@ -1,0 +1,269 @@
+//! Batched matrix products `[a (.., m, k), b (.., k, n)] -> [y (.., m, n)]`.
+//!
+//! Batch dims of the three operands are equal (broadcast ones arrive with stride 0) and every
+//! operand may have any strides, so transposes cost nothing: the `gemm` crate takes a row and
+//! a column stride per matrix. f32 and f64 go to `gemm` directly. f16 and bf16 are widened to
+//! f32, multiplied by the f32 `gemm` and rounded once: the interface asks for f32
+//! accumulation, and `gemm`'s own f16 path rounds partial sums to f16 between its depth blocks
+//! (every few hundred terms of k), which would violate it for long k. i64/i32 use a plain
+//! loop with wrapping arithmetic.
+//!
+//! Threads: a product with more than [`GEMM_PARALLEL`] multiply-adds runs `gemm` on the rayon
+//! pool; smaller ones run single-threaded, and a batch of small products is spread over the
+//! pool one matrix per task instead.
+
+use super::{map_tasks, unsupported, Kernel, SyncPtr, View};
+use crate::element::{Arith, Element};
+use crate::with_dtype;
+use gemm::Parallelism;
+use genesis_backend_api::{BackendError, DType, Op, OpKind, Result};
+use half::{bf16, f16};
+
+/// `m*n*k` above which one product is worth several threads.
+const GEMM_PARALLEL: usize = 64 * 64 * 64;
+
+const DTYPES: [DType; 6] = [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64, DType::I32];
+
+fn claims() -> Vec<(OpKind, DType)> {
+    DTYPES.iter().map(|&d| (Op::Matmul.kind(), d)).collect()
+}
+
+/// One matrix operand: its first element and its (row, column) strides in elements.
+#[derive(Clone, Copy)]
+struct Mat<T> {
+    ptr: SyncPtr<T>,
+    rs: isize,
+    cs: isize,
+}
+
+impl<T> Mat<T> {
+    /// # Safety
+    /// `(i, j)` must lie inside the matrix.
+    #[inline(always)]
+    unsafe fn at(self, i: usize, j: usize) -> *mut T {
+        self.ptr.get().offset(i as isize * self.rs + j as isize * self.cs)
+    }
+}
+
+/// How one dtype multiplies one `(m, k) x (k, n)` matrix pair.
+trait MatElem: Element {
+    /// `y = a · b` (overwriting `y`).
+    ///
+    /// # Safety
+    /// The matrices lie inside their buffers, `y` overlaps neither input nor, within one call,
+    /// itself, and `k > 0`.
+    unsafe fn matmul(m: usize, n: usize, k: usize, a: Mat<Self>, b: Mat<Self>, y: Mat<Self>, par: Parallelism);
+}
+
+/// `gemm` for its native types. Argument order: dst, dst column stride, dst row stride,
+/// read_dst, lhs (cs, rs), rhs (cs, rs), alpha (scales dst; ignored without read_dst), beta
+/// (scales the product), three conjugation flags.
+unsafe fn native<T: 'static + Copy>(
+    (m, n, k): (usize, usize, usize),
+    a: Mat<T>,
+    b: Mat<T>,
+    y: Mat<T>,
+    one: T,
+    zero: T,
+    par: Parallelism,
+) {
+    gemm::gemm(
+        m,
+        n,
+        k,
+        y.ptr.get(),
+        y.cs,
+        y.rs,
+        false,
+        a.ptr.get(),
+        a.cs,
+        a.rs,
+        b.ptr.get(),
+        b.cs,
+        b.rs,
+        zero,
+        one,
+        false,
+        false,
+        false,
+        par,
+    );
+}
+
+impl MatElem for f32 {
+    unsafe fn matmul(m: usize, n: usize, k: usize, a: Mat<f32>, b: Mat<f32>, y: Mat<f32>, par: Parallelism) {
+        native((m, n, k), a, b, y, 1.0, 0.0, par)
+    }
+}
+
+impl MatElem for f64 {
+    unsafe fn matmul(m: usize, n: usize, k: usize, a: Mat<f64>, b: Mat<f64>, y: Mat<f64>, par: Parallelism) {
+        native((m, n, k), a, b, y, 1.0, 0.0, par)
+    }
+}
+
+/// Copy a strided matrix into a dense row-major f32 buffer.
+unsafe fn widen<T: Element<Compute = f32>>(rows: usize, cols: usize, src: Mat<T>) -> Vec<f32> {
+    let mut out = Vec::with_capacity(rows * cols);
+    for i in 0..rows {
+        out.extend((0..cols).map(|j| (*src.at(i, j)).compute()));
+    }
+    out
+}
+
+/// f16/bf16 through the f32 `gemm`: widen both inputs, multiply, round once.
+unsafe fn via_f32<T: Element<Compute = f32>>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat<T>,
+    b: Mat<T>,
+    y: Mat<T>,
+    par: Parallelism,
+) {
+    let (mut wa, mut wb) = (widen(m, k, a), widen(k, n, b));
+    let mut wy = vec![0f32; m * n];
+    let dense = |v: &mut Vec<f32>, cols: usize| Mat { ptr: SyncPtr(v.as_mut_ptr()), rs: cols as isize, cs: 1 };
+    let (ma, mb, my) = (dense(&mut wa, k), dense(&mut wb, n), dense(&mut wy, n));
+    f32::matmul(m, n, k, ma, mb, my, par);
+    for i in 0..m {
+        for j in 0..n {
+            *y.at(i, j) = T::store(wy[i * n + j]);
+        }
+    }
+}
+
+impl MatElem for f16 {
+    unsafe fn matmul(m: usize, n: usize, k: usize, a: Mat<f16>, b: Mat<f16>, y: Mat<f16>, par: Parallelism) {
+        via_f32(m, n, k, a, b, y, par)
+    }
+}
+
+impl MatElem for bf16 {
+    unsafe fn matmul(m: usize, n: usize, k: usize, a: Mat<bf16>, b: Mat<bf16>, y: Mat<bf16>, par: Parallelism) {
+        via_f32(m, n, k, a, b, y, par)
+    }
+}
+
+/// Integers: row of `y` accumulated in the compute type (wrapping), `i-p-j` order so the
+/// inner loop streams a row of `b`.
+unsafe fn int_loop<T: Element>(m: usize, n: usize, k: usize, a: Mat<T>, b: Mat<T>, y: Mat<T>) {
+    let mut row = vec![T::Compute::ZERO; n];
+    for i in 0..m {
+        row.fill(T::Compute::ZERO);
+        for p in 0..k {
+            let av = (*a.at(i, p)).compute();
+            for (j, acc) in row.iter_mut().enumerate() {
+                *acc = acc.add(av.mul((*b.at(p, j)).compute()));
+            }
+        }
+        for (j, &acc) in row.iter().enumerate() {
+            *y.at(i, j) = T::store(acc);
+        }
+    }
+}
+
+impl MatElem for i64 {
+    unsafe fn matmul(m: usize, n: usize, k: usize, a: Mat<i64>, b: Mat<i64>, y: Mat<i64>, _: Parallelism) {
+        int_loop(m, n, k, a, b, y)
+    }
+}
+
+impl MatElem for i32 {
+    unsafe fn matmul(m: usize, n: usize, k: usize, a: Mat<i32>, b: Mat<i32>, y: Mat<i32>, _: Parallelism) {
+        int_loop(m, n, k, a, b, y)
+    }
+}
+
+/// Integer dtypes without a matmul: kept out of the claims; never called (run refuses them).
+macro_rules! no_matmul {
+    ($($t:ty),*) => {$(
+        impl MatElem for $t {
+            unsafe fn matmul(_: usize, _: usize, _: usize, _: Mat<$t>, _: Mat<$t>, _: Mat<$t>, _: Parallelism) {}
+        }
+    )*};
+}
+no_matmul!(u8, crate::element::Bool);
+
+fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
+    let ([a, b], [y]) = (inputs, outputs) else {
+        return Err(BackendError::invalid(format!(
+            "matmul: expected 2 inputs and 1 output, got {} and {}",
+            inputs.len(),
+            outputs.len()
+        )));
+    };
+    if !DTYPES.contains(&a.dtype) {
+        return Err(unsupported(op, a.dtype));
+    }
+    if b.dtype != a.dtype || y.dtype != a.dtype {
+        return Err(BackendError::dtype(format!(
+            "matmul: operands must share one dtype, got {} x {} -> {}",
+            a.dtype, b.dtype, y.dtype
+        )));
+    }
+    let r = a.shape.len();
+    let bad_shapes = || {
+        BackendError::shape(format!(
+            "matmul: expected a (.., m, k), b (.., k, n) -> y (.., m, n) with equal batch dims, got {:?} x {:?} -> {:?}",
+            a.shape, b.shape, y.shape
+        ))
+    };
+    if r < 2 || b.shape.len() != r || y.shape.len() != r {
+        return Err(bad_shapes());
+    }
+    let (m, k, n) = (a.shape[r - 2], a.shape[r - 1], b.shape[r - 1]);
+    if b.shape[r - 2] != k || y.shape[r - 2] != m || y.shape[r - 1] != n {
+        return Err(bad_shapes());
+    }
+    if a.shape[..r - 2] != y.shape[..r - 2] || b.shape[..r - 2] != y.shape[..r - 2] {
+        return Err(bad_shapes());
+    }
+    with_dtype!(a.dtype, T => batched::<T>(a, b, y, m, n, k));
+    Ok(())
+}
+
+fn batched<T: MatElem>(a: &View, b: &View, y: &View, m: usize, n: usize, k: usize) {
+    let r = a.shape.len();
+    let batch_shape = &y.shape[..r - 2];
+    let batches: usize = batch_shape.iter().product();
+    if batches == 0 || m == 0 || n == 0 {
+        return;
+    }
+    let mat = |v: &View| Mat { ptr: SyncPtr(v.base as *mut T), rs: v.strides[r - 2], cs: v.strides[r - 1] };
+    let (ma, mb, my) = (mat(a), mat(b), mat(y));
+    // Batch offsets of the three operands in row-major batch order.
+    let offsets = |v: &View| genesis_backend_api::sdk::offsets(batch_shape, &v.strides[..r - 2]).collect::<Vec<_>>();
+    let (oa, ob, oy) = (offsets(a), offsets(b), offsets(y));
+    let shift = |mt: Mat<T>, o: isize| Mat { ptr: SyncPtr(mt.ptr.get().wrapping_offset(o)), ..mt };
+    let work = m.saturating_mul(n).saturating_mul(k);
+    let one = |i: usize, par: Parallelism| {
+        let yi = shift(my, oy[i]);
+        // SAFETY: views are bounds-checked and `y` is disjoint from `a` and `b` (checked by
+        // the device); each batch writes its own matrix of `y` (checked non-overlapping
+        // before batches run in parallel).
+        unsafe {
+            if k == 0 {
+                // The empty sum: zeros, without asking `gemm` about a degenerate depth.
+                for r in 0..m {
+                    for c in 0..n {
+                        *yi.at(r, c) = T::store(T::Compute::ZERO);
+                    }
+                }
+            } else {
+                T::matmul(m, n, k, shift(ma, oa[i]), shift(mb, ob[i]), yi, par);
+            }
+        }
+    };
+    // `gemm`'s threads write disjoint positions of `y`, which must then be disjoint memory.
+    if work > GEMM_PARALLEL && y.is_non_overlapping() {
+        let threads = rayon::current_num_threads();
+        (0..batches).for_each(|i| one(i, Parallelism::Rayon(threads)));
+    } else {
+        // Small products: one per task when there are several and they cannot collide.
+        let parallel = batches > 1 && batches.saturating_mul(work) > GEMM_PARALLEL && y.is_non_overlapping();
+        map_tasks(batches, parallel, |i| one(i, Parallelism::None));
+    }
+}
+
+inventory::submit! { Kernel { claims, run } }

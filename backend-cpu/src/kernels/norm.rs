@@ -1,0 +1,298 @@
+//! LayerNorm and RmsNorm over the last dim, and their backward ops.
+//!
+//! Statistics are computed in the compute type (f32 for f16/bf16, f64 for f64) and saved as
+//! f32, as the interface asks. The weight gradients are summed over rows in fixed blocks so
+//! that they are reproducible bit for bit (see `rows_per_block`).
+
+use super::softmax::{
+    dense, expect_dtype, expect_shape, float_claims, min_rows, operands, rows_of, rows_per_block, with_float, Dense,
+    Float, Real, C,
+};
+use super::{unsupported, Kernel, View};
+use crate::element::Arith;
+use genesis_backend_api::{BackendError, DType, Op, OpKind, Result};
+use rayon::prelude::*;
+
+fn claims() -> Vec<(OpKind, DType)> {
+    float_claims(&[Op::LayerNorm { eps: 0.0 }, Op::LayerNormBackward, Op::RmsNorm { eps: 0.0 }, Op::RmsNormBackward])
+}
+
+fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
+    match *op {
+        Op::LayerNorm { eps } => {
+            let ([x, w, b], [y, mean, rstd]) = operands::<3, 3>(op, inputs, outputs)?;
+            check_eps(op, eps)?;
+            let (lead, d) = split_shape(&x.shape);
+            check_param(op, "weight", w, x, d)?;
+            check_param(op, "bias", b, x, d)?;
+            check_like(op, "y", y, x)?;
+            check_stat(op, "mean", mean, lead)?;
+            check_stat(op, "rstd", rstd, lead)?;
+            with_float!(op, x.dtype, T => layer_norm::<T>(op, eps, [x, w, b], [y, mean, rstd]))
+        }
+        Op::LayerNormBackward => {
+            let ([dy, x, w, mean, rstd], [dx, dw, db]) = operands::<5, 3>(op, inputs, outputs)?;
+            let (lead, d) = split_shape(&x.shape);
+            check_like(op, "dy", dy, x)?;
+            check_param(op, "weight", w, x, d)?;
+            check_stat(op, "mean", mean, lead)?;
+            check_stat(op, "rstd", rstd, lead)?;
+            check_like(op, "dx", dx, x)?;
+            check_param(op, "dweight", dw, x, d)?;
+            check_param(op, "dbias", db, x, d)?;
+            with_float!(op, x.dtype, T => layer_norm_backward::<T>(op, [dy, x, w, mean, rstd], [dx, dw, db]))
+        }
+        Op::RmsNorm { eps } => {
+            let ([x, w], [y, rstd]) = operands::<2, 2>(op, inputs, outputs)?;
+            check_eps(op, eps)?;
+            let (lead, d) = split_shape(&x.shape);
+            check_param(op, "weight", w, x, d)?;
+            check_like(op, "y", y, x)?;
+            check_stat(op, "rstd", rstd, lead)?;
+            with_float!(op, x.dtype, T => rms_norm::<T>(op, eps, [x, w], [y, rstd]))
+        }
+        Op::RmsNormBackward => {
+            let ([dy, x, w, rstd], [dx, dw]) = operands::<4, 2>(op, inputs, outputs)?;
+            let (lead, d) = split_shape(&x.shape);
+            check_like(op, "dy", dy, x)?;
+            check_param(op, "weight", w, x, d)?;
+            check_stat(op, "rstd", rstd, lead)?;
+            check_like(op, "dx", dx, x)?;
+            check_param(op, "dweight", dw, x, d)?;
+            with_float!(op, x.dtype, T => rms_norm_backward::<T>(op, [dy, x, w, rstd], [dx, dw]))
+        }
+        _ => Err(unsupported(op, inputs.first().map_or(DType::F32, |v| v.dtype))),
+    }
+}
+
+/// The leading dims and the normalized (last) dim's size; rank 0 is refused by the callers'
+/// shape checks because a norm over nothing has no weight shape.
+fn split_shape(shape: &[usize]) -> (&[usize], usize) {
+    match shape.split_last() {
+        Some((&d, lead)) => (lead, d),
+        None => (&[], 1),
+    }
+}
+
+fn check_eps(op: &Op, eps: f64) -> Result<()> {
+    if eps.is_nan() || eps < 0.0 {
+        return Err(BackendError::invalid(format!("{}: eps must be >= 0, got {eps}", op.name())));
+    }
+    Ok(())
+}
+
+/// A per-feature tensor (weight, bias and their gradients): shape `[d]`, x's dtype.
+fn check_param(op: &Op, name: &str, v: &View, x: &View, d: usize) -> Result<()> {
+    if x.shape.is_empty() {
+        return Err(BackendError::shape(format!("{}: x must have rank >= 1, got a scalar", op.name())));
+    }
+    if v.shape != [d] {
+        return Err(BackendError::shape(format!(
+            "{}: {name} has shape {:?}, expected [{d}] (the last dim of x {:?})",
+            op.name(),
+            v.shape,
+            x.shape
+        )));
+    }
+    expect_dtype(op, name, v, x.dtype)
+}
+
+fn check_like(op: &Op, name: &str, v: &View, x: &View) -> Result<()> {
+    expect_shape(op, name, v, &x.shape)?;
+    expect_dtype(op, name, v, x.dtype)
+}
+
+/// A saved statistic: f32 with x's leading dims.
+fn check_stat(op: &Op, name: &str, v: &View, lead: &[usize]) -> Result<()> {
+    expect_shape(op, name, v, lead)?;
+    expect_dtype(op, name, v, DType::F32)
+}
+
+/// Sum per-block partial gradients in block order (see `rows_per_block`).
+fn sum_blocks<R: Real>(blocks: Vec<Vec<Vec<R>>>, parts: usize, d: usize) -> Vec<Vec<R>> {
+    let mut total = vec![vec![R::ZERO; d]; parts];
+    for block in blocks {
+        for (t, p) in total.iter_mut().zip(block) {
+            for (a, b) in t.iter_mut().zip(p) {
+                *a += b;
+            }
+        }
+    }
+    total
+}
+
+fn store_into<T: Float>(op: &Op, v: &View, values: &[C<T>]) -> Result<()> {
+    let mut out = Dense::<T>::output(op, v)?;
+    for (o, &x) in out.slice().iter_mut().zip(values) {
+        *o = T::store(x);
+    }
+    out.finish();
+    Ok(())
+}
+
+fn layer_norm<T: Float>(op: &Op, eps: f64, [x, w, b]: [&View; 3], [y, mean, rstd]: [&View; 3]) -> Result<()> {
+    let (xs, ws, bs) = (dense::<T>(op, x)?, dense::<T>(op, w)?, dense::<T>(op, b)?);
+    let (mut ys, mut means, mut rstds) =
+        (Dense::<T>::output(op, y)?, Dense::<f32>::output(op, mean)?, Dense::<f32>::output(op, rstd)?);
+    let (_, d) = rows_of(&x.shape);
+    let eps = C::<T>::from_f64(eps);
+    let n = C::<T>::from_f64(d as f64);
+    if d == 0 {
+        // The mean and variance of nothing are NaN, as in PyTorch.
+        means.slice().fill(f32::NAN);
+        rstds.slice().fill(f32::NAN);
+    } else {
+        ys.slice()
+            .par_chunks_mut(d)
+            .zip(means.slice().par_iter_mut().zip(rstds.slice().par_iter_mut()))
+            .zip(xs.par_chunks(d))
+            .with_min_len(min_rows(d))
+            .for_each(|((yr, (mu_out, r_out)), xr)| {
+                // Two passes: the variance from deviations, never from E[x²] - E[x]², which
+                // cancels catastrophically when |mean| >> std.
+                let mu = xr.iter().map(|v| v.compute()).sum::<C<T>>() / n;
+                let var = xr
+                    .iter()
+                    .map(|v| {
+                        let c = v.compute() - mu;
+                        c * c
+                    })
+                    .sum::<C<T>>()
+                    / n;
+                let r = C::<T>::ONE / (var + eps).sqrt();
+                for (((o, v), wv), bv) in yr.iter_mut().zip(xr).zip(ws.iter()).zip(bs.iter()) {
+                    *o = T::store((v.compute() - mu) * r * wv.compute() + bv.compute());
+                }
+                *mu_out = mu.to_f32();
+                *r_out = r.to_f32();
+            });
+    }
+    ys.finish();
+    means.finish();
+    rstds.finish();
+    Ok(())
+}
+
+fn layer_norm_backward<T: Float>(op: &Op, [dy, x, w, mean, rstd]: [&View; 5], [dx, dw, db]: [&View; 3]) -> Result<()> {
+    let (dys, xs, ws) = (dense::<T>(op, dy)?, dense::<T>(op, x)?, dense::<T>(op, w)?);
+    let (means, rstds) = (dense::<f32>(op, mean)?, dense::<f32>(op, rstd)?);
+    let mut dxs = Dense::<T>::output(op, dx)?;
+    let (rows, d) = rows_of(&x.shape);
+    let n = C::<T>::from_f64(d as f64);
+    let mut grads = vec![vec![C::<T>::ZERO; d]; 2];
+    if d > 0 && rows > 0 {
+        let block = rows_per_block(rows, d);
+        let partials: Vec<Vec<Vec<C<T>>>> = dxs
+            .slice()
+            .par_chunks_mut(block * d)
+            .enumerate()
+            .map(|(bi, dx_block)| {
+                let (mut gw, mut gb) = (vec![C::<T>::ZERO; d], vec![C::<T>::ZERO; d]);
+                let mut xhat = vec![C::<T>::ZERO; d];
+                for (k, dxr) in dx_block.chunks_mut(d).enumerate() {
+                    let row = bi * block + k;
+                    let (xr, dyr) = (&xs[row * d..][..d], &dys[row * d..][..d]);
+                    let (mu, r) = (C::<T>::from_f32(means[row]), C::<T>::from_f32(rstds[row]));
+                    // dx = r * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w.
+                    let (mut sum_g, mut sum_gx) = (C::<T>::ZERO, C::<T>::ZERO);
+                    for j in 0..d {
+                        xhat[j] = (xr[j].compute() - mu) * r;
+                        let g = dyr[j].compute() * ws[j].compute();
+                        sum_g += g;
+                        sum_gx += g * xhat[j];
+                        gw[j] += dyr[j].compute() * xhat[j];
+                        gb[j] += dyr[j].compute();
+                    }
+                    let (mean_g, mean_gx) = (sum_g / n, sum_gx / n);
+                    for j in 0..d {
+                        let g = dyr[j].compute() * ws[j].compute();
+                        dxr[j] = T::store(r * (g - mean_g - xhat[j] * mean_gx));
+                    }
+                }
+                vec![gw, gb]
+            })
+            .collect();
+        grads = sum_blocks(partials, 2, d);
+    }
+    dxs.finish();
+    store_into::<T>(op, dw, &grads[0])?;
+    store_into::<T>(op, db, &grads[1])
+}
+
+fn rms_norm<T: Float>(op: &Op, eps: f64, [x, w]: [&View; 2], [y, rstd]: [&View; 2]) -> Result<()> {
+    let (xs, ws) = (dense::<T>(op, x)?, dense::<T>(op, w)?);
+    let (mut ys, mut rstds) = (Dense::<T>::output(op, y)?, Dense::<f32>::output(op, rstd)?);
+    let (_, d) = rows_of(&x.shape);
+    let eps = C::<T>::from_f64(eps);
+    let n = C::<T>::from_f64(d as f64);
+    if d == 0 {
+        rstds.slice().fill(f32::NAN);
+    } else {
+        ys.slice()
+            .par_chunks_mut(d)
+            .zip(rstds.slice().par_iter_mut())
+            .zip(xs.par_chunks(d))
+            .with_min_len(min_rows(d))
+            .for_each(|((yr, r_out), xr)| {
+                let ms = xr
+                    .iter()
+                    .map(|v| {
+                        let c = v.compute();
+                        c * c
+                    })
+                    .sum::<C<T>>()
+                    / n;
+                let r = C::<T>::ONE / (ms + eps).sqrt();
+                for ((o, v), wv) in yr.iter_mut().zip(xr).zip(ws.iter()) {
+                    *o = T::store(v.compute() * r * wv.compute());
+                }
+                *r_out = r.to_f32();
+            });
+    }
+    ys.finish();
+    rstds.finish();
+    Ok(())
+}
+
+fn rms_norm_backward<T: Float>(op: &Op, [dy, x, w, rstd]: [&View; 4], [dx, dw]: [&View; 2]) -> Result<()> {
+    let (dys, xs, ws) = (dense::<T>(op, dy)?, dense::<T>(op, x)?, dense::<T>(op, w)?);
+    let rstds = dense::<f32>(op, rstd)?;
+    let mut dxs = Dense::<T>::output(op, dx)?;
+    let (rows, d) = rows_of(&x.shape);
+    let n = C::<T>::from_f64(d as f64);
+    let mut grads = vec![vec![C::<T>::ZERO; d]];
+    if d > 0 && rows > 0 {
+        let block = rows_per_block(rows, d);
+        let partials: Vec<Vec<Vec<C<T>>>> = dxs
+            .slice()
+            .par_chunks_mut(block * d)
+            .enumerate()
+            .map(|(bi, dx_block)| {
+                let mut gw = vec![C::<T>::ZERO; d];
+                for (k, dxr) in dx_block.chunks_mut(d).enumerate() {
+                    let row = bi * block + k;
+                    let (xr, dyr) = (&xs[row * d..][..d], &dys[row * d..][..d]);
+                    let r = C::<T>::from_f32(rstds[row]);
+                    // dx = r * (g - xhat * mean(g * xhat)) with g = dy * w, xhat = x * r.
+                    let mut sum_gx = C::<T>::ZERO;
+                    for j in 0..d {
+                        let xhat = xr[j].compute() * r;
+                        sum_gx += dyr[j].compute() * ws[j].compute() * xhat;
+                        gw[j] += dyr[j].compute() * xhat;
+                    }
+                    let mean_gx = sum_gx / n;
+                    for j in 0..d {
+                        let xhat = xr[j].compute() * r;
+                        dxr[j] = T::store(r * (dyr[j].compute() * ws[j].compute() - xhat * mean_gx));
+                    }
+                }
+                vec![gw]
+            })
+            .collect();
+        grads = sum_blocks(partials, 1, d);
+    }
+    dxs.finish();
+    store_into::<T>(op, dw, &grads[0])
+}
+
+inventory::submit! { Kernel { claims, run } }

@@ -1,0 +1,185 @@
+//! The backward pass: dependency counting, gradient accumulation, hooks, capture.
+
+use super::{set_grad_enabled, Edge, Node};
+use crate::error::{Error, ErrorKind, Result};
+use crate::tensor::{Tensor, TensorInner};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+fn node_key(n: &Arc<Node>) -> usize {
+    Arc::as_ptr(n) as usize
+}
+
+fn inner_key(t: &Arc<TensorInner>) -> usize {
+    Arc::as_ptr(t) as usize
+}
+
+/// What to capture instead of accumulating into `.grad` (for [`grad`]).
+enum Target {
+    Leaf(usize),
+    Output(usize, usize),
+}
+
+fn add_grads(a: Option<Tensor>, b: Tensor) -> Result<Tensor> {
+    match a {
+        None => Ok(b),
+        Some(a) => a.add(&b),
+    }
+}
+
+/// Run backward from `roots` with their gradients. With `targets`, return the gradients of
+/// those tensors instead of touching any `.grad`.
+pub(crate) fn run_backward(
+    roots: &[(Tensor, Tensor)],
+    retain_graph: bool,
+    create_graph: bool,
+    targets: Option<&[Tensor]>,
+) -> Result<Vec<Option<Tensor>>> {
+    let _mode = set_grad_enabled(create_graph);
+    let targets: Option<Vec<Target>> = targets.map(|ts| {
+        ts.iter()
+            .map(|t| match t.grad_fn_and_index() {
+                Some((n, i)) => Target::Output(node_key(&n), i),
+                None => Target::Leaf(inner_key(&t.inner_arc())),
+            })
+            .collect()
+    });
+    let mut captured: Vec<Option<Tensor>> = vec![None; targets.as_ref().map_or(0, Vec::len)];
+    let capture_index = |edge_leaf: Option<usize>, node_out: Option<(usize, usize)>| -> Option<usize> {
+        targets.as_ref()?.iter().position(|t| match (t, edge_leaf, node_out) {
+            (Target::Leaf(k), Some(l), _) => *k == l,
+            (Target::Output(k, i), _, Some((n, j))) => *k == n && *i == j,
+            _ => false,
+        })
+    };
+
+    // Seed: gradients of the roots.
+    let mut pending: HashMap<usize, Vec<Option<Tensor>>> = HashMap::new();
+    let mut nodes: HashMap<usize, Arc<Node>> = HashMap::new();
+    let mut leaf_grads: Vec<(Arc<TensorInner>, Tensor)> = Vec::new();
+    for (root, grad) in roots {
+        match root.grad_fn_and_index() {
+            Some((node, index)) => {
+                let slot = pending.entry(node_key(&node)).or_insert_with(|| vec![None; node.n_outputs]);
+                slot[index] = Some(add_grads(slot[index].take(), grad.clone())?);
+                nodes.insert(node_key(&node), node);
+            }
+            None if root.requires_grad() => leaf_grads.push((root.inner_arc(), grad.clone())),
+            None => {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    "backward: the tensor does not require grad and has no grad_fn (nothing to differentiate)",
+                ))
+            }
+        }
+    }
+
+    // Count, for every node reachable from the roots, how many edges point at it.
+    let mut deps: HashMap<usize, usize> = HashMap::new();
+    let mut stack: Vec<Arc<Node>> = nodes.values().cloned().collect();
+    let mut seen: std::collections::HashSet<usize> = nodes.keys().copied().collect();
+    while let Some(node) = stack.pop() {
+        for edge in node.edges.iter().flatten() {
+            if let Edge::Node(next, _) = edge {
+                *deps.entry(node_key(next)).or_insert(0) += 1;
+                if seen.insert(node_key(next)) {
+                    stack.push(next.clone());
+                }
+            }
+        }
+    }
+
+    let mut ready: Vec<Arc<Node>> =
+        nodes.values().filter(|n| deps.get(&node_key(n)).copied().unwrap_or(0) == 0).cloned().collect();
+    while let Some(node) = ready.pop() {
+        let key = node_key(&node);
+        let mut grads = pending.remove(&key).unwrap_or_else(|| vec![None; node.n_outputs]);
+
+        // Hooks and retained grads of this node's output tensors see the summed gradient.
+        for (index, hook) in node.hooks.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            if let Some(g) = &grads[*index] {
+                if let Some(replaced) = hook(g)? {
+                    grads[*index] = Some(replaced);
+                }
+            }
+        }
+        for (index, weak) in node.retained.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            if let (Some(inner), Some(g)) = (weak.upgrade(), &grads[*index]) {
+                TensorInner::accumulate_grad(&inner, g, create_graph)?;
+            }
+        }
+        for (index, g) in grads.iter().enumerate() {
+            if let (Some(slot), Some(g)) = (capture_index(None, Some((key, index))), g) {
+                captured[slot] = Some(add_grads(captured[slot].take(), g.clone())?);
+            }
+        }
+
+        let input_grads = {
+            let guard = node.backward.lock().unwrap_or_else(|p| p.into_inner());
+            let f = guard.as_ref().ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "backward through {} a second time: its saved tensors were freed after the first backward; \
+                         pass retain_graph = true the first time",
+                        node.name
+                    ),
+                )
+            })?;
+            if grads.iter().all(Option::is_none) {
+                vec![None; node.edges.len()]
+            } else {
+                f(&grads).map_err(|e| e.context(format_args!("{} backward", node.name)))?
+            }
+        };
+        if !retain_graph {
+            node.backward.lock().unwrap_or_else(|p| p.into_inner()).take();
+        }
+
+        for (edge, g) in node.edges.iter().zip(input_grads) {
+            let Some(edge) = edge else { continue };
+            match edge {
+                Edge::Node(next, index) => {
+                    let next_key = node_key(next);
+                    if let Some(g) = g {
+                        let slot = pending.entry(next_key).or_insert_with(|| vec![None; next.n_outputs]);
+                        slot[*index] = Some(add_grads(slot[*index].take(), g)?);
+                    }
+                    let count = deps.get_mut(&next_key).expect("counted above");
+                    *count -= 1;
+                    if *count == 0 {
+                        ready.push(next.clone());
+                    }
+                }
+                Edge::Leaf(inner) => {
+                    if let Some(g) = g {
+                        leaf_grads.push((inner.clone(), g));
+                    }
+                }
+            }
+        }
+    }
+
+    for (inner, g) in leaf_grads {
+        match capture_index(Some(inner_key(&inner)), None) {
+            Some(slot) => captured[slot] = Some(add_grads(captured[slot].take(), g)?),
+            None if targets.is_none() => TensorInner::accumulate_grad_with_hooks(&inner, g, create_graph)?,
+            None => {}
+        }
+    }
+    Ok(captured)
+}
+
+/// Gradients of `outputs` (weighted by `grad_outputs`, ones for scalars when `None`) with
+/// respect to `inputs`, without touching any `.grad` (`torch.autograd.grad`). An input the
+/// outputs do not depend on gets `None`.
+pub fn grad(
+    outputs: &[Tensor],
+    inputs: &[Tensor],
+    grad_outputs: Option<&[Tensor]>,
+    retain_graph: bool,
+    create_graph: bool,
+) -> Result<Vec<Option<Tensor>>> {
+    let roots = crate::tensor::seed_gradients(outputs, grad_outputs)?;
+    run_backward(&roots, retain_graph || create_graph, create_graph, Some(inputs))
+}

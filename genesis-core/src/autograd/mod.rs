@@ -1,0 +1,115 @@
+//! Reverse-mode automatic differentiation over a dynamic graph.
+//!
+//! Every differentiable op that sees an input requiring grad (with grad mode on) records a
+//! [`Node`]: its backward function and one edge per input, pointing at the node that made the
+//! input or at the leaf tensor itself. [`Tensor::backward`] and [`grad`] walk the graph from
+//! the outputs in dependency order, summing gradients that meet, running hooks, and either
+//! accumulating into leaves' `.grad` or capturing the gradients asked for.
+//!
+//! Backward functions are written with ordinary tensor ops. With `create_graph` they run with
+//! grad mode on, so the gradient is itself differentiable (higher-order gradients).
+
+mod engine;
+mod mode;
+
+pub use engine::grad;
+pub(crate) use engine::run_backward;
+pub use mode::{is_grad_enabled, no_grad, set_grad_enabled, GradModeGuard};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::tensor::{Tensor, TensorInner};
+use std::sync::{Arc, Mutex};
+
+/// A gradient hook: sees the gradient, may replace it.
+pub type Hook = Box<dyn Fn(&Tensor) -> Result<Option<Tensor>> + Send + Sync>;
+
+/// Computes input gradients from output gradients (`None` = zero / not needed).
+pub(crate) type BackwardFn = Box<dyn Fn(&[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> + Send + Sync>;
+
+/// Where an input's gradient goes.
+pub(crate) enum Edge {
+    /// Output `index` of another node.
+    Node(Arc<Node>, usize),
+    /// A leaf tensor that requires grad.
+    Leaf(Arc<TensorInner>),
+}
+
+/// One recorded op in the graph.
+pub(crate) struct Node {
+    pub name: &'static str,
+    /// Taken (set to `None`) after a backward without `retain_graph`, which frees the saved
+    /// tensors it captured.
+    pub backward: Mutex<Option<BackwardFn>>,
+    /// One entry per input; `None` for inputs that need no gradient.
+    pub edges: Vec<Option<Edge>>,
+    pub n_outputs: usize,
+    /// Hooks registered on this node's output tensors, by output index.
+    pub hooks: Mutex<Vec<(usize, Arc<Hook>)>>,
+    /// Non-leaf outputs whose `.grad` should be kept (`retain_grad`), by output index.
+    pub retained: Mutex<Vec<(usize, std::sync::Weak<TensorInner>)>>,
+}
+
+/// The edge for input tensor `t`, or `None` when it needs no gradient.
+pub(crate) fn edge_of(t: &Tensor) -> Option<Edge> {
+    match t.grad_fn_and_index() {
+        Some((node, index)) => Some(Edge::Node(node, index)),
+        None if t.requires_grad() => Some(Edge::Leaf(t.inner_arc())),
+        None => None,
+    }
+}
+
+/// Record an op: if grad mode is on and an input requires grad, attach a node to `outputs`.
+pub(crate) fn record(
+    name: &'static str,
+    inputs: &[&Tensor],
+    outputs: Vec<Tensor>,
+    backward: BackwardFn,
+) -> Vec<Tensor> {
+    if !is_grad_enabled() || !inputs.iter().any(|t| t.requires_grad()) {
+        return outputs;
+    }
+    let node = Arc::new(Node {
+        name,
+        backward: Mutex::new(Some(backward)),
+        edges: inputs.iter().map(|t| edge_of(t)).collect(),
+        n_outputs: outputs.len(),
+        hooks: Mutex::new(Vec::new()),
+        retained: Mutex::new(Vec::new()),
+    });
+    outputs.into_iter().enumerate().map(|(i, t)| t.with_grad_fn(node.clone(), i)).collect()
+}
+
+/// Record a single-output op.
+pub(crate) fn record1(name: &'static str, inputs: &[&Tensor], output: Tensor, backward: BackwardFn) -> Tensor {
+    record(name, inputs, vec![output], backward).pop().expect("one output")
+}
+
+/// A tensor saved for backward, with the version of its storage at save time, so that an
+/// in-place change before backward is caught instead of silently giving wrong gradients.
+#[derive(Clone)]
+pub(crate) struct Saved {
+    tensor: Tensor,
+    version: u64,
+}
+
+impl Saved {
+    pub fn new(t: &Tensor) -> Saved {
+        Saved { tensor: t.clone(), version: t.version() }
+    }
+
+    pub fn get(&self, op: &str) -> Result<&Tensor> {
+        if self.tensor.version() != self.version {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "{op} backward: a tensor of shape {:?} saved for the gradient was modified by an in-place operation \
+                     (version {} at save, now {})",
+                    self.tensor.shape(),
+                    self.version,
+                    self.tensor.version()
+                ),
+            ));
+        }
+        Ok(&self.tensor)
+    }
+}

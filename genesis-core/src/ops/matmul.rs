@@ -1,0 +1,65 @@
+//! Matrix products with PyTorch's `matmul` rules (vectors, batches, broadcasting).
+
+use super::{common_device, exec, sum_to};
+use crate::autograd::{record1, Saved};
+use crate::error::{Error, Result};
+use crate::tensor::layout::broadcast_or_err;
+use crate::tensor::Tensor;
+use genesis_backend_api::Op;
+
+impl Tensor {
+    /// Matrix product: 1-D·1-D is a dot product, 1-D operands are promoted to matrices and
+    /// the added dim removed, batch dims broadcast (`torch.matmul`).
+    pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
+        common_device("matmul", &[self, other])?;
+        if self.dtype() != other.dtype() {
+            return Err(super::dtype_err(format!(
+                "matmul: operands have dtypes {} and {} (cast one of them)",
+                self.dtype(),
+                other.dtype()
+            )));
+        }
+        if self.rank() == 0 || other.rank() == 0 {
+            return Err(Error::invalid("matmul: both operands need at least one dimension"));
+        }
+        let a = if self.rank() == 1 { self.unsqueeze(0)? } else { self.clone() };
+        let b = if other.rank() == 1 { other.unsqueeze(1)? } else { other.clone() };
+        let y = matmul_2d_or_batched(&a, &b)?;
+        match (self.rank() == 1, other.rank() == 1) {
+            (true, true) => y.reshape(&[]),
+            (true, false) => y.squeeze(Some(-2)),
+            (false, true) => y.squeeze(Some(-1)),
+            (false, false) => Ok(y),
+        }
+    }
+}
+
+/// `a (.., m, k) @ b (.., k, n)` with batch broadcasting.
+fn matmul_2d_or_batched(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let (ra, rb) = (a.rank(), b.rank());
+    let (m, k) = (a.shape()[ra - 2], a.shape()[ra - 1]);
+    let (k2, n) = (b.shape()[rb - 2], b.shape()[rb - 1]);
+    if k != k2 {
+        return Err(super::shape_err(format!(
+            "matmul: shapes {:?} and {:?} cannot be multiplied ({m}x{k} and {k2}x{n})",
+            a.shape(),
+            b.shape()
+        )));
+    }
+    let batch = broadcast_or_err("matmul", &a.shape()[..ra - 2], &b.shape()[..rb - 2])?;
+    let shape_of = |tail: [usize; 2]| batch.iter().copied().chain(tail).collect::<Vec<_>>();
+    let la = a.layout().broadcast_to(&shape_of([m, k])).ok_or_else(|| Error::invalid("matmul: broadcast failed"))?;
+    let lb = b.layout().broadcast_to(&shape_of([k, n])).ok_or_else(|| Error::invalid("matmul: broadcast failed"))?;
+    let out = Tensor::empty(&shape_of([m, n]), a.dtype(), a.device())?;
+    exec(&Op::Matmul, &[(a, &la), (b, &lb)], &[&out])?;
+    let (sa, sb) = (Saved::new(a), Saved::new(b));
+    let (shape_a, shape_b) = (a.shape().to_vec(), b.shape().to_vec());
+    let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
+        let g = g[0].as_ref().ok_or_else(|| Error::invalid("missing gradient"))?;
+        let (a, b) = (sa.get("matmul")?, sb.get("matmul")?);
+        let da = matmul_2d_or_batched(g, &b.transpose(-1, -2)?)?;
+        let db = matmul_2d_or_batched(&a.transpose(-1, -2)?, g)?;
+        Ok(vec![Some(sum_to(&da, &shape_a)?), Some(sum_to(&db, &shape_b)?)])
+    });
+    Ok(record1("matmul", &[a, b], out, backward))
+}

@@ -1,0 +1,153 @@
+//! Autograd behaviour: accumulation, graph lifetime, modes, hooks, higher order, errors.
+
+use genesis::{autograd, grad, no_grad, DType, Device, ErrorKind, Tensor};
+
+fn cpu() -> Device {
+    Device::parse("cpu").expect("cpu")
+}
+
+fn leaf(values: &[f64], shape: &[usize]) -> Tensor {
+    Tensor::from_slice(values, shape, &cpu()).unwrap().requires_grad_(true).unwrap()
+}
+
+#[test]
+fn gradient_of_a_sum_of_squares_and_accumulation() {
+    let x = leaf(&[1.0, -2.0, 3.0], &[3]);
+    let y = x.mul(&x).unwrap().sum().unwrap();
+    y.backward_with(None, true, false).unwrap();
+    assert_eq!(x.grad().unwrap().to_vec::<f64>().unwrap(), vec![2.0, -4.0, 6.0]);
+    // A second backward through the retained graph accumulates.
+    y.backward().unwrap();
+    assert_eq!(x.grad().unwrap().to_vec::<f64>().unwrap(), vec![4.0, -8.0, 12.0]);
+    x.zero_grad();
+    assert!(x.grad().is_none());
+}
+
+#[test]
+fn backward_twice_without_retain_graph_is_an_error() {
+    let x = leaf(&[1.0, 2.0], &[2]);
+    let y = x.exp().unwrap().sum().unwrap();
+    y.backward().unwrap();
+    let e = y.backward().unwrap_err();
+    assert!(e.message().contains("second time"), "{e}");
+}
+
+#[test]
+fn non_scalar_backward_needs_a_gradient() {
+    let x = leaf(&[1.0, 2.0], &[2]);
+    let y = x.mul_scalar(3.0).unwrap();
+    let e = y.backward().unwrap_err();
+    assert!(e.message().contains("scalar") && e.message().contains("[2]"), "{e}");
+    let g = Tensor::from_slice(&[1.0f64, 10.0], &[2], &cpu()).unwrap();
+    y.backward_with(Some(&g), false, false).unwrap();
+    assert_eq!(x.grad().unwrap().to_vec::<f64>().unwrap(), vec![3.0, 30.0]);
+}
+
+#[test]
+fn backward_of_a_tensor_without_grad_is_an_error() {
+    let x = Tensor::from_slice(&[1.0f64], &[], &cpu()).unwrap();
+    assert_eq!(x.backward().unwrap_err().kind(), ErrorKind::InvalidArgument);
+}
+
+#[test]
+fn no_grad_and_detach_cut_the_graph() {
+    let x = leaf(&[1.0, 2.0], &[2]);
+    let y = no_grad(|| x.mul_scalar(2.0)).unwrap();
+    assert!(!y.requires_grad());
+    let z = x.detach().mul_scalar(2.0).unwrap();
+    assert!(!z.requires_grad());
+    assert!(x.mul_scalar(2.0).unwrap().requires_grad());
+    assert!(autograd::is_grad_enabled());
+}
+
+#[test]
+fn hooks_see_and_replace_gradients() {
+    let x = leaf(&[1.0, 2.0], &[2]);
+    x.register_hook(|g| Ok(Some(g.mul_scalar(10.0)?))).unwrap();
+    let h = x.mul_scalar(3.0).unwrap();
+    h.register_hook(|g| Ok(Some(g.add_scalar(1.0)?))).unwrap();
+    h.retain_grad();
+    h.sum().unwrap().backward().unwrap();
+    // dh = 1 + 1 = 2 (hook on h), dx = 3 * 2 = 6, times 10 (hook on x).
+    assert_eq!(h.grad().unwrap().to_vec::<f64>().unwrap(), vec![2.0, 2.0]);
+    assert_eq!(x.grad().unwrap().to_vec::<f64>().unwrap(), vec![60.0, 60.0]);
+}
+
+#[test]
+fn grad_returns_gradients_without_touching_dot_grad() {
+    let x = leaf(&[2.0], &[]);
+    let w = leaf(&[5.0], &[]);
+    let y = x.mul(&w).unwrap();
+    let g = grad(&[y], &[x.clone(), w.clone()], None, false, false).unwrap();
+    assert_eq!(g[0].as_ref().unwrap().item::<f64>().unwrap(), 5.0);
+    assert_eq!(g[1].as_ref().unwrap().item::<f64>().unwrap(), 2.0);
+    assert!(x.grad().is_none() && w.grad().is_none());
+}
+
+#[test]
+fn second_derivative_with_create_graph() {
+    // d/dx x^3 = 3x^2, d2/dx2 = 6x.
+    let x = leaf(&[2.0], &[]);
+    let y = x.pow_scalar(3.0).unwrap();
+    let dy = grad(&[y], std::slice::from_ref(&x), None, true, true).unwrap().remove(0).unwrap();
+    assert!((dy.item::<f64>().unwrap() - 12.0).abs() < 1e-12);
+    let d2 = grad(&[dy], std::slice::from_ref(&x), None, false, false).unwrap().remove(0).unwrap();
+    assert!((d2.item::<f64>().unwrap() - 12.0).abs() < 1e-12);
+    // Through a product of two functions too: d2/dx2 (sin x * x) = 2 cos x - x sin x.
+    let x = leaf(&[0.7], &[]);
+    let y = x.sin().unwrap().mul(&x).unwrap();
+    let dy = grad(&[y], std::slice::from_ref(&x), None, true, true).unwrap().remove(0).unwrap();
+    let d2 = grad(&[dy], std::slice::from_ref(&x), None, false, false).unwrap().remove(0).unwrap();
+    let expected = 2.0 * 0.7f64.cos() - 0.7 * 0.7f64.sin();
+    assert!((d2.item::<f64>().unwrap() - expected).abs() < 1e-12);
+}
+
+#[test]
+fn an_in_place_change_of_a_saved_tensor_is_caught_at_backward() {
+    let x = leaf(&[1.0, 2.0], &[2]);
+    let y = x.exp().unwrap(); // saves y
+    let z = y.sum().unwrap();
+    no_grad(|| y.add_scalar_(1.0)).unwrap();
+    let e = z.backward().unwrap_err();
+    assert!(e.message().contains("modified by an in-place operation"), "{e}");
+}
+
+#[test]
+fn in_place_on_a_leaf_requiring_grad_is_refused() {
+    let x = leaf(&[1.0], &[1]);
+    let e = x.add_scalar_(1.0).unwrap_err();
+    assert!(e.message().contains("in-place"), "{e}");
+    no_grad(|| x.add_scalar_(1.0)).unwrap(); // optimizers update under no_grad
+    assert_eq!(x.to_vec::<f64>().unwrap(), vec![2.0]);
+}
+
+#[test]
+fn errors_name_the_op_and_shapes() {
+    let d = cpu();
+    let a = Tensor::zeros(&[2, 3], DType::F32, &d).unwrap();
+    let b = Tensor::zeros(&[4], DType::F32, &d).unwrap();
+    let e = a.add(&b).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ShapeMismatch);
+    assert!(e.message().contains("add") && e.message().contains("[2, 3]") && e.message().contains("[4]"), "{e}");
+    let e = a.matmul(&a).unwrap_err();
+    assert!(e.message().contains("matmul") && e.message().contains("2x3"), "{e}");
+    let e = a.sum_dims(&[2], false).unwrap_err();
+    assert!(e.message().contains("dimension 2"), "{e}");
+    let i = Tensor::zeros(&[2, 3], DType::I64, &d).unwrap();
+    assert_eq!(a.matmul(&i.t().unwrap()).unwrap_err().kind(), ErrorKind::DtypeMismatch);
+}
+
+#[test]
+fn tensors_on_two_devices_do_not_mix() {
+    let cpu = cpu();
+    let other = Device::parse("example").expect("the example plugin is built with the workspace");
+    let a = Tensor::ones(&[2], DType::F32, &cpu).unwrap();
+    let b = Tensor::ones(&[2], DType::F32, &other).unwrap();
+    let e = a.add(&b).unwrap_err();
+    assert!(e.message().contains("cpu:0") && e.message().contains("example:0"), "{e}");
+    // Moving works, in both directions, and is differentiable.
+    let x = Tensor::from_slice(&[1.0f32, 2.0], &[2], &cpu).unwrap().requires_grad_(true).unwrap();
+    let y = x.to(&other).unwrap().mul(&b).unwrap().to(&cpu).unwrap().sum().unwrap();
+    y.backward().unwrap();
+    assert_eq!(x.grad().unwrap().to_vec::<f32>().unwrap(), vec![1.0, 1.0]);
+}
