@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! # genesis-backend-api
 //!
 //! The versioned interface between the Genesis core and its device backends, and the SDK for

@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! # Genesis
 //!
 //! A deep learning framework with PyTorch's programming model whose device backends are

@@ -142,6 +142,16 @@ impl Tensor {
         Self::full(self.shape(), value, self.dtype(), self.device())
     }
 
+    /// Uniform in `[0, 1)` with this tensor's shape, dtype and device.
+    pub fn rand_like(&self) -> Result<Tensor> {
+        Self::rand(self.shape(), self.dtype(), self.device())
+    }
+
+    /// Standard normal with this tensor's shape, dtype and device.
+    pub fn randn_like(&self) -> Result<Tensor> {
+        Self::randn(self.shape(), self.dtype(), self.device())
+    }
+
     /// `[start, end)` in steps of `step` (`torch.arange`).
     pub fn arange(start: f64, end: f64, step: f64, dtype: DType, device: &Device) -> Result<Tensor> {
         if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {

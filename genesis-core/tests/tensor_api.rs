@@ -1,0 +1,70 @@
+//! Creation, views, printing, random numbers and dtype rules of the tensor API.
+
+use genesis::{DType, Device, Tensor};
+
+fn cpu() -> Device {
+    Device::parse("cpu").unwrap()
+}
+
+#[test]
+fn printing_looks_like_pytorch() {
+    let d = cpu();
+    let t = Tensor::new([[1.0f32, 2.0], [3.0, 4.0]], &d).unwrap();
+    assert_eq!(t.to_string(), "tensor([[1., 2.],\n        [3., 4.]])");
+    let h = Tensor::new([0.5f64, -1.25], &d).unwrap();
+    assert_eq!(h.to_string(), "tensor([ 0.5000, -1.2500], dtype=float64)");
+    let b = Tensor::new([true, false], &d).unwrap();
+    assert_eq!(b.to_string(), "tensor([ True, False])");
+    let i = Tensor::arange(0.0, 3.0, 1.0, DType::I64, &d).unwrap();
+    assert_eq!(i.to_string(), "tensor([0, 1, 2])");
+    let g = Tensor::new([1.0f32], &d).unwrap().requires_grad_(true).unwrap();
+    assert_eq!(g.to_string(), "tensor([1.], requires_grad=True)");
+    assert!(g.mul_scalar(2.0).unwrap().to_string().ends_with("grad_fn=<mul>)"));
+}
+
+#[test]
+fn creation_functions() {
+    let d = cpu();
+    assert_eq!(Tensor::eye(3, DType::F32, &d).unwrap().to_vec::<f32>().unwrap(), vec![1., 0., 0., 0., 1., 0., 0., 0., 1.]);
+    assert_eq!(Tensor::linspace(0.0, 1.0, 5, DType::F64, &d).unwrap().to_vec::<f64>().unwrap(), vec![0.0, 0.25, 0.5, 0.75, 1.0]);
+    assert_eq!(Tensor::arange(1.0, 2.0, 0.25, DType::F32, &d).unwrap().shape(), &[4]);
+    assert!(Tensor::new(vec![vec![1.0f32, 2.0], vec![3.0]], &d).is_err(), "ragged data is refused");
+    let r = Tensor::randint(3, 7, &[1000], &d).unwrap().to_vec::<i64>().unwrap();
+    assert!(r.iter().all(|&v| (3..7).contains(&v)) && (3..7).all(|v| r.contains(&v)));
+    assert_eq!(Tensor::from_vec(vec![1.0f32; 5], &[2, 3], &d).unwrap_err().kind(), genesis::ErrorKind::ShapeMismatch);
+}
+
+#[test]
+fn views_share_storage_and_copies_do_not() {
+    let d = cpu();
+    let x = Tensor::arange(0.0, 12.0, 1.0, DType::F32, &d).unwrap().reshape(&[3, 4]).unwrap();
+    let t = x.t().unwrap();
+    assert!(t.shares_storage(&x) && !t.is_contiguous());
+    assert_eq!(t.to_vec::<f32>().unwrap()[..4], [0., 4., 8., 1.]);
+    assert!(t.view(&[12]).is_err(), "a transposed tensor cannot be viewed flat");
+    let flat = t.reshape(&[12]).unwrap();
+    assert!(!flat.shares_storage(&x));
+    let s = x.slice(1, 1, 4, 2).unwrap();
+    assert!(s.shares_storage(&x));
+    assert_eq!(s.to_vec::<f32>().unwrap(), vec![1., 3., 5., 7., 9., 11.]);
+    assert_eq!(x.select(0, -1).unwrap().to_vec::<f32>().unwrap(), vec![8., 9., 10., 11.]);
+    let parts = x.chunk(2, 1).unwrap();
+    assert_eq!(parts.len(), 2);
+    assert_eq!(Tensor::cat(&parts, 1).unwrap().to_vec::<f32>().unwrap(), x.to_vec::<f32>().unwrap());
+}
+
+#[test]
+fn type_promotion_follows_pytorch() {
+    let d = cpu();
+    let i = Tensor::new([1i64, 2], &d).unwrap();
+    let f = Tensor::new([0.5f32, 0.5], &d).unwrap();
+    let h = Tensor::new([genesis::f16::from_f32(1.0), genesis::f16::from_f32(2.0)], &d).unwrap();
+    assert_eq!(i.add(&f).unwrap().dtype(), DType::F32);
+    assert_eq!(i.mul_scalar(2.5).unwrap().dtype(), DType::F32);
+    assert_eq!(i.mul_scalar(2).unwrap().dtype(), DType::I64);
+    assert_eq!(h.mul_scalar(2.5).unwrap().dtype(), DType::F16);
+    assert_eq!(i.div(&i).unwrap().to_vec::<f32>().unwrap(), vec![1.0, 1.0]);
+    assert_eq!(i.lt(&f).unwrap().dtype(), DType::Bool);
+    assert_eq!(i.sum().unwrap().dtype(), DType::I64);
+    assert!(i.mean().is_err(), "mean of integers needs a cast, as in PyTorch");
+}
