@@ -54,6 +54,9 @@ fn check_guards(dev: &CpuDevice, buf: BufferId, len: usize, out: &TensorDesc, wh
     assert!(written.iter().zip(&bytes).any(|(&w, &b)| w && b != SENTINEL), "{what}: nothing was written");
 }
 
+/// (name, op, inputs, output shape, output dtype)
+type GuardCase = (&'static str, Op, Vec<TensorDesc>, Vec<usize>, DType);
+
 #[test]
 fn kernels_write_only_their_output_elements() {
     let dev = device();
@@ -67,7 +70,7 @@ fn kernels_write_only_their_output_elements() {
     let kernel = input(&dev, &(0..4 * 3 * 3 * 3).map(|i| (i % 3) as f32 * 0.1).collect::<Vec<_>>(), &[4, 3, 3, 3]);
     let window = Window2d { kernel: [3, 3], stride: [1, 1], padding: [1, 1], dilation: [1, 1] };
 
-    let cases: Vec<(&str, Op, Vec<TensorDesc>, Vec<usize>, DType)> = vec![
+    let cases: Vec<GuardCase> = vec![
         ("add", Op::Binary(BinaryOp::Add), vec![a, b], vec![4, 6], DType::F32),
         ("lt", Op::Binary(BinaryOp::Lt), vec![a, b], vec![4, 6], DType::Bool),
         ("exp", Op::Unary(UnaryOp::Exp), vec![a], vec![4, 6], DType::F32),

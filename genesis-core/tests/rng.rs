@@ -24,4 +24,3 @@ fn seeds_reproduce_and_rng_state_round_trips() {
     let after = Tensor::rand(&[4], DType::F32, &d).unwrap().to_vec::<f32>().unwrap();
     assert_eq!(inside, after, "fork_rng restores the state");
 }
-

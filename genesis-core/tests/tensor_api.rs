@@ -25,8 +25,14 @@ fn printing_looks_like_pytorch() {
 #[test]
 fn creation_functions() {
     let d = cpu();
-    assert_eq!(Tensor::eye(3, DType::F32, &d).unwrap().to_vec::<f32>().unwrap(), vec![1., 0., 0., 0., 1., 0., 0., 0., 1.]);
-    assert_eq!(Tensor::linspace(0.0, 1.0, 5, DType::F64, &d).unwrap().to_vec::<f64>().unwrap(), vec![0.0, 0.25, 0.5, 0.75, 1.0]);
+    assert_eq!(
+        Tensor::eye(3, DType::F32, &d).unwrap().to_vec::<f32>().unwrap(),
+        vec![1., 0., 0., 0., 1., 0., 0., 0., 1.]
+    );
+    assert_eq!(
+        Tensor::linspace(0.0, 1.0, 5, DType::F64, &d).unwrap().to_vec::<f64>().unwrap(),
+        vec![0.0, 0.25, 0.5, 0.75, 1.0]
+    );
     assert_eq!(Tensor::arange(1.0, 2.0, 0.25, DType::F32, &d).unwrap().shape(), &[4]);
     assert!(Tensor::new(vec![vec![1.0f32, 2.0], vec![3.0]], &d).is_err(), "ragged data is refused");
     let r = Tensor::randint(3, 7, &[1000], &d).unwrap().to_vec::<i64>().unwrap();

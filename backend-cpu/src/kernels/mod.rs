@@ -340,8 +340,15 @@ pub fn map1<A: Copy, O: Copy>(a: &View, out: &View, f: impl Fn(A) -> O + Sync) {
         for_chunks(n, out.is_non_overlapping(), |s, e| {
             for_each_run(&shape, [&sa, &so], s, e, |[oa, oo], [ia, io], len| unsafe {
                 let (pa, po) = (pa.get().offset(oa), po.get().offset(oo));
-                for j in 0..len as isize {
-                    *po.offset(j * io) = f(*pa.offset(j * ia));
+                if ia == 1 && io == 1 {
+                    // Unit strides: the same loop, but one the compiler vectorizes.
+                    for j in 0..len {
+                        *po.add(j) = f(*pa.add(j));
+                    }
+                } else {
+                    for j in 0..len as isize {
+                        *po.offset(j * io) = f(*pa.offset(j * ia));
+                    }
                 }
             })
         });
@@ -365,8 +372,15 @@ pub fn map2<A: Copy, B: Copy, O: Copy>(a: &View, b: &View, out: &View, f: impl F
         for_chunks(n, out.is_non_overlapping(), |s, e| {
             for_each_run(&shape, [&sa, &sb, &so], s, e, |[oa, ob, oo], [ia, ib, io], len| unsafe {
                 let (pa, pb, po) = (pa.get().offset(oa), pb.get().offset(ob), po.get().offset(oo));
-                for j in 0..len as isize {
-                    *po.offset(j * io) = f(*pa.offset(j * ia), *pb.offset(j * ib));
+                if ia == 1 && ib == 1 && io == 1 {
+                    // Unit strides (e.g. a row broadcast over a matrix): a vectorizable loop.
+                    for j in 0..len {
+                        *po.add(j) = f(*pa.add(j), *pb.add(j));
+                    }
+                } else {
+                    for j in 0..len as isize {
+                        *po.offset(j * io) = f(*pa.offset(j * ia), *pb.offset(j * ib));
+                    }
                 }
             })
         });
