@@ -22,6 +22,7 @@ mod element;
 mod error;
 mod ops;
 pub mod random;
+pub mod serialize;
 mod storage;
 mod tensor;
 pub mod testing;
