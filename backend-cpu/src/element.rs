@@ -49,11 +49,20 @@ pub trait Arith: Copy + PartialOrd + Send + Sync + 'static {
     fn to_f64(self) -> f64;
     /// Via f64.
     fn from_f64(v: f64) -> Self;
+    /// `e^x`; f32 has a vectorizable version of its own (`crate::math`).
+    fn exp(self) -> Self {
+        Self::from_f64(self.to_f64().exp())
+    }
 }
 
 macro_rules! float_arith {
-    ($t:ty) => {
+    ($t:ty, $exp:path) => {
         impl Arith for $t {
+            // Inlined so that loops over it vectorize (a call per element does not).
+            #[inline(always)]
+            fn exp(self) -> Self {
+                $exp(self)
+            }
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
             const IS_FLOAT: bool = true;
@@ -92,8 +101,8 @@ macro_rules! float_arith {
         }
     };
 }
-float_arith!(f32);
-float_arith!(f64);
+float_arith!(f32, crate::math::exp_f32);
+float_arith!(f64, f64::exp);
 
 macro_rules! int_arith {
     ($t:ty) => {

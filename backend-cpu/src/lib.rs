@@ -11,6 +11,7 @@
 pub mod allocator;
 pub mod element;
 mod kernels;
+mod math;
 
 use allocator::CachingAllocator;
 use genesis_backend_api::sdk::expect_no_overlap;

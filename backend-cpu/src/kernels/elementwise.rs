@@ -206,6 +206,17 @@ fn unary<T: Element>(op: UnaryOp, x: &View, y: &View) {
             let c = v.compute();
             T::store(if c < T::Compute::ZERO { T::Compute::ZERO.sub(c) } else { c })
         }),
+        // Float exp and the functions built on it use the compute type's exp: for f32/f16/bf16
+        // a vectorizable one (crate::math) instead of a libm call per element through f64.
+        UnaryOp::Exp if T::Compute::IS_FLOAT => map1::<T, T>(x, y, |v| T::store(v.compute().exp())),
+        UnaryOp::Sigmoid if T::Compute::IS_FLOAT => map1::<T, T>(x, y, |v| {
+            let one = T::Compute::ONE;
+            T::store(one.div(one.add(T::Compute::ZERO.sub(v.compute()).exp())))
+        }),
+        UnaryOp::Silu if T::Compute::IS_FLOAT => map1::<T, T>(x, y, |v| {
+            let (one, c) = (T::Compute::ONE, v.compute());
+            T::store(c.div(one.add(T::Compute::ZERO.sub(c).exp())))
+        }),
         _ => map1::<T, T>(x, y, |v| T::from_f64(unary_f64(op, v.to_f64()))),
     }
 }

@@ -54,8 +54,6 @@ pub(super) trait Real:
     const NEG_INFINITY: Self;
     /// A quiet NaN.
     const NAN: Self;
-    /// `e^x`.
-    fn exp(self) -> Self;
     /// Natural logarithm.
     fn ln(self) -> Self;
     /// Square root.
@@ -71,9 +69,6 @@ macro_rules! real {
         impl Real for $t {
             const NEG_INFINITY: Self = <$t>::NEG_INFINITY;
             const NAN: Self = <$t>::NAN;
-            fn exp(self) -> Self {
-                <$t>::exp(self)
-            }
             fn ln(self) -> Self {
                 <$t>::ln(self)
             }
@@ -337,6 +332,36 @@ pub(super) fn row_max<R: Real>(row: impl Iterator<Item = R>) -> R {
     row.fold(R::NEG_INFINITY, |m, v| if v > m { v } else { m })
 }
 
+/// Lanes of the reductions below: independent accumulators the compiler keeps in one vector.
+const LANES: usize = 8;
+
+/// [`row_max`] of a slice, vectorizable: the maximum does not depend on the order.
+pub(super) fn lane_max<R: Real>(row: &[R]) -> R {
+    let mut acc = [R::NEG_INFINITY; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let tail = row_max(chunks.remainder().iter().copied());
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a = if v > *a { v } else { *a };
+        }
+    }
+    row_max(acc.into_iter().chain([tail]))
+}
+
+/// The sum of a slice in [`LANES`] interleaved partial sums (vectorizable, and no less
+/// accurate than one running sum).
+pub(super) fn lane_sum<R: Real>(row: &[R]) -> R {
+    let mut acc = [R::ZERO; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let tail: R = chunks.remainder().iter().copied().sum();
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += v;
+        }
+    }
+    acc.into_iter().sum::<R>() + tail
+}
+
 fn forward<T: Float>(op: &Op, x: &View, y: &View, log: bool) -> Result<()> {
     let xs = dense::<T>(op, x)?;
     let mut out = Dense::<T>::output(op, y)?;
@@ -347,12 +372,16 @@ fn forward<T: Float>(op: &Op, x: &View, y: &View, log: bool) -> Result<()> {
         out.slice().par_chunks_mut(d).zip(xs.par_chunks(d)).with_min_len(min_rows(d)).for_each_init(
             || vec![C::<T>::ZERO; d],
             |e, (yr, xr)| {
-                let m = row_max(xr.iter().map(|v| v.compute()));
-                let mut sum = C::<T>::ZERO;
+                // Separate passes over the scratch row, each a loop the compiler vectorizes
+                // (one fused loop with a running sum cannot be: float addition is ordered).
                 for (ej, v) in e.iter_mut().zip(xr) {
-                    *ej = (v.compute() - m).exp();
-                    sum += *ej;
+                    *ej = v.compute();
                 }
+                let m = lane_max(e);
+                for ej in e.iter_mut() {
+                    *ej = (*ej - m).exp();
+                }
+                let sum = lane_sum(e);
                 if log {
                     // (x - m) - ln(sum) rather than x - (m + ln(sum)): the first difference is
                     // exact for the largest entries, which are the ones that matter.
