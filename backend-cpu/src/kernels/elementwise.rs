@@ -1,7 +1,7 @@
 //! Elementwise ops: unary functions, binary arithmetic and comparisons (tensor and scalar
 //! forms), clamp and where. One generic body per op family; dtypes come from `with_dtype!`.
 
-use super::{map1, map2, unsupported, Kernel, View};
+use super::{for_chunks, map1, map2, unsupported, Kernel, SyncPtr, View};
 use crate::element::{Arith, Bool, Element};
 use crate::with_dtype;
 use genesis_backend_api::{BackendError, BinaryOp, DType, Op, OpKind, Result, UnaryOp};
@@ -208,6 +208,14 @@ fn unary<T: Element>(op: UnaryOp, x: &View, y: &View) {
         }),
         // Float exp and the functions built on it use the compute type's exp: for f32/f16/bf16
         // a vectorizable one (crate::math) instead of a libm call per element through f64.
+        UnaryOp::Exp if T::DTYPE == DType::F32 && x.is_contiguous() && y.is_contiguous() => {
+            let (px, py) = (SyncPtr(x.base as *mut f32), SyncPtr(y.base as *mut f32));
+            // SAFETY: both views are contiguous f32 of y.numel() elements (checked by the
+            // dispatch), and an output that overlaps its input is the input itself.
+            for_chunks(y.numel(), true, |s, e| unsafe {
+                crate::math::exp_f32_run(px.get().add(s), py.get().add(s), e - s)
+            });
+        }
         UnaryOp::Exp if T::Compute::IS_FLOAT => map1::<T, T>(x, y, |v| T::store(v.compute().exp())),
         UnaryOp::Sigmoid if T::Compute::IS_FLOAT => map1::<T, T>(x, y, |v| {
             let one = T::Compute::ONE;
