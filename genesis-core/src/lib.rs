@@ -15,11 +15,13 @@
 //! # Ok::<(), genesis::Error>(())
 //! ```
 
+pub mod amp;
 pub mod autograd;
 pub mod backend;
 mod device;
 mod element;
 mod error;
+pub mod nn;
 mod ops;
 pub mod random;
 pub mod serialize;

@@ -36,6 +36,8 @@ pub(crate) fn run_backward(
     targets: Option<&[Tensor]>,
 ) -> Result<Vec<Option<Tensor>>> {
     let _mode = set_grad_enabled(create_graph);
+    // Backward runs in the dtypes the forward chose, whatever autocast scope it is called in.
+    let _amp = crate::amp::suspend();
     let targets: Option<Vec<Target>> = targets.map(|ts| {
         ts.iter()
             .map(|t| match t.grad_fn_and_index() {

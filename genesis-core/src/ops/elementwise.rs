@@ -172,11 +172,11 @@ impl Tensor {
     }
     /// `e^x`
     pub fn exp(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Exp)
+        crate::amp::cast_for(crate::amp::CastPolicy::Float32, self)?.unary(UnaryOp::Exp)
     }
     /// Natural logarithm.
     pub fn log(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Log)
+        crate::amp::cast_for(crate::amp::CastPolicy::Float32, self)?.unary(UnaryOp::Log)
     }
     /// Square root.
     pub fn sqrt(&self) -> Result<Tensor> {

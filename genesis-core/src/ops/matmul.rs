@@ -11,6 +11,11 @@ impl Tensor {
     /// Matrix product: 1-D·1-D is a dot product, 1-D operands are promoted to matrices and
     /// the added dim removed, batch dims broadcast (`torch.matmul`).
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
+        let low = |t| crate::amp::cast_for(crate::amp::CastPolicy::Low, t);
+        low(self)?.matmul_uncast(&low(other)?)
+    }
+
+    fn matmul_uncast(&self, other: &Tensor) -> Result<Tensor> {
         common_device("matmul", &[self, other])?;
         if self.dtype() != other.dtype() {
             return Err(super::dtype_err(format!(

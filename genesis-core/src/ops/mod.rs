@@ -5,8 +5,11 @@
 mod convert;
 mod elementwise;
 mod index;
+pub(crate) mod linear;
+pub(crate) mod loss;
 mod matmul;
 mod nn;
+pub(crate) mod norm;
 mod reduce;
 mod shape;
 

@@ -11,12 +11,12 @@ use genesis_backend_api::Op;
 impl Tensor {
     /// Softmax along `dim`; an all `-inf` slice gives NaN as in PyTorch.
     pub fn softmax(&self, dim: isize) -> Result<Tensor> {
-        self.softmax_impl(dim, false)
+        crate::amp::cast_for(crate::amp::CastPolicy::Float32, self)?.softmax_impl(dim, false)
     }
 
     /// Log-softmax along `dim`.
     pub fn log_softmax(&self, dim: isize) -> Result<Tensor> {
-        self.softmax_impl(dim, true)
+        crate::amp::cast_for(crate::amp::CastPolicy::Float32, self)?.softmax_impl(dim, true)
     }
 
     fn softmax_impl(&self, dim: isize, log: bool) -> Result<Tensor> {

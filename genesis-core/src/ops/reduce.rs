@@ -35,8 +35,9 @@ impl Tensor {
     /// Sum over `dims` (`keepdim` keeps them as size 1). Integers and bool sum to i64.
     pub fn sum_dims(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         let dims = wrap_dims("sum", dims, self.rank())?;
-        let dtype = if self.dtype().is_float() { self.dtype() } else { DType::I64 };
-        let x = self.to_dtype(dtype)?;
+        let source = crate::amp::cast_for(crate::amp::CastPolicy::Float32, self)?;
+        let dtype = if source.dtype().is_float() { source.dtype() } else { DType::I64 };
+        let x = source.to_dtype(dtype)?;
         let y = reduce_raw(ReduceOp::Sum, &x, &dims, dtype)?;
         let shape = x.shape().to_vec();
         let y = record1("sum", &[&x], y, Box::new(move |g| Ok(vec![Some(grad0(g)?.broadcast_to(&shape)?)])));

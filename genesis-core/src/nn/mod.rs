@@ -1,0 +1,20 @@
+//! Neural-network building blocks in PyTorch's shape: the [`Module`] trait with named
+//! parameters and buffers, state dicts and train/eval modes; layers; losses;
+//! [`functional`] forms and [`init`]ializers.
+
+mod activation;
+mod container;
+pub mod functional;
+pub mod init;
+mod linear;
+mod loss;
+mod module;
+mod norm;
+
+pub use activation::{Flatten, Identity, ReLU, SiLU, Sigmoid, Softmax, Tanh, GELU};
+pub use container::{ModuleList, Sequential};
+pub use functional::Reduction;
+pub use linear::{Embedding, Linear};
+pub use loss::{BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, L1Loss, MSELoss, NLLLoss};
+pub use module::{Entry, LoadReport, Module, Param, TrainingFlag};
+pub use norm::{BatchNorm, BatchNorm1d, BatchNorm2d, LayerNorm, RMSNorm};

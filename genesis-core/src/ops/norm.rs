@@ -1,0 +1,293 @@
+//! Layer norm, RMS norm (fused kernels when claimed, compositions otherwise) and batch norm
+//! (a composition, with the running statistics update).
+
+use super::{common_device, dtype_err, exec, shape_err};
+use crate::amp::{cast_for, CastPolicy};
+use crate::autograd::{is_grad_enabled, no_grad, record, BackwardFn, Saved};
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use genesis_backend_api::{DType, Op};
+
+fn grad0(g: &[Option<Tensor>]) -> Result<&Tensor> {
+    g[0].as_ref().ok_or_else(|| Error::invalid("missing gradient"))
+}
+
+/// Check `x`'s trailing dims against `normalized_shape` and the affine parameters; returns
+/// `x` reshaped to `(.., d)` and the parameters flattened to `[d]`.
+fn prepare(
+    name: &str,
+    x: &Tensor,
+    normalized_shape: &[usize],
+    params: &[Option<&Tensor>],
+) -> Result<(Tensor, Vec<Option<Tensor>>)> {
+    if !x.dtype().is_float() {
+        return Err(dtype_err(format!("{name}: expected a floating-point input, got {}", x.dtype())));
+    }
+    let k = normalized_shape.len();
+    if k == 0 || x.rank() < k || x.shape()[x.rank() - k..] != *normalized_shape {
+        return Err(shape_err(format!(
+            "{name}: normalized_shape {normalized_shape:?} must be non-empty and match the trailing dims of the input \
+             {:?}",
+            x.shape()
+        )));
+    }
+    let d: usize = normalized_shape.iter().product();
+    let mut flat: Vec<Option<Tensor>> = Vec::new();
+    for p in params {
+        flat.push(match p {
+            None => None,
+            Some(p) => {
+                if p.shape() != normalized_shape {
+                    return Err(shape_err(format!(
+                        "{name}: weight/bias shape {:?} differs from normalized_shape {normalized_shape:?}",
+                        p.shape()
+                    )));
+                }
+                if p.dtype() != x.dtype() {
+                    return Err(dtype_err(format!(
+                        "{name}: weight/bias dtype {} differs from the input's {}",
+                        p.dtype(),
+                        x.dtype()
+                    )));
+                }
+                common_device(name, &[x, p])?;
+                Some(p.reshape(&[d as isize])?)
+            }
+        });
+    }
+    let mut shape: Vec<isize> = x.shape()[..x.rank() - k].iter().map(|&n| n as isize).collect();
+    shape.push(d as isize);
+    Ok((x.reshape(&shape)?, flat))
+}
+
+/// The parameter or a constant (ones for scales, zeros for shifts) the kernel can read.
+fn or_const(p: &Option<Tensor>, value: f64, x: &Tensor) -> Result<Tensor> {
+    match p {
+        Some(p) => Ok(p.clone()),
+        None => Tensor::full(&[*x.shape().last().unwrap_or(&1)], value, x.dtype(), x.device()),
+    }
+}
+
+/// Sum over every dim but the last (the per-feature gradient of a weight).
+fn sum_rows(t: &Tensor) -> Result<Tensor> {
+    let dims: Vec<isize> = (0..t.rank() as isize - 1).collect();
+    if dims.is_empty() {
+        Ok(t.clone())
+    } else {
+        t.sum_dims(&dims, false)
+    }
+}
+
+/// Layer normalization over the trailing `normalized_shape` dims (`F.layer_norm`):
+/// `(x - mean) / sqrt(var + eps) * weight + bias` with the biased variance.
+pub fn layer_norm(
+    x: &Tensor,
+    normalized_shape: &[usize],
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<Tensor> {
+    let x = cast_for(CastPolicy::Float32, x)?;
+    let weight = weight.map(|w| cast_for(CastPolicy::Float32, w)).transpose()?;
+    let bias = bias.map(|b| cast_for(CastPolicy::Float32, b)).transpose()?;
+    if eps.is_nan() || eps < 0.0 {
+        return Err(Error::invalid(format!("layer_norm: eps must be >= 0, got {eps}")));
+    }
+    let (x2, p) = prepare("layer_norm", &x, normalized_shape, &[weight.as_ref(), bias.as_ref()])?;
+    let y = if x2.device().supports(&Op::LayerNorm { eps }, x2.dtype())? {
+        layer_norm_fused(&x2, &p[0], &p[1], eps)?
+    } else {
+        let mu = x2.mean_dims(&[-1], true)?;
+        let xc = x2.sub(&mu)?;
+        let r = xc.square()?.mean_dims(&[-1], true)?.add_scalar(eps)?.rsqrt()?;
+        affine(&xc.mul(&r)?, &p[0], &p[1])?
+    };
+    y.reshape(&x.shape().iter().map(|&n| n as isize).collect::<Vec<_>>())
+}
+
+fn affine(xhat: &Tensor, w: &Option<Tensor>, b: &Option<Tensor>) -> Result<Tensor> {
+    let y = match w {
+        Some(w) => xhat.mul(w)?,
+        None => xhat.clone(),
+    };
+    match b {
+        Some(b) => y.add(b),
+        None => Ok(y),
+    }
+}
+
+fn layer_norm_fused(x: &Tensor, w: &Option<Tensor>, b: &Option<Tensor>, eps: f64) -> Result<Tensor> {
+    let (wk, bk) = (or_const(w, 1.0, x)?, or_const(b, 0.0, x)?);
+    let lead = &x.shape()[..x.rank() - 1];
+    let y = Tensor::empty(x.shape(), x.dtype(), x.device())?;
+    let mean = Tensor::empty(lead, DType::F32, x.device())?;
+    let rstd = Tensor::empty(lead, DType::F32, x.device())?;
+    exec(&Op::LayerNorm { eps }, &[(x, x.layout()), (&wk, wk.layout()), (&bk, bk.layout())], &[&y, &mean, &rstd])?;
+    let (sx, sw) = (Saved::new(x), Saved::new(&wk));
+    let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
+        let g = grad0(g)?;
+        let (x, w) = (sx.get("layer_norm")?, sw.get("layer_norm")?);
+        if !is_grad_enabled() && g.device().supports(&Op::LayerNormBackward, g.dtype())? {
+            let dx = Tensor::empty(x.shape(), x.dtype(), x.device())?;
+            let dw = Tensor::empty(w.shape(), w.dtype(), w.device())?;
+            let db = Tensor::empty(w.shape(), w.dtype(), w.device())?;
+            let ins = [g, x, w, &mean, &rstd];
+            let ins: Vec<_> = ins.iter().map(|t| (*t, t.layout())).collect();
+            exec(&Op::LayerNormBackward, &ins, &[&dx, &dw, &db])?;
+            return Ok(vec![Some(dx), Some(dw), Some(db)]);
+        }
+        // The composition, differentiable in x, w and g (higher-order gradients).
+        let mu = x.mean_dims(&[-1], true)?;
+        let xc = x.sub(&mu)?;
+        let r = xc.square()?.mean_dims(&[-1], true)?.add_scalar(eps)?.rsqrt()?;
+        let xhat = xc.mul(&r)?;
+        let gw = g.mul(w)?;
+        let dx =
+            r.mul(&gw.sub(&gw.mean_dims(&[-1], true)?)?.sub(&xhat.mul(&gw.mul(&xhat)?.mean_dims(&[-1], true)?)?)?)?;
+        Ok(vec![Some(dx), Some(sum_rows(&g.mul(&xhat)?)?), Some(sum_rows(g)?)])
+    });
+    let inputs: Vec<&Tensor> = [Some(x), w.as_ref(), b.as_ref()].into_iter().flatten().collect();
+    let mut out = record("layer_norm", &inputs, vec![y], wrap_backward(backward, w.is_some(), b.is_some()));
+    Ok(out.remove(0))
+}
+
+/// Adapt a backward that always returns `[dx, dweight, dbias]` to the inputs actually
+/// recorded (absent parameters are not graph inputs).
+fn wrap_backward(f: BackwardFn, has_w: bool, has_b: bool) -> BackwardFn {
+    Box::new(move |g| {
+        let all = f(g)?;
+        Ok(all
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| *i == 0 || (*i == 1 && has_w) || (*i == 2 && has_b))
+            .map(|(_, t)| t)
+            .collect())
+    })
+}
+
+/// RMS normalization over the trailing `normalized_shape` dims (`F.rms_norm`):
+/// `x / sqrt(mean(x²) + eps) * weight`. `eps = None` uses the dtype's machine epsilon, as
+/// PyTorch does.
+pub fn rms_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>, eps: Option<f64>) -> Result<Tensor> {
+    let x = cast_for(CastPolicy::Float32, x)?;
+    let weight = weight.map(|w| cast_for(CastPolicy::Float32, w)).transpose()?;
+    let eps = eps.unwrap_or(match x.dtype() {
+        DType::F64 => f64::EPSILON,
+        DType::F16 => 0.0009765625,
+        DType::BF16 => 0.0078125,
+        _ => f32::EPSILON as f64,
+    });
+    if eps.is_nan() || eps < 0.0 {
+        return Err(Error::invalid(format!("rms_norm: eps must be >= 0, got {eps}")));
+    }
+    let (x2, p) = prepare("rms_norm", &x, normalized_shape, &[weight.as_ref()])?;
+    let w = &p[0];
+    let y = if x2.device().supports(&Op::RmsNorm { eps }, x2.dtype())? {
+        let wk = or_const(w, 1.0, &x2)?;
+        let y = Tensor::empty(x2.shape(), x2.dtype(), x2.device())?;
+        let rstd = Tensor::empty(&x2.shape()[..x2.rank() - 1], DType::F32, x2.device())?;
+        exec(&Op::RmsNorm { eps }, &[(&x2, x2.layout()), (&wk, wk.layout())], &[&y, &rstd])?;
+        let (sx, sw) = (Saved::new(&x2), Saved::new(&wk));
+        let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
+            let g = grad0(g)?;
+            let (x, w) = (sx.get("rms_norm")?, sw.get("rms_norm")?);
+            if !is_grad_enabled() && g.device().supports(&Op::RmsNormBackward, g.dtype())? {
+                let dx = Tensor::empty(x.shape(), x.dtype(), x.device())?;
+                let dw = Tensor::empty(w.shape(), w.dtype(), w.device())?;
+                let ins = [g, x, w, &rstd];
+                let ins: Vec<_> = ins.iter().map(|t| (*t, t.layout())).collect();
+                exec(&Op::RmsNormBackward, &ins, &[&dx, &dw])?;
+                return Ok(vec![Some(dx), Some(dw), None]);
+            }
+            let r = x.square()?.mean_dims(&[-1], true)?.add_scalar(eps)?.rsqrt()?;
+            let xhat = x.mul(&r)?;
+            let gw = g.mul(w)?;
+            let dx = r.mul(&gw.sub(&xhat.mul(&gw.mul(&xhat)?.mean_dims(&[-1], true)?)?)?)?;
+            Ok(vec![Some(dx), Some(sum_rows(&g.mul(&xhat)?)?), None])
+        });
+        let inputs: Vec<&Tensor> = [Some(&x2), w.as_ref()].into_iter().flatten().collect();
+        record("rms_norm", &inputs, vec![y], wrap_backward(backward, w.is_some(), false)).remove(0)
+    } else {
+        let r = x2.square()?.mean_dims(&[-1], true)?.add_scalar(eps)?.rsqrt()?;
+        affine(&x2.mul(&r)?, w, &None)?
+    };
+    y.reshape(&x.shape().iter().map(|&n| n as isize).collect::<Vec<_>>())
+}
+
+/// Batch normalization of `x (n, c, ..)` per channel (`F.batch_norm`). In training mode the
+/// batch statistics normalize (biased variance) and, when given, the running statistics are
+/// updated in place: `running = (1 - momentum) * running + momentum * batch` with the unbiased
+/// batch variance. In eval mode the running statistics normalize.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm(
+    x: &Tensor,
+    running_mean: Option<&Tensor>,
+    running_var: Option<&Tensor>,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    training: bool,
+    momentum: f64,
+    eps: f64,
+) -> Result<Tensor> {
+    let x = cast_for(CastPolicy::Float32, x)?;
+    if !x.dtype().is_float() {
+        return Err(dtype_err(format!("batch_norm: expected a floating-point input, got {}", x.dtype())));
+    }
+    if x.rank() < 2 {
+        return Err(shape_err(format!("batch_norm: expected an input (n, c, ..), got {:?}", x.shape())));
+    }
+    let c = x.shape()[1];
+    for t in [running_mean, running_var, weight, bias].into_iter().flatten() {
+        if t.shape() != [c] {
+            return Err(shape_err(format!(
+                "batch_norm: per-channel tensors must have shape [{c}] for input {:?}, got {:?}",
+                x.shape(),
+                t.shape()
+            )));
+        }
+        common_device("batch_norm", &[&x, t])?;
+    }
+    // Per-channel tensors broadcast as (c, 1, .., 1) against (n, c, ..).
+    let mut bshape = vec![c as isize];
+    bshape.extend(std::iter::repeat_n(1, x.rank() - 2));
+    let per_channel = |t: &Tensor| -> Result<Tensor> { t.to_dtype(x.dtype())?.reshape(&bshape) };
+    let dims: Vec<isize> = std::iter::once(0).chain(2..x.rank() as isize).collect();
+    let count = x.numel() / c.max(1);
+    let stats = match (running_mean, running_var) {
+        (Some(rm), Some(rv)) if !training => Some((rm, rv)),
+        _ => None,
+    };
+    let (mean, var) = if let Some((rm, rv)) = stats {
+        (per_channel(&rm.detach())?, per_channel(&rv.detach())?)
+    } else {
+        if count <= 1 && training {
+            return Err(Error::invalid(format!(
+                "batch_norm: training needs more than one value per channel, got input {:?}",
+                x.shape()
+            )));
+        }
+        let mean = x.mean_dims(&dims, true)?;
+        let var = x.sub(&mean)?.square()?.mean_dims(&dims, true)?;
+        if training {
+            if let (Some(rm), Some(rv)) = (running_mean, running_var) {
+                no_grad(|| -> Result<()> {
+                    let m = mean.reshape(&[c as isize])?.to_dtype(rm.dtype())?;
+                    let unbiased = var.reshape(&[c as isize])?.mul_scalar(count as f64 / (count as f64 - 1.0))?;
+                    rm.mul_scalar_(1.0 - momentum)?;
+                    rm.add_(&m.mul_scalar(momentum)?)?;
+                    rv.mul_scalar_(1.0 - momentum)?;
+                    rv.add_(&unbiased.to_dtype(rv.dtype())?.mul_scalar(momentum)?)
+                })?;
+            }
+        }
+        (mean, var)
+    };
+    let mut y = x.sub(&mean)?.mul(&var.add_scalar(eps)?.rsqrt()?)?;
+    if let Some(w) = weight {
+        y = y.mul(&per_channel(w)?)?;
+    }
+    if let Some(b) = bias {
+        y = y.add(&per_channel(b)?)?;
+    }
+    Ok(y)
+}

@@ -1,0 +1,204 @@
+//! Gradient checks of the nn functional ops (fused kernels and compositions), including
+//! strided and broadcast inputs, and the errors bad inputs give.
+
+use genesis::nn::functional as F;
+use genesis::nn::Reduction;
+use genesis::testing::{gradcheck, GradcheckOptions};
+use genesis::{DType, Device, ErrorKind, Generator, Result, Tensor};
+
+fn cpu() -> Device {
+    Device::parse("cpu").unwrap()
+}
+
+fn rand(shape: &[usize], seed: u64) -> Tensor {
+    Generator::new(seed).uniform(shape, -1.0, 1.0, DType::F64, &cpu()).unwrap().requires_grad_(true).unwrap()
+}
+
+fn ids(values: Vec<i64>, shape: &[usize]) -> Tensor {
+    Tensor::from_vec(values, shape, &cpu()).unwrap()
+}
+
+fn check(f: impl Fn(&[Tensor]) -> Result<Tensor>, inputs: &[Tensor]) {
+    gradcheck(f, inputs, GradcheckOptions::default()).unwrap();
+}
+
+#[test]
+fn layer_norm_gradcheck_fused_with_strided_input() {
+    // The transposed input is strided; the weight and bias are checked too.
+    let x = rand(&[5, 3], 1);
+    let (w, b) = (rand(&[3], 2), rand(&[3], 3));
+    check(|t| F::layer_norm(&t[0].t()?.t()?.slice(0, 0, 5, 2)?, &[3], Some(&t[1]), Some(&t[2]), 1e-5), &[x, w, b]);
+    let x = rand(&[2, 3, 4], 4);
+    check(|t| F::layer_norm(&t[0], &[3, 4], None, None, 1e-5), &[x]);
+}
+
+#[test]
+fn layer_norm_second_order_through_the_composition() {
+    // create_graph uses the composite backward, which must itself be differentiable.
+    let x = rand(&[3, 4], 5);
+    let w = rand(&[4], 6);
+    check(
+        |t| {
+            // Finite differences evaluate this under no_grad with plain inputs: turn grad mode
+            // back on and make x differentiable there, so the inner gradient exists either way.
+            let _on = genesis::autograd::set_grad_enabled(true);
+            let x = if t[0].requires_grad() { t[0].clone() } else { t[0].detach().requires_grad_(true)? };
+            let y = F::layer_norm(&x, &[4], Some(&t[1]), None, 1e-5)?;
+            let g = genesis::grad(&[y.square()?.sum()?], &[x], None, true, true)?;
+            Ok(g[0].clone().unwrap())
+        },
+        &[x, w],
+    );
+}
+
+#[test]
+fn rms_norm_gradcheck() {
+    let x = rand(&[4, 6], 7);
+    let w = rand(&[6], 8);
+    check(|t| F::rms_norm(&t[0].t()?.t()?, &[6], Some(&t[1]), Some(1e-6)), &[x, w]);
+    let x = rand(&[2, 2, 3], 9);
+    check(|t| F::rms_norm(&t[0], &[3], None, None), &[x]);
+}
+
+#[test]
+fn batch_norm_gradcheck_and_running_stats() {
+    let x = rand(&[4, 3, 2, 2], 10);
+    let (w, b) = (rand(&[3], 11), rand(&[3], 12));
+    check(|t| F::batch_norm(&t[0], None, None, Some(&t[1]), Some(&t[2]), true, 0.1, 1e-5), &[x.clone(), w, b]);
+    let rm = Tensor::zeros(&[3], DType::F64, &cpu()).unwrap();
+    let rv = Tensor::ones(&[3], DType::F64, &cpu()).unwrap();
+    F::batch_norm(&x, Some(&rm), Some(&rv), None, None, true, 0.1, 1e-5).unwrap();
+    let mean = x.mean_dims(&[0, 2, 3], false).unwrap().to_vec::<f64>().unwrap();
+    let var = x.var_dims(&[0, 2, 3], 1, false).unwrap().to_vec::<f64>().unwrap();
+    for c in 0..3 {
+        assert!((rm.to_vec::<f64>().unwrap()[c] - 0.1 * mean[c]).abs() < 1e-12);
+        assert!((rv.to_vec::<f64>().unwrap()[c] - (0.9 + 0.1 * var[c])).abs() < 1e-12);
+    }
+    // Eval mode normalizes with the running statistics.
+    let y = F::batch_norm(&x, Some(&rm), Some(&rv), None, None, false, 0.1, 1e-5).unwrap();
+    let expect = x
+        .sub(&rm.reshape(&[3, 1, 1]).unwrap())
+        .unwrap()
+        .div(&rv.add_scalar(1e-5).unwrap().sqrt().unwrap().reshape(&[3, 1, 1]).unwrap())
+        .unwrap();
+    let diff = y.sub(&expect).unwrap().abs().unwrap().max().unwrap().item::<f64>().unwrap();
+    assert!(diff < 1e-12, "{diff}");
+}
+
+#[test]
+fn linear_gradcheck_with_broadcast_batch() {
+    let x = rand(&[2, 3, 4], 13);
+    let (w, b) = (rand(&[5, 4], 14), rand(&[5], 15));
+    check(|t| F::linear(&t[0], &t[1], Some(&t[2])), &[x, w, b]);
+}
+
+#[test]
+fn cross_entropy_gradcheck_all_options() {
+    let x = rand(&[4, 5], 16);
+    let t = ids(vec![1, -100, 4, 0], &[4]);
+    for smoothing in [0.0, 0.2] {
+        for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+            check(|a| F::cross_entropy(&a[0], &t, -100, smoothing, reduction), std::slice::from_ref(&x));
+        }
+    }
+    // (n, c, d) logits with the class on dim 1.
+    let x = rand(&[2, 3, 4], 17);
+    let t = ids(vec![0, 1, 2, 1, 2, 2, 0, 0], &[2, 4]);
+    check(|a| F::cross_entropy(&a[0], &t, -100, 0.1, Reduction::Mean), &[x]);
+}
+
+#[test]
+fn cross_entropy_fused_f32_matches_composite_f64() {
+    let x64 = rand(&[6, 7], 18).detach();
+    let t = ids(vec![0, 6, 3, 2, 5, 1], &[6]);
+    let x32 = x64.to_dtype(DType::F32).unwrap().requires_grad_(true).unwrap();
+    let x64 = x64.requires_grad_(true).unwrap();
+    let l32 = F::cross_entropy(&x32, &t, -100, 0.1, Reduction::Mean).unwrap();
+    let l64 = F::cross_entropy(&x64, &t, -100, 0.1, Reduction::Mean).unwrap();
+    assert!((l32.item::<f64>().unwrap() - l64.item::<f64>().unwrap()).abs() < 1e-6);
+    l32.backward().unwrap();
+    l64.backward().unwrap();
+    let (g32, g64) = (x32.grad().unwrap().to_vec::<f64>().unwrap(), x64.grad().unwrap().to_vec::<f64>().unwrap());
+    for (a, b) in g32.iter().zip(&g64) {
+        assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+    }
+}
+
+#[test]
+fn cross_entropy_known_value() {
+    // Uniform logits over 4 classes: the loss is ln 4 whatever the target.
+    let x = Tensor::zeros(&[2, 4], DType::F32, &cpu()).unwrap();
+    let l = F::cross_entropy(&x, &ids(vec![3, 0], &[2]), -100, 0.0, Reduction::Mean).unwrap();
+    assert!((l.item::<f64>().unwrap() - 4f64.ln()).abs() < 1e-6);
+}
+
+#[test]
+fn losses_gradcheck() {
+    let (x, y) = (rand(&[3, 4], 19), rand(&[3, 4], 20).detach());
+    check(|a| F::mse_loss(&a[0], &y, Reduction::Mean), std::slice::from_ref(&x));
+    check(|a| F::l1_loss(&a[0], &y, Reduction::Sum), std::slice::from_ref(&x));
+    let target = y.abs().unwrap();
+    check(|a| F::binary_cross_entropy_with_logits(&a[0], &target, None, Reduction::Mean), std::slice::from_ref(&x));
+    let pw = Tensor::full(&[4], 2.0, DType::F64, &cpu()).unwrap();
+    check(
+        |a| F::binary_cross_entropy_with_logits(&a[0], &target, Some(&pw), Reduction::None),
+        std::slice::from_ref(&x),
+    );
+    check(|a| F::binary_cross_entropy(&a[0].sigmoid()?, &target, None, Reduction::Mean), std::slice::from_ref(&x));
+    let t = ids(vec![1, 0, 3], &[3]);
+    check(|a| F::nll_loss(&a[0].log_softmax(1)?, &t, -100, Reduction::Mean), &[x]);
+}
+
+#[test]
+fn bce_with_logits_matches_bce_of_sigmoid() {
+    let x = rand(&[10], 21).detach();
+    let t = rand(&[10], 22).detach().abs().unwrap();
+    let a = F::binary_cross_entropy_with_logits(&x, &t, None, Reduction::Sum).unwrap().item::<f64>().unwrap();
+    let b = F::binary_cross_entropy(&x.sigmoid().unwrap(), &t, None, Reduction::Sum).unwrap().item::<f64>().unwrap();
+    assert!((a - b).abs() < 1e-10, "{a} vs {b}");
+}
+
+#[test]
+fn bad_inputs_are_clear_errors() {
+    let x = Tensor::zeros(&[2, 3], DType::F32, &cpu()).unwrap();
+    let kind = |r: Result<Tensor>| r.unwrap_err().kind();
+    // Out-of-range class, fused (f32) and composite (f64) paths.
+    let e = F::cross_entropy(&x, &ids(vec![0, 3], &[2]), -100, 0.0, Reduction::Mean).unwrap_err();
+    assert!(e.message().contains("outside"), "{e}");
+    let e = F::cross_entropy(&x.to_dtype(DType::F64).unwrap(), &ids(vec![-1, 0], &[2]), -100, 0.0, Reduction::Mean)
+        .unwrap_err();
+    assert!(e.message().contains("outside"), "{e}");
+    assert_eq!(
+        kind(F::cross_entropy(&x, &ids(vec![0, 1, 2], &[3]), -100, 0.0, Reduction::Mean)),
+        ErrorKind::ShapeMismatch
+    );
+    assert_eq!(
+        kind(F::cross_entropy(&x, &x.sum_dims(&[1], false).unwrap(), -100, 0.0, Reduction::Mean)),
+        ErrorKind::DtypeMismatch
+    );
+    assert_eq!(
+        kind(F::cross_entropy(&x, &ids(vec![0, 1], &[2]), -100, 1.0, Reduction::Mean)),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(kind(F::nll_loss(&x, &ids(vec![0, 7], &[2]), -100, Reduction::Mean)), ErrorKind::InvalidArgument);
+    assert_eq!(kind(F::mse_loss(&x, &x.t().unwrap(), Reduction::Mean)), ErrorKind::ShapeMismatch);
+    assert_eq!(
+        kind(F::binary_cross_entropy(&x.add_scalar(2.0).unwrap(), &x, None, Reduction::Mean)),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(kind(F::layer_norm(&x, &[2], None, None, 1e-5)), ErrorKind::ShapeMismatch);
+    let w16 = Tensor::ones(&[3], DType::F16, &cpu()).unwrap();
+    assert_eq!(kind(F::layer_norm(&x, &[3], Some(&w16), None, 1e-5)), ErrorKind::DtypeMismatch);
+    assert_eq!(kind(F::layer_norm(&ids(vec![1, 2, 3], &[3]), &[3], None, None, 1e-5)), ErrorKind::DtypeMismatch);
+    assert_eq!(
+        kind(F::linear(&x, &Tensor::zeros(&[4, 2], DType::F32, &cpu()).unwrap(), None)),
+        ErrorKind::ShapeMismatch
+    );
+    assert_eq!(
+        kind(F::batch_norm(&x.reshape(&[6]).unwrap(), None, None, None, None, true, 0.1, 1e-5)),
+        ErrorKind::ShapeMismatch
+    );
+    assert!(F::embedding(&x, &x).is_err());
+    let table = Tensor::zeros(&[3, 2], DType::F32, &cpu()).unwrap();
+    assert!(F::embedding(&ids(vec![0, 3], &[2]), &table).is_err());
+}
