@@ -21,6 +21,7 @@ mod device;
 mod element;
 mod error;
 mod ops;
+pub mod optim;
 pub mod random;
 pub mod serialize;
 mod storage;
