@@ -77,6 +77,7 @@ impl GroupOptions for AdamOptions {
 }
 
 /// Moments and step count of one parameter.
+#[derive(Debug)]
 struct Moments {
     step: u64,
     exp_avg: Tensor,
@@ -84,6 +85,7 @@ struct Moments {
 }
 
 /// The shared implementation; `decoupled` selects AdamW's weight decay.
+#[derive(Debug)]
 struct AdamCore {
     kind: &'static str,
     decoupled: bool,
@@ -240,6 +242,7 @@ fn composite_update(decoupled: bool, o: &AdamOptions, p: &Tensor, grad: &Tensor,
 macro_rules! adam_type {
     ($name:ident, $decoupled:expr, $doc:literal) => {
         #[doc = $doc]
+        #[derive(Debug)]
         pub struct $name {
             core: AdamCore,
         }

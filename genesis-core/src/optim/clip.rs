@@ -24,10 +24,10 @@ fn grad_norm(g: &Tensor, norm_type: f64) -> Result<f64> {
 /// without a gradient are skipped. A non-finite norm is returned as it is, so the caller can
 /// skip the step.
 pub fn clip_grad_norm_(params: &[Tensor], max_norm: f64, norm_type: f64) -> Result<f64> {
-    if !(norm_type > 0.0) {
+    if norm_type.is_nan() || norm_type <= 0.0 {
         return Err(Error::invalid(format!("clip_grad_norm_: norm_type must be > 0 (or infinity), got {norm_type}")));
     }
-    if !(max_norm >= 0.0) {
+    if max_norm.is_nan() || max_norm < 0.0 {
         return Err(Error::invalid(format!("clip_grad_norm_: max_norm must be >= 0, got {max_norm}")));
     }
     no_grad(|| {
@@ -39,7 +39,8 @@ pub fn clip_grad_norm_(params: &[Tensor], max_norm: f64, norm_type: f64) -> Resu
             norms.iter().map(|n| n.powf(norm_type)).sum::<f64>().powf(1.0 / norm_type)
         };
         let coef = max_norm / (total + 1e-6);
-        if !(coef >= 1.0) {
+        // A NaN coefficient (NaN norm) scales too, spreading the NaN as PyTorch does.
+        if coef.is_nan() || coef < 1.0 {
             for (p, g) in &grads {
                 p.set_grad(Some(g.mul_scalar(coef)?))?;
             }
@@ -50,7 +51,7 @@ pub fn clip_grad_norm_(params: &[Tensor], max_norm: f64, norm_type: f64) -> Resu
 
 /// Clamp every gradient of `params` to `[-clip_value, clip_value]` (`clip_grad_value_`).
 pub fn clip_grad_value_(params: &[Tensor], clip_value: f64) -> Result<()> {
-    if !(clip_value >= 0.0) {
+    if clip_value.is_nan() || clip_value < 0.0 {
         return Err(Error::invalid(format!("clip_grad_value_: clip_value must be >= 0, got {clip_value}")));
     }
     no_grad(|| {

@@ -169,7 +169,7 @@ impl GradScaler {
             state.get(k).copied().ok_or_else(|| Error::invalid(format!("GradScaler.load_state_dict: missing `{k}`")))
         };
         let (scale, tracker) = (get("scale")?, get("growth_tracker")?);
-        if !(scale.is_finite() && scale > 0.0) || !(tracker >= 0.0 && tracker.fract() == 0.0) {
+        if !(scale.is_finite() && scale > 0.0 && tracker >= 0.0 && tracker.fract() == 0.0) {
             return Err(Error::invalid(format!(
                 "GradScaler.load_state_dict: invalid scale {scale} or growth_tracker {tracker}"
             )));

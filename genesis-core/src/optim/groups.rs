@@ -64,6 +64,7 @@ impl OptimState {
 
 /// Groups checked for use by an optimizer: valid options, leaf floating-point parameters,
 /// no parameter twice.
+#[derive(Debug)]
 pub(crate) struct Groups<O> {
     pub groups: Vec<ParamGroup<O>>,
 }

@@ -5,6 +5,9 @@
 //! As in PyTorch, creating a scheduler sets epoch 0's learning rate on the optimizer, and
 //! [`LrScheduler::step`] (called after `optimizer.step()`) moves to the next epoch.
 
+// `StepLR::new(...)` and friends keep PyTorch's names but all build one `LrScheduler`.
+#![allow(clippy::new_ret_no_self)]
+
 use super::Optimizer;
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;

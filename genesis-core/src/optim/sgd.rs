@@ -70,6 +70,7 @@ impl GroupOptions for SgdOptions {
 
 /// SGD with PyTorch's update rule: `g = grad + wd·p`; with momentum `b = μ·b + (1-τ)·g` (the
 /// first buffer is `g` itself) and `g = b`, or `g = g + μ·b` for Nesterov; `p -= lr·g`.
+#[derive(Debug)]
 pub struct SGD {
     groups: Groups<SgdOptions>,
     /// Momentum buffer per parameter, created on its first update.
