@@ -17,6 +17,7 @@
 
 pub mod autograd;
 pub mod backend;
+pub mod data;
 mod device;
 mod element;
 mod error;
