@@ -21,6 +21,7 @@ pub mod data;
 mod device;
 mod element;
 mod error;
+pub mod monitor;
 mod ops;
 pub mod optim;
 pub mod random;

@@ -110,7 +110,7 @@ impl DataLoader {
     }
 }
 
-impl<'a> IntoIterator for &'a DataLoader {
+impl IntoIterator for &DataLoader {
     type Item = Result<Vec<Tensor>>;
     type IntoIter = Batches;
     fn into_iter(self) -> Batches {
