@@ -139,3 +139,44 @@ fn unsupported_dtypes_are_named() -> Result<()> {
     assert!(err.message().contains("small_ints") && err.message().contains("I16"), "{err}");
     Ok(())
 }
+
+#[test]
+fn strict_and_non_strict_loading_into_a_model() -> Result<()> {
+    use genesis::serialize::{load_state_dict_into, LoadReport};
+    let cpu = Device::cpu()?;
+    let w = Tensor::zeros(&[2, 2], DType::F32, &cpu)?.requires_grad_(true)?;
+    let b = Tensor::zeros(&[2], DType::F32, &cpu)?.requires_grad_(true)?;
+    let model: StateDict = [("fc.weight".to_string(), w.clone()), ("fc.bias".to_string(), b.clone())].into();
+
+    // A full, matching state dict (f64 values are cast to the model's f32).
+    let mut file = StateDict::new();
+    file.insert("fc.weight".into(), Tensor::new([[1.0f64, 2.0], [3.0, 4.0]], &cpu)?);
+    file.insert("fc.bias".into(), Tensor::new([5.0f32, 6.0], &cpu)?);
+    assert_eq!(load_state_dict_into(&model, &file, true)?, LoadReport::default());
+    assert_eq!(w.to_vec::<f32>()?, vec![1.0, 2.0, 3.0, 4.0]);
+    assert_eq!(w.dtype(), DType::F32);
+
+    // Missing and unexpected keys: an error when strict (nothing loaded), a report otherwise.
+    let mut partial = StateDict::new();
+    partial.insert("fc.weight".into(), Tensor::new([[9.0f32, 9.0], [9.0, 9.0]], &cpu)?);
+    partial.insert("head.weight".into(), Tensor::new([1.0f32], &cpu)?);
+    let err = load_state_dict_into(&model, &partial, true).unwrap_err();
+    assert!(err.message().contains("fc.bias") && err.message().contains("head.weight"), "{err}");
+    assert_eq!(w.to_vec::<f32>()?, vec![1.0, 2.0, 3.0, 4.0], "strict failure loaded nothing");
+    let report = load_state_dict_into(&model, &partial, false)?;
+    assert_eq!(report.missing_keys, vec!["fc.bias".to_string()]);
+    assert_eq!(report.unexpected_keys, vec!["head.weight".to_string()]);
+    assert_eq!(w.to_vec::<f32>()?, vec![9.0; 4]);
+    assert_eq!(b.to_vec::<f32>()?, vec![5.0, 6.0]);
+
+    // A wrong shape is an error even when not strict, and nothing is loaded, not even the
+    // tensors that fit.
+    let mut wrong = StateDict::new();
+    wrong.insert("fc.weight".into(), Tensor::new([[0.0f32, 0.0, 0.0]], &cpu)?);
+    wrong.insert("fc.bias".into(), Tensor::new([7.0f32, 7.0], &cpu)?);
+    let err = load_state_dict_into(&model, &wrong, false).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ShapeMismatch);
+    assert!(err.message().contains("fc.weight") && err.message().contains("[1, 3]"), "{err}");
+    assert_eq!(b.to_vec::<f32>()?, vec![5.0, 6.0]);
+    Ok(())
+}

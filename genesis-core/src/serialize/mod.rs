@@ -20,10 +20,12 @@
 
 mod atomic;
 mod checkpoint;
+mod load_into;
 mod safetensors_io;
 
 pub use atomic::write_atomically;
 pub use checkpoint::Checkpoint;
+pub use load_into::{load_state_dict_into, LoadReport};
 pub use safetensors_io::{from_bytes, load, load_with_metadata, save, to_bytes};
 
 use crate::tensor::Tensor;
