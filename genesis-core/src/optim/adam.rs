@@ -97,6 +97,8 @@ struct AdamCore {
 struct FusedBatch {
     device: Device,
     step: u64,
+    /// Global indices of the batch's parameters.
+    params: Vec<usize>,
     grads: Vec<Tensor>,
     outputs: Vec<Tensor>,
 }
@@ -121,23 +123,28 @@ impl AdamCore {
                         exp_avg: p.zeros_like()?,
                         exp_avg_sq: p.zeros_like()?,
                     });
-                    m.step += 1;
+                    let step = m.step + 1;
                     if Self::fusable(self.decoupled, o, p, &grad)? {
-                        let batch = match batches.iter_mut().position(|b| b.step == m.step && &b.device == p.device()) {
+                        // The step count moves only once the fused call succeeded (below), so
+                        // a refused call leaves the state as it was.
+                        let batch = match batches.iter_mut().position(|b| b.step == step && &b.device == p.device()) {
                             Some(j) => &mut batches[j],
                             None => {
                                 batches.push(FusedBatch {
                                     device: p.device().clone(),
-                                    step: m.step,
+                                    step,
+                                    params: Vec::new(),
                                     grads: Vec::new(),
                                     outputs: Vec::new(),
                                 });
                                 batches.last_mut().expect("just pushed")
                             }
                         };
+                        batch.params.push(first + k);
                         batch.grads.push(grad.contiguous()?);
                         batch.outputs.extend([p.clone(), m.exp_avg.clone(), m.exp_avg_sq.clone()]);
                     } else {
+                        m.step = step;
                         composite_update(self.decoupled, o, p, &grad, m)?;
                     }
                 }
@@ -151,6 +158,11 @@ impl AdamCore {
                         .map_err(|e| e.context(format_args!("{} step on {}", self.kind, b.device)))?;
                     for t in &b.outputs {
                         t.storage().bump_version();
+                    }
+                    for &i in &b.params {
+                        if let Some(m) = self.state[i].as_mut() {
+                            m.step = b.step;
+                        }
                     }
                 }
             }
