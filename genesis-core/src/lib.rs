@@ -18,11 +18,14 @@
 pub mod amp;
 pub mod autograd;
 pub mod backend;
+pub mod data;
 mod device;
 mod element;
 mod error;
+pub mod monitor;
 pub mod nn;
 mod ops;
+pub mod optim;
 pub mod random;
 pub mod serialize;
 mod storage;

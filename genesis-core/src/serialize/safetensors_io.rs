@@ -1,0 +1,162 @@
+//! State dicts as safetensors: every Genesis dtype, names kept as they are (so PyTorch and
+//! Hugging Face files load with their own names), string metadata in `__metadata__`.
+
+use super::{write_atomically, Metadata, StateDict};
+use crate::device::Device;
+use crate::error::{Error, ErrorKind, Result};
+use crate::tensor::Tensor;
+use genesis_backend_api::DType;
+use safetensors::{Dtype, SafeTensors, View};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+
+/// A tensor's bytes on the host, for the safetensors writer.
+struct HostTensor {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+impl View for &HostTensor {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.bytes)
+    }
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+fn to_safetensors_dtype(d: DType) -> Dtype {
+    match d {
+        DType::F32 => Dtype::F32,
+        DType::F64 => Dtype::F64,
+        DType::F16 => Dtype::F16,
+        DType::BF16 => Dtype::BF16,
+        DType::I64 => Dtype::I64,
+        DType::I32 => Dtype::I32,
+        DType::U8 => Dtype::U8,
+        DType::Bool => Dtype::BOOL,
+    }
+}
+
+fn from_safetensors_dtype(d: Dtype) -> Option<DType> {
+    Some(match d {
+        Dtype::F32 => DType::F32,
+        Dtype::F64 => DType::F64,
+        Dtype::F16 => DType::F16,
+        Dtype::BF16 => DType::BF16,
+        Dtype::I64 => DType::I64,
+        Dtype::I32 => DType::I32,
+        Dtype::U8 => DType::U8,
+        Dtype::BOOL => DType::Bool,
+        _ => return None,
+    })
+}
+
+/// The tensor's elements in row-major order as little-endian bytes (views are made dense).
+pub(crate) fn tensor_bytes(t: &Tensor) -> Result<Vec<u8>> {
+    let t = crate::autograd::no_grad(|| t.contiguous())?;
+    let esize = t.dtype().size_in_bytes();
+    let mut bytes = vec![0u8; t.numel() * esize];
+    if !bytes.is_empty() {
+        t.device().read(t.storage().buffer, t.layout().offset * esize, &mut bytes)?;
+    }
+    Ok(bytes)
+}
+
+/// A tensor on `device` holding `bytes` (little-endian, row-major).
+fn tensor_from_bytes(bytes: &[u8], dtype: DType, shape: &[usize], device: &Device) -> Result<Tensor> {
+    let t = Tensor::empty(shape, dtype, device)?;
+    if bytes.is_empty() {
+        return Ok(t);
+    }
+    if dtype == DType::Bool {
+        // Any nonzero byte is true; backends expect exactly 0 or 1.
+        let normalized: Vec<u8> = bytes.iter().map(|&b| (b != 0) as u8).collect();
+        device.write(t.storage().buffer, 0, &normalized)?;
+    } else {
+        device.write(t.storage().buffer, 0, bytes)?;
+    }
+    Ok(t)
+}
+
+/// `tensors` and `metadata` as the bytes of a safetensors file.
+pub fn to_bytes(tensors: &StateDict, metadata: &Metadata) -> Result<Vec<u8>> {
+    let host = tensors
+        .iter()
+        .map(|(name, t)| {
+            let bytes = tensor_bytes(t).map_err(|e| e.context(format_args!("saving tensor `{name}`")))?;
+            Ok((name.as_str(), HostTensor { dtype: to_safetensors_dtype(t.dtype()), shape: t.shape().to_vec(), bytes }))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let info: Option<HashMap<String, String>> =
+        if metadata.is_empty() { None } else { Some(metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect()) };
+    safetensors::serialize(host.iter().map(|(n, t)| (*n, t)), info)
+        .map_err(|e| Error::invalid(format!("serializing safetensors: {e}")))
+}
+
+/// Parse the bytes of a safetensors file into tensors on `device` and the metadata;
+/// `origin` (a file name) goes into error messages.
+pub fn from_bytes(bytes: &[u8], device: &Device, origin: &str) -> Result<(StateDict, Metadata)> {
+    let bad = |why: String| Error::load(format!("{origin}: {why}"));
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| bad(describe(&e, bytes.len())))?;
+    let st = SafeTensors::deserialize(bytes).map_err(|e| bad(describe(&e, bytes.len())))?;
+    let mut out = StateDict::new();
+    for (name, view) in st.iter() {
+        let dtype = from_safetensors_dtype(view.dtype()).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Unsupported,
+                format!("{origin}: tensor `{name}` has dtype {:?}, which Genesis does not support", view.dtype()),
+            )
+        })?;
+        let t = tensor_from_bytes(view.data(), dtype, view.shape(), device)
+            .map_err(|e| e.context(format_args!("{origin}: tensor `{name}`")))?;
+        out.insert(name.to_string(), t);
+    }
+    let metadata = header.metadata().as_ref().map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect());
+    Ok((out, metadata.unwrap_or_default()))
+}
+
+/// A reader's explanation of a safetensors parse error.
+fn describe(e: &safetensors::SafeTensorError, len: usize) -> String {
+    use safetensors::SafeTensorError as E;
+    match e {
+        E::HeaderTooSmall | E::InvalidHeaderLength => {
+            format!("not a safetensors file, or truncated ({len} bytes; the header length does not fit): {e}")
+        }
+        E::InvalidHeader(_) | E::InvalidHeaderDeserialization(_) | E::HeaderTooLarge => {
+            format!("not a safetensors file (its header is not safetensors JSON): {e}")
+        }
+        E::MetadataIncompleteBuffer | E::InvalidOffset(_) => {
+            format!("truncated or corrupt safetensors file (tensor data does not match the header): {e}")
+        }
+        _ => format!("corrupt safetensors file: {e}"),
+    }
+}
+
+/// Write `tensors` with `metadata` to `path` as a safetensors file, atomically.
+pub fn save(path: impl AsRef<Path>, tensors: &StateDict, metadata: &Metadata) -> Result<()> {
+    let path = path.as_ref();
+    let bytes = to_bytes(tensors, metadata).map_err(|e| e.context(format_args!("saving {}", path.display())))?;
+    write_atomically(path, |f| f.write_all(&bytes))
+}
+
+/// Read the safetensors file at `path` into tensors on `device`.
+pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<StateDict> {
+    load_with_metadata(path, device).map(|(t, _)| t)
+}
+
+/// Read the safetensors file at `path` into tensors on `device`, with its metadata.
+pub fn load_with_metadata(path: impl AsRef<Path>, device: &Device) -> Result<(StateDict, Metadata)> {
+    let path = path.as_ref();
+    let bytes = std::fs::read(path).map_err(|e| Error::load(format!("reading {}: {e}", path.display())))?;
+    from_bytes(&bytes, device, &path.display().to_string())
+}

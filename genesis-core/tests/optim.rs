@@ -1,0 +1,218 @@
+//! Optimizer behaviour beyond the PyTorch reference values: state dicts and their errors,
+//! gradient clipping, the loss scaler, parameter checks.
+
+use genesis::optim::{
+    clip_grad_norm_, clip_grad_value_, Adam, AdamOptions, AdamW, GradScaler, GradScalerOptions, Optimizer, SgdOptions,
+    SGD,
+};
+use genesis::{f16, DType, Device, Result, Tensor};
+
+fn param(values: &[f32], shape: &[usize], cpu: &Device) -> Result<Tensor> {
+    Tensor::from_slice(values, shape, cpu)?.requires_grad_(true)
+}
+
+fn set_grad(p: &Tensor, values: &[f32]) -> Result<()> {
+    p.set_grad(Some(Tensor::from_slice(values, p.shape(), p.device())?.to_dtype(p.dtype())?))
+}
+
+#[test]
+fn adam_state_dict_round_trip_continues_identically() -> Result<()> {
+    let cpu = Device::cpu()?;
+    let make = || -> Result<(Vec<Tensor>, AdamW)> {
+        let ps = vec![param(&[1.0, -2.0, 3.0], &[3], &cpu)?, param(&[0.5, 0.25], &[1, 2], &cpu)?];
+        let opt = AdamW::new(ps.clone(), AdamOptions { lr: 0.1, ..AdamOptions::adamw() })?;
+        Ok((ps, opt))
+    };
+    let grads = |k: f32| [vec![0.1 * k, -0.2, 0.3], vec![k, -k]];
+    let (ps, mut opt) = make()?;
+    for k in 0..3 {
+        for (p, g) in ps.iter().zip(grads(k as f32)) {
+            set_grad(p, &g)?;
+        }
+        opt.step()?;
+    }
+    let state = opt.state_dict()?;
+    assert_eq!(state.kind, "AdamW");
+    assert_eq!(state.scalar("state.0.step")?, 3.0);
+    let (ps2, mut opt2) = make()?;
+    for (a, b) in ps2.iter().zip(&ps) {
+        genesis::no_grad(|| a.copy_(b))?;
+    }
+    opt2.load_state_dict(&state)?;
+    for k in 3..5 {
+        for (p, g) in ps.iter().chain(&ps2).zip(grads(k as f32).iter().chain(grads(k as f32).iter())) {
+            set_grad(p, g)?;
+        }
+        opt.step()?;
+        opt2.step()?;
+    }
+    for (a, b) in ps.iter().zip(&ps2) {
+        assert_eq!(a.to_vec::<f32>()?, b.to_vec::<f32>()?);
+    }
+    Ok(())
+}
+
+#[test]
+fn state_dicts_for_other_parameters_are_refused_and_change_nothing() -> Result<()> {
+    let cpu = Device::cpu()?;
+    let a = param(&[1.0, 2.0], &[2], &cpu)?;
+    let mut source = SGD::new(vec![a.clone()], SgdOptions { lr: 0.1, momentum: 0.9, ..Default::default() })?;
+    set_grad(&a, &[1.0, 1.0])?;
+    source.step()?;
+    let state = source.state_dict()?;
+
+    // Wrong count.
+    let (b, c) = (param(&[0.0, 0.0], &[2], &cpu)?, param(&[0.0], &[1], &cpu)?);
+    let mut two = SGD::new(vec![b.clone(), c], SgdOptions { lr: 0.5, ..Default::default() })?;
+    let err = two.load_state_dict(&state).unwrap_err();
+    assert!(err.message().contains("parameters"), "{err}");
+    assert_eq!(two.lrs(), vec![0.5], "a refused state must not change the options");
+
+    // Wrong shape.
+    let d = param(&[0.0, 0.0, 0.0], &[3], &cpu)?;
+    let mut other_shape = SGD::new(vec![d.clone()], SgdOptions { lr: 0.5, ..Default::default() })?;
+    let err = other_shape.load_state_dict(&state).unwrap_err();
+    assert_eq!(err.kind(), genesis::ErrorKind::ShapeMismatch, "{err}");
+    assert_eq!(other_shape.lrs(), vec![0.5]);
+    set_grad(&d, &[1.0, 1.0, 1.0])?;
+    other_shape.step()?; // no momentum buffer was half-loaded: plain SGD step
+    assert_eq!(d.to_vec::<f32>()?, vec![-0.5, -0.5, -0.5]);
+
+    // Wrong optimizer kind.
+    let mut adam = Adam::new(vec![b], AdamOptions::default())?;
+    let err = adam.load_state_dict(&state).unwrap_err();
+    assert!(err.message().contains("made by SGD"), "{err}");
+
+    // Missing entries.
+    let mut broken = state.clone();
+    broken.scalars.remove("param_groups.0.momentum");
+    let e =
+        SGD::new(vec![param(&[0.0, 0.0], &[2], &cpu)?], SgdOptions::default())?.load_state_dict(&broken).unwrap_err();
+    assert!(e.message().contains("param_groups.0.momentum"), "{e}");
+    Ok(())
+}
+
+#[test]
+fn bad_parameters_and_options_are_errors() -> Result<()> {
+    let cpu = Device::cpu()?;
+    let a = param(&[1.0], &[1], &cpu)?;
+    assert!(SGD::new(vec![a.clone(), a.clone()], SgdOptions::default()).is_err(), "duplicate parameter");
+    let non_leaf = a.mul_scalar(2.0)?;
+    let err = SGD::new(vec![non_leaf], SgdOptions::default()).unwrap_err();
+    assert!(err.message().contains("not a leaf"), "{err}");
+    let ints = Tensor::from_vec(vec![1i64], &[1], &cpu)?;
+    assert!(SGD::new(vec![ints], SgdOptions::default()).is_err());
+    assert!(SGD::new(vec![a.clone()], SgdOptions { nesterov: true, ..Default::default() }).is_err());
+    assert!(Adam::new(vec![a.clone()], AdamOptions { betas: (1.0, 0.999), ..Default::default() }).is_err());
+    assert!(Adam::new(vec![a.clone()], AdamOptions { lr: f64::NAN, ..Default::default() }).is_err());
+    let mut opt = SGD::new(vec![a], SgdOptions::default())?;
+    assert!(opt.set_lrs(&[0.1, 0.2]).is_err());
+    Ok(())
+}
+
+/// The fused kernel (AdamW, or Adam without weight decay) and the composed update agree:
+/// Adam with maximize on negated gradients takes the composed path for the same update.
+#[test]
+fn fused_and_composed_adam_agree() -> Result<()> {
+    let cpu = Device::cpu()?;
+    let init = [0.3f32, -1.2, 2.5, 0.0, 7.0, -0.01];
+    let (p1, p2) = (param(&init, &[2, 3], &cpu)?, param(&init, &[2, 3], &cpu)?);
+    let o = AdamOptions { lr: 0.05, ..Default::default() };
+    let mut fused = Adam::new(vec![p1.clone()], o.clone())?;
+    let mut composed = Adam::new(vec![p2.clone()], AdamOptions { maximize: true, ..o })?;
+    for k in 0..4 {
+        let g: Vec<f32> = init.iter().map(|v| (v * (k as f32 + 1.0)).sin()).collect();
+        set_grad(&p1, &g)?;
+        set_grad(&p2, &g.iter().map(|v| -v).collect::<Vec<_>>())?;
+        fused.step()?;
+        composed.step()?;
+    }
+    for (x, y) in p1.to_vec::<f32>()?.iter().zip(p2.to_vec::<f32>()?) {
+        assert!((x - y).abs() <= 1e-6 * x.abs().max(1.0), "{x} vs {y}");
+    }
+    Ok(())
+}
+
+#[test]
+fn clip_grad_norm_scales_to_max_norm_and_returns_the_total() -> Result<()> {
+    let cpu = Device::cpu()?;
+    let (a, b, c) = (param(&[0.0, 0.0], &[2], &cpu)?, param(&[0.0], &[1], &cpu)?, param(&[0.0], &[1], &cpu)?);
+    set_grad(&a, &[3.0, 0.0])?;
+    set_grad(&b, &[4.0])?; // c has no gradient: skipped
+    let params = [a.clone(), b.clone(), c.clone()];
+    let total = clip_grad_norm_(&params, 1.0, 2.0)?;
+    assert!((total - 5.0).abs() < 1e-9);
+    let coef = 1.0 / (5.0 + 1e-6);
+    assert!((a.grad().unwrap().to_vec::<f32>()?[0] as f64 - 3.0 * coef).abs() < 1e-6);
+    assert!((b.grad().unwrap().to_vec::<f32>()?[0] as f64 - 4.0 * coef).abs() < 1e-6);
+    assert!(c.grad().is_none());
+    // Under the limit: unchanged; infinity norm.
+    set_grad(&a, &[0.1, -0.2])?;
+    set_grad(&b, &[0.05])?;
+    assert!((clip_grad_norm_(&params, 1.0, f64::INFINITY)? - 0.2).abs() < 1e-7);
+    assert_eq!(a.grad().unwrap().to_vec::<f32>()?, vec![0.1, -0.2]);
+    assert!(clip_grad_norm_(&params, 1.0, 0.0).is_err());
+    clip_grad_value_(&params, 0.15)?;
+    assert_eq!(a.grad().unwrap().to_vec::<f32>()?, vec![0.1, -0.15]);
+    Ok(())
+}
+
+/// A gradient shared between two parameters (as the backward of an addition gives) is
+/// clipped once for each, not twice.
+#[test]
+fn clipping_does_not_scale_shared_gradients_twice() -> Result<()> {
+    let cpu = Device::cpu()?;
+    let (a, b) = (param(&[1.0], &[1], &cpu)?, param(&[2.0], &[1], &cpu)?);
+    a.add(&b)?.mul_scalar(10.0)?.sum()?.backward()?;
+    clip_grad_norm_(&[a.clone(), b.clone()], 1.0, 2.0)?;
+    let expect = 10.0 / (200f64.sqrt() + 1e-6);
+    for p in [&a, &b] {
+        assert!((p.grad().unwrap().item::<f32>()? as f64 - expect).abs() < 1e-6);
+    }
+    Ok(())
+}
+
+#[test]
+fn grad_scaler_skips_steps_on_inf_and_adapts_the_scale() -> Result<()> {
+    let cpu = Device::cpu()?;
+    let w = Tensor::from_vec(vec![f16::from_f32(1.0), f16::from_f32(2.0)], &[2], &cpu)?.requires_grad_(true)?;
+    let mut opt = SGD::new(vec![w.clone()], SgdOptions { lr: 0.5, ..Default::default() })?;
+    let options = GradScalerOptions { init_scale: 1024.0, growth_interval: 2, ..Default::default() };
+    let mut scaler = GradScaler::new(options)?;
+
+    // A clean step: gradient of sum(w) is 1 each, scaled by 1024 in f16, unscaled before the step.
+    let loss = w.to_dtype(DType::F32)?.sum()?;
+    scaler.scale(&loss)?.backward()?;
+    assert_eq!(w.grad().unwrap().to_vec::<f32>()?, vec![1024.0, 1024.0]);
+    assert!(scaler.step(&mut opt)?);
+    scaler.update()?;
+    assert_eq!(w.to_vec::<f32>()?, vec![0.5, 1.5]);
+    assert_eq!(scaler.get_scale(), 1024.0);
+
+    // An overflowing gradient: 1024 · 100 exceeds f16's range, so the step is skipped.
+    opt.zero_grad();
+    let loss = w.to_dtype(DType::F32)?.mul_scalar(100.0)?.sum()?;
+    scaler.scale(&loss)?.backward()?;
+    assert!(w.grad().unwrap().to_vec::<f32>()?.iter().any(|v| v.is_infinite()));
+    assert!(!scaler.step(&mut opt)?, "the step must be skipped");
+    scaler.update()?;
+    assert_eq!(w.to_vec::<f32>()?, vec![0.5, 1.5], "weights unchanged by a skipped step");
+    assert_eq!(scaler.get_scale(), 512.0);
+
+    // Two clean steps in a row grow the scale again.
+    for _ in 0..2 {
+        opt.zero_grad();
+        scaler.scale(&w.to_dtype(DType::F32)?.sum()?)?.backward()?;
+        scaler.unscale_(&opt)?;
+        assert!(scaler.unscale_(&opt).is_err(), "unscale_ twice in one iteration");
+        assert!(scaler.step(&mut opt)?);
+        scaler.update()?;
+    }
+    assert_eq!(scaler.get_scale(), 1024.0);
+    assert!(scaler.update().is_err(), "update without a step");
+    let state = scaler.state_dict();
+    let mut other = GradScaler::new(GradScalerOptions::default())?;
+    other.load_state_dict(&state)?;
+    assert_eq!(other.get_scale(), 1024.0);
+    Ok(())
+}
