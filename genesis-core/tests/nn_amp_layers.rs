@@ -129,7 +129,7 @@ fn multihead_attention_masks() {
         assert!((a - b).abs() < 1e-5);
     }
     // Key padding: masking the last 2 keys equals dropping them (non-causal).
-    let pad = Tensor::from_vec(vec![false, false, false, true, true].repeat(2), &[2, 5], &d).unwrap();
+    let pad = Tensor::from_vec([false, false, false, true, true].repeat(2), &[2, 5], &d).unwrap();
     let kept = x.narrow(1, 0, 3).unwrap();
     let masked = mha.attend(&x, &x, &x, Some(&pad), false).unwrap().to_vec::<f32>().unwrap();
     let dropped = mha.attend(&x, &kept, &kept, None, false).unwrap().to_vec::<f32>().unwrap();

@@ -68,6 +68,14 @@ fn or_const(p: &Option<Tensor>, value: f64, x: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// `y` with `x`'s shape (a no-op, not even a recorded reshape, when it already has it).
+fn restore_shape(y: Tensor, x: &Tensor) -> Result<Tensor> {
+    if y.shape() == x.shape() {
+        return Ok(y);
+    }
+    y.reshape(&x.shape().iter().map(|&n| n as isize).collect::<Vec<_>>())
+}
+
 /// Sum over every dim but the last (the per-feature gradient of a weight).
 fn sum_rows(t: &Tensor) -> Result<Tensor> {
     let dims: Vec<isize> = (0..t.rank() as isize - 1).collect();
@@ -102,7 +110,7 @@ pub fn layer_norm(
         let r = xc.square()?.mean_dims(&[-1], true)?.add_scalar(eps)?.rsqrt()?;
         affine(&xc.mul(&r)?, &p[0], &p[1])?
     };
-    y.reshape(&x.shape().iter().map(|&n| n as isize).collect::<Vec<_>>())
+    restore_shape(y, &x)
 }
 
 fn affine(xhat: &Tensor, w: &Option<Tensor>, b: &Option<Tensor>) -> Result<Tensor> {
@@ -211,7 +219,7 @@ pub fn rms_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>,
         let r = x2.square()?.mean_dims(&[-1], true)?.add_scalar(eps)?.rsqrt()?;
         affine(&x2.mul(&r)?, w, &None)?
     };
-    y.reshape(&x.shape().iter().map(|&n| n as isize).collect::<Vec<_>>())
+    restore_shape(y, &x)
 }
 
 /// Batch normalization of `x (n, c, ..)` per channel (`F.batch_norm`). In training mode the
