@@ -5,6 +5,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::tensor::Tensor;
 use genesis_backend_api::DType;
 
+pub use crate::ops::fused::composites_only;
+
 /// Tolerances and step of [`gradcheck`].
 #[derive(Debug, Clone, Copy)]
 pub struct GradcheckOptions {

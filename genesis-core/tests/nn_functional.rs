@@ -202,3 +202,35 @@ fn bad_inputs_are_clear_errors() {
     let table = Tensor::zeros(&[3, 2], DType::F32, &cpu()).unwrap();
     assert!(F::embedding(&ids(vec![0, 3], &[2]), &table).is_err());
 }
+
+#[test]
+fn norms_fused_match_composite() {
+    let x = rand(&[3, 5], 30);
+    let w = rand(&[5], 31);
+    let b = rand(&[5], 32);
+    let run = |composite: bool, rms: bool| -> (Vec<f64>, Vec<f64>, Option<&'static str>) {
+        let go = || -> Result<(Vec<f64>, Vec<f64>, Option<&'static str>)> {
+            x.zero_grad();
+            let y = if rms {
+                F::rms_norm(&x, &[5], Some(&w), Some(1e-6))?
+            } else {
+                F::layer_norm(&x, &[5], Some(&w), Some(&b), 1e-5)?
+            };
+            y.mul(&y)?.sum()?.backward()?;
+            Ok((y.to_vec::<f64>()?, x.grad().unwrap().to_vec::<f64>()?, y.grad_fn_name()))
+        };
+        if composite {
+            genesis::testing::composites_only(go).unwrap()
+        } else {
+            go().unwrap()
+        }
+    };
+    for rms in [false, true] {
+        let (a, b) = (run(false, rms), run(true, rms));
+        assert_ne!(a.2, b.2, "both runs took one path");
+        for (x, y) in a.0.iter().chain(&a.1).zip(b.0.iter().chain(&b.1)) {
+            // The fused kernels keep their statistics in f32.
+            assert!((x - y).abs() < 1e-6 * (1.0 + y.abs()), "{x} vs {y}");
+        }
+    }
+}

@@ -3,7 +3,9 @@
 //! [`functional`] forms and [`init`]ializers.
 
 mod activation;
+mod attention;
 mod container;
+mod conv;
 pub mod functional;
 pub mod init;
 mod linear;
@@ -12,7 +14,9 @@ mod module;
 mod norm;
 
 pub use activation::{Flatten, Identity, ReLU, SiLU, Sigmoid, Softmax, Tanh, GELU};
+pub use attention::{Dropout, MultiheadAttention};
 pub use container::{ModuleList, Sequential};
+pub use conv::{AdaptiveAvgPool2d, AvgPool2d, Conv2d, Conv2dOptions, MaxPool2d};
 pub use functional::Reduction;
 pub use linear::{Embedding, Linear};
 pub use loss::{BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, L1Loss, MSELoss, NLLLoss};

@@ -193,7 +193,7 @@ pub fn cross_entropy(
     let c = rows.shape()[1];
     let valid = t.ne_scalar(ignore_index)?;
     let op = Op::CrossEntropy { ignore_index, label_smoothing };
-    let loss = if x.dtype() != DType::F64 && rows.device().supports(&op, rows.dtype())? {
+    let loss = if x.dtype() != DType::F64 && super::fused::use_fused(&op, &rows)? {
         cross_entropy_fused(&rows, &t, ignore_index, label_smoothing)?.to_dtype(x.dtype())?
     } else {
         check_targets("cross_entropy", &t, c, ignore_index)?;
@@ -227,7 +227,7 @@ fn cross_entropy_fused(rows: &Tensor, target: &Tensor, ignore_index: i64, eps: f
         let g = g[0].as_ref().ok_or_else(|| Error::invalid("missing gradient"))?;
         let x = sx.get("cross_entropy")?;
         let op = Op::CrossEntropyBackward { ignore_index, label_smoothing: eps };
-        if !is_grad_enabled() && x.device().supports(&op, x.dtype())? {
+        if !is_grad_enabled() && super::fused::use_fused(&op, x)? {
             let g = g.to_dtype(DType::F32)?;
             let dx = Tensor::empty(x.shape(), x.dtype(), x.device())?;
             let ins = [x, &st, &lse, &g];

@@ -2,8 +2,12 @@
 //! of other ops when the backend does not claim a fused kernel) and its backward in terms of
 //! other ops, recorded with `autograd::record`. One file per family.
 
+pub(crate) mod attention;
+pub(crate) mod conv;
 mod convert;
+pub(crate) mod dropout;
 mod elementwise;
+pub(crate) mod fused;
 mod index;
 pub(crate) mod linear;
 pub(crate) mod loss;
@@ -11,7 +15,7 @@ mod matmul;
 mod nn;
 pub(crate) mod norm;
 mod reduce;
-mod shape;
+pub(crate) mod shape;
 
 pub use elementwise::Scalar;
 

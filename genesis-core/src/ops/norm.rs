@@ -68,6 +68,14 @@ fn or_const(p: &Option<Tensor>, value: f64, x: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// `y` with `x`'s shape (a no-op, not even a recorded reshape, when it already has it).
+fn restore_shape(y: Tensor, x: &Tensor) -> Result<Tensor> {
+    if y.shape() == x.shape() {
+        return Ok(y);
+    }
+    y.reshape(&x.shape().iter().map(|&n| n as isize).collect::<Vec<_>>())
+}
+
 /// Sum over every dim but the last (the per-feature gradient of a weight).
 fn sum_rows(t: &Tensor) -> Result<Tensor> {
     let dims: Vec<isize> = (0..t.rank() as isize - 1).collect();
@@ -94,7 +102,7 @@ pub fn layer_norm(
         return Err(Error::invalid(format!("layer_norm: eps must be >= 0, got {eps}")));
     }
     let (x2, p) = prepare("layer_norm", &x, normalized_shape, &[weight.as_ref(), bias.as_ref()])?;
-    let y = if x2.device().supports(&Op::LayerNorm { eps }, x2.dtype())? {
+    let y = if super::fused::use_fused(&Op::LayerNorm { eps }, &x2)? {
         layer_norm_fused(&x2, &p[0], &p[1], eps)?
     } else {
         let mu = x2.mean_dims(&[-1], true)?;
@@ -102,7 +110,7 @@ pub fn layer_norm(
         let r = xc.square()?.mean_dims(&[-1], true)?.add_scalar(eps)?.rsqrt()?;
         affine(&xc.mul(&r)?, &p[0], &p[1])?
     };
-    y.reshape(&x.shape().iter().map(|&n| n as isize).collect::<Vec<_>>())
+    restore_shape(y, &x)
 }
 
 fn affine(xhat: &Tensor, w: &Option<Tensor>, b: &Option<Tensor>) -> Result<Tensor> {
@@ -127,7 +135,7 @@ fn layer_norm_fused(x: &Tensor, w: &Option<Tensor>, b: &Option<Tensor>, eps: f64
     let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
         let g = grad0(g)?;
         let (x, w) = (sx.get("layer_norm")?, sw.get("layer_norm")?);
-        if !is_grad_enabled() && g.device().supports(&Op::LayerNormBackward, g.dtype())? {
+        if !is_grad_enabled() && super::fused::use_fused(&Op::LayerNormBackward, g)? {
             let dx = Tensor::empty(x.shape(), x.dtype(), x.device())?;
             let dw = Tensor::empty(w.shape(), w.dtype(), w.device())?;
             let db = Tensor::empty(w.shape(), w.dtype(), w.device())?;
@@ -182,7 +190,7 @@ pub fn rms_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>,
     }
     let (x2, p) = prepare("rms_norm", &x, normalized_shape, &[weight.as_ref()])?;
     let w = &p[0];
-    let y = if x2.device().supports(&Op::RmsNorm { eps }, x2.dtype())? {
+    let y = if super::fused::use_fused(&Op::RmsNorm { eps }, &x2)? {
         let wk = or_const(w, 1.0, &x2)?;
         let y = Tensor::empty(x2.shape(), x2.dtype(), x2.device())?;
         let rstd = Tensor::empty(&x2.shape()[..x2.rank() - 1], DType::F32, x2.device())?;
@@ -191,7 +199,7 @@ pub fn rms_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>,
         let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
             let g = grad0(g)?;
             let (x, w) = (sx.get("rms_norm")?, sw.get("rms_norm")?);
-            if !is_grad_enabled() && g.device().supports(&Op::RmsNormBackward, g.dtype())? {
+            if !is_grad_enabled() && super::fused::use_fused(&Op::RmsNormBackward, g)? {
                 let dx = Tensor::empty(x.shape(), x.dtype(), x.device())?;
                 let dw = Tensor::empty(w.shape(), w.dtype(), w.device())?;
                 let ins = [g, x, w, &rstd];
@@ -211,7 +219,7 @@ pub fn rms_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>,
         let r = x2.square()?.mean_dims(&[-1], true)?.add_scalar(eps)?.rsqrt()?;
         affine(&x2.mul(&r)?, w, &None)?
     };
-    y.reshape(&x.shape().iter().map(|&n| n as isize).collect::<Vec<_>>())
+    restore_shape(y, &x)
 }
 
 /// Batch normalization of `x (n, c, ..)` per channel (`F.batch_norm`). In training mode the

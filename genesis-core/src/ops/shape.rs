@@ -261,7 +261,13 @@ impl Tensor {
 
 /// The gradient of a slice: `g` placed into zeros of the input's shape. Differentiable (its
 /// own backward is the slice again) so that higher-order gradients work.
-fn slice_backward(g: &Tensor, input_shape: &[usize], dim: usize, start: usize, step: usize) -> Result<Tensor> {
+pub(crate) fn slice_backward(
+    g: &Tensor,
+    input_shape: &[usize],
+    dim: usize,
+    start: usize,
+    step: usize,
+) -> Result<Tensor> {
     let out = Tensor::zeros(input_shape, g.dtype(), g.device())?;
     let part = out.layout().slice(dim, start, g.shape()[dim], step);
     exec_views(&Op::Copy, &[(g, g.layout())], &[(&out, &part)])?;

@@ -1,0 +1,182 @@
+//! Scaled dot-product attention (the fused kernel when claimed and no explicit mask is given,
+//! a composition otherwise) and rotary position embedding.
+
+use super::{common_device, dtype_err, exec, shape_err};
+use crate::amp::{cast_for, CastPolicy};
+use crate::autograd::{is_grad_enabled, record, record1, Saved};
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use genesis_backend_api::{DType, Op};
+
+/// `k (b, hk, t, d)` repeated to `hq = hk·group` heads (query head `h` reads kv head
+/// `h / group`, as the kernel does).
+fn repeat_kv(k: &Tensor, group: usize) -> Result<Tensor> {
+    if group == 1 {
+        return Ok(k.clone());
+    }
+    let s = k.shape();
+    let (b, hk, t, d) = (s[0] as isize, s[1] as isize, s[2] as isize, s[3] as isize);
+    k.unsqueeze(2)?.expand(&[b, hk, group as isize, t, d])?.reshape(&[b, hk * group as isize, t, d])
+}
+
+/// The `(s, t)` bool mask of visible keys under the causal mask aligned to the bottom right
+/// (key `j` visible to query `i` when `j <= i + t - s`), as the backend kernel defines it.
+fn causal_keep(s: usize, t: usize, like: &Tensor) -> Result<Tensor> {
+    let i = Tensor::arange(0.0, s as f64, 1.0, DType::I64, like.device())?.unsqueeze(1)?;
+    let j = Tensor::arange(0.0, t as f64, 1.0, DType::I64, like.device())?.unsqueeze(0)?;
+    j.sub_scalar(t as i64 - s as i64)?.le(&i)
+}
+
+/// Attention probabilities `softmax(scale·q kᵀ + mask)` with `k` already repeated to q's heads.
+fn probabilities(q: &Tensor, k: &Tensor, mask: Option<&Tensor>, causal: bool, scale: f64) -> Result<Tensor> {
+    let mut scores = q.matmul(&k.transpose(-1, -2)?)?.mul_scalar(scale)?;
+    if causal {
+        let keep = causal_keep(q.shape()[2], k.shape()[2], q)?;
+        scores = scores.masked_fill(&keep.logical_not()?, f64::NEG_INFINITY)?;
+    }
+    if let Some(m) = mask {
+        scores = if m.dtype() == DType::Bool {
+            scores.masked_fill(&m.logical_not()?, f64::NEG_INFINITY)?
+        } else {
+            scores.add(&m.to_dtype(scores.dtype())?)?
+        };
+    }
+    scores.softmax(-1)
+}
+
+/// Scaled dot-product attention (`F.scaled_dot_product_attention`) of `q (b, hq, s, d)` with
+/// `k, v (b, hk, t, d)`, `hq` a multiple of `hk` (grouped-query attention). `attn_mask`
+/// broadcasts to `(b, hq, s, t)`: a bool mask keeps the `true` positions, a float mask is
+/// added to the scores. `is_causal` hides keys after each query, aligned to the bottom right
+/// when `t > s` (the same as PyTorch's top-left alignment when `s == t`). `scale` defaults to
+/// `1/sqrt(d)`. A query that sees no key gets NaN.
+pub fn scaled_dot_product_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    attn_mask: Option<&Tensor>,
+    is_causal: bool,
+    scale: Option<f64>,
+) -> Result<Tensor> {
+    let (q, k, v) = (cast_for(CastPolicy::Low, q)?, cast_for(CastPolicy::Low, k)?, cast_for(CastPolicy::Low, v)?);
+    common_device("attention", &[&q, &k, &v])?;
+    if q.rank() != 4 || k.rank() != 4 || v.shape() != k.shape() {
+        return Err(shape_err(format!(
+            "attention: expected q (b, hq, s, d) and k, v (b, hk, t, d), got {:?}, {:?}, {:?}",
+            q.shape(),
+            k.shape(),
+            v.shape()
+        )));
+    }
+    let (qs, ks) = (q.shape(), k.shape());
+    if qs[0] != ks[0] || qs[3] != ks[3] || ks[1] == 0 || qs[1] % ks[1] != 0 {
+        return Err(shape_err(format!(
+            "attention: q {qs:?} and k {ks:?} must share batch and head dim, with query heads a multiple of kv heads"
+        )));
+    }
+    if !q.dtype().is_float() || k.dtype() != q.dtype() || v.dtype() != q.dtype() {
+        return Err(dtype_err(format!(
+            "attention: q, k, v must share one floating-point dtype, got {}, {}, {}",
+            q.dtype(),
+            k.dtype(),
+            v.dtype()
+        )));
+    }
+    let scale = scale.unwrap_or(1.0 / (qs[3].max(1) as f64).sqrt());
+    let group = qs[1] / ks[1];
+    let op = Op::Attention { causal: is_causal, scale };
+    if attn_mask.is_some() || !super::fused::use_fused(&op, &q)? {
+        if let Some(m) = attn_mask {
+            crate::tensor::broadcast_shapes(m.shape(), &[qs[0], qs[1], qs[2], ks[2]])
+                .filter(|s| s == &[qs[0], qs[1], qs[2], ks[2]])
+                .ok_or_else(|| {
+                    shape_err(format!(
+                        "attention: mask {:?} does not broadcast to {:?}",
+                        m.shape(),
+                        [qs[0], qs[1], qs[2], ks[2]]
+                    ))
+                })?;
+        }
+        let p = probabilities(&q, &repeat_kv(&k, group)?, attn_mask, is_causal, scale)?;
+        return p.matmul(&repeat_kv(&v, group)?);
+    }
+    let o = Tensor::empty(qs, q.dtype(), q.device())?;
+    let lse = Tensor::empty(&qs[..3], DType::F32, q.device())?;
+    exec(&op, &[(&q, q.layout()), (&k, k.layout()), (&v, v.layout())], &[&o, &lse])?;
+    let (sq, sk, sv, so) = (Saved::new(&q), Saved::new(&k), Saved::new(&v), Saved::new(&o));
+    let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
+        let g = g[0].as_ref().ok_or_else(|| Error::invalid("missing gradient"))?;
+        let (q, k, v) = (sq.get("attention")?, sk.get("attention")?, sv.get("attention")?);
+        let bop = Op::AttentionBackward { causal: is_causal, scale };
+        if !is_grad_enabled() && super::fused::use_fused(&bop, q)? {
+            let o = so.get("attention")?;
+            let (dq, dk, dv) = (q.zeros_like()?, k.zeros_like()?, v.zeros_like()?);
+            let ins = [q, k, v, o, &lse, g];
+            exec(&bop, &ins.iter().map(|t| (*t, t.layout())).collect::<Vec<_>>(), &[&dq, &dk, &dv])?;
+            return Ok(vec![Some(dq), Some(dk), Some(dv)]);
+        }
+        // The composition, differentiable for higher-order gradients.
+        let (kx, vx) = (repeat_kv(k, group)?, repeat_kv(v, group)?);
+        let p = probabilities(q, &kx, None, is_causal, scale)?;
+        let dvx = p.transpose(-1, -2)?.matmul(g)?;
+        let dp = g.matmul(&vx.transpose(-1, -2)?)?;
+        let ds = p.mul(&dp.sub(&dp.mul(&p)?.sum_dims(&[-1], true)?)?)?.mul_scalar(scale)?;
+        let dq = ds.matmul(&kx)?;
+        let dkx = ds.transpose(-1, -2)?.matmul(q)?;
+        let fold = |t: Tensor| -> Result<Tensor> {
+            if group == 1 {
+                return Ok(t);
+            }
+            let s = k.shape();
+            t.reshape(&[s[0] as isize, s[1] as isize, group as isize, s[2] as isize, s[3] as isize])?
+                .sum_dims(&[2], false)
+        };
+        Ok(vec![Some(dq), Some(fold(dkx)?), Some(fold(dvx)?)])
+    });
+    Ok(record("attention", &[&q, &k, &v], vec![o], backward).remove(0))
+}
+
+/// Rotary position embedding of `x (b, h, s, d)` in the "rotate half" layout with `cos, sin`
+/// of shape `(s, d/2)` (x's dtype): pairs `(i, i + d/2)` are rotated by the angle of their
+/// position. `cos` and `sin` are treated as constants (no gradient flows to them).
+pub fn rotary_embedding(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    if x.rank() != 4 || x.shape()[3] % 2 != 0 {
+        return Err(shape_err(format!("rotary: x must be (b, h, s, d) with an even d, got {:?}", x.shape())));
+    }
+    let (s, half) = (x.shape()[2], x.shape()[3] / 2);
+    for t in [cos, sin] {
+        if t.shape() != [s, half] {
+            return Err(shape_err(format!("rotary: cos/sin must have shape [{s}, {half}], got {:?}", t.shape())));
+        }
+        if t.dtype() != x.dtype() || !x.dtype().is_float() {
+            return Err(dtype_err(format!(
+                "rotary: x ({}) and cos/sin ({}) must share a float dtype",
+                x.dtype(),
+                t.dtype()
+            )));
+        }
+        common_device("rotary", &[x, t])?;
+    }
+    rotary(x, &cos.detach(), &sin.detach(), false)
+}
+
+fn rotary(x: &Tensor, cos: &Tensor, sin: &Tensor, inverse: bool) -> Result<Tensor> {
+    let op = Op::Rotary { inverse };
+    if !super::fused::use_fused(&op, x)? {
+        let half = x.shape()[3];
+        let half = half / 2;
+        let (x1, x2) = (x.narrow(-1, 0, half)?, x.narrow(-1, half, half)?);
+        let sin = if inverse { sin.neg()? } else { sin.clone() };
+        return Tensor::cat(&[x1.mul(cos)?.sub(&x2.mul(&sin)?)?, x2.mul(cos)?.add(&x1.mul(&sin)?)?], -1);
+    }
+    let y = Tensor::empty(x.shape(), x.dtype(), x.device())?;
+    exec(&op, &[(x, x.layout()), (cos, cos.layout()), (sin, sin.layout())], &[&y])?;
+    let (c, s) = (cos.clone(), sin.clone());
+    // The rotation is linear and orthogonal: its backward is the inverse rotation, itself
+    // recorded, so higher-order gradients follow.
+    let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
+        let g = g[0].as_ref().ok_or_else(|| Error::invalid("missing gradient"))?;
+        Ok(vec![Some(rotary(g, &c, &s, !inverse)?)])
+    });
+    Ok(record1("rotary", &[x], y, backward))
+}

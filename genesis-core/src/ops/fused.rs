@@ -1,0 +1,33 @@
+//! Whether an nn op takes its fused kernel, with a per-thread switch that forces the
+//! compositions (so tests can compare the two paths on one backend).
+
+use crate::error::Result;
+use crate::tensor::Tensor;
+use genesis_backend_api::Op;
+use std::cell::Cell;
+
+thread_local! {
+    static COMPOSITES_ONLY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// True when `op` should run as the fused kernel for `t`'s device and dtype.
+pub(crate) fn use_fused(op: &Op, t: &Tensor) -> Result<bool> {
+    if COMPOSITES_ONLY.with(Cell::get) {
+        return Ok(false);
+    }
+    t.device().supports(op, t.dtype())
+}
+
+/// Run `f` with the nn ops (norms, cross-entropy, attention, rotary, dropout, convolution,
+/// pooling) computed by their compositions of primitive ops instead of the backends' fused
+/// kernels, on this thread. For tests and debugging.
+pub fn composites_only<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            COMPOSITES_ONLY.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(COMPOSITES_ONLY.with(|c| c.replace(true)));
+    f()
+}
