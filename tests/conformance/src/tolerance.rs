@@ -103,6 +103,18 @@ impl Expected {
         Expected { values, allowed, signed_zero: false, describe: format!("accumulated c={GROWTH_C} K={k}") }
     }
 
+    /// In-place accumulation into an output of `dtype` (scatter_add, index_add): every one of
+    /// the `k` additions may round in the output dtype, so the bound is `k·u·magnitude`.
+    pub fn accumulated_in_place(dtype: DType, values: Vec<f64>, magnitude: &[f64], k: usize) -> Expected {
+        let mut e = Expected::accumulated(dtype, values, magnitude, k, 1.0);
+        let u = unit_roundoff(dtype) * if dtype == DType::F64 { 512.0 } else { 1.0 };
+        for (a, m) in e.allowed.iter_mut().zip(magnitude) {
+            *a = a.max(k as f64 * u * m);
+        }
+        e.describe = format!("in-place accumulation K={k}: K·u·Σ|terms|");
+        e
+    }
+
     /// Fused normalization, softmax, attention: `atol + rtol·|ref|` per dtype, times `factor`
     /// (1 forward, 2 for backward and attention).
     pub fn normalized(dtype: DType, values: Vec<f64>, n: usize, factor: f64) -> Expected {

@@ -3,3 +3,4 @@
 //! `vjp` and are checked against finite differences in the unit tests.
 
 pub mod scalar;
+pub mod tensor;

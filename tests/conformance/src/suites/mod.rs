@@ -1,19 +1,19 @@
 //! The suites, in dependency order. Each returns its cases; the runner runs them in this
 //! order and blocks a case whose prerequisite failed.
 
-// mod accounting;
+mod accounting;
 // mod backward;
 // mod capabilities;
 mod data;
 mod elementwise;
-// mod errors;
+mod errors;
 mod interface;
-// mod linalg;
+mod linalg;
 mod memory;
 // mod nn;
-// mod reduce;
-// mod rng;
-// mod threads;
+mod reduce;
+mod rng;
+mod threads;
 
 use crate::case::{run_claimed, Case, OpCase, Tier};
 use crate::target::Target;
@@ -44,15 +44,15 @@ pub fn all_cases(target: &Target) -> Vec<Case> {
     cases.extend(memory::cases(target));
     cases.extend(data::cases(target));
     cases.extend(elementwise::cases(target));
-    // cases.extend(reduce::cases(target));
-    // cases.extend(linalg::cases(target));
+    cases.extend(reduce::cases(target));
+    cases.extend(linalg::cases(target));
     // cases.extend(nn::cases(target));
     // cases.extend(backward::cases(target));
-    // cases.extend(rng::cases(target));
-    // cases.extend(errors::cases(target));
+    cases.extend(rng::cases(target));
+    cases.extend(errors::cases(target));
     // cases.extend(capabilities::cases(target));
-    // cases.extend(accounting::cases(target));
-    // cases.extend(threads::cases(target));
+    cases.extend(accounting::cases(target));
+    cases.extend(threads::cases(target));
     cases
 }
 
