@@ -2,7 +2,7 @@
 //! order and blocks a case whose prerequisite failed.
 
 mod accounting;
-// mod backward;
+mod backward;
 // mod capabilities;
 mod data;
 mod elementwise;
@@ -10,7 +10,7 @@ mod errors;
 mod interface;
 mod linalg;
 mod memory;
-// mod nn;
+mod nn;
 mod reduce;
 mod rng;
 mod threads;
@@ -46,8 +46,8 @@ pub fn all_cases(target: &Target) -> Vec<Case> {
     cases.extend(elementwise::cases(target));
     cases.extend(reduce::cases(target));
     cases.extend(linalg::cases(target));
-    // cases.extend(nn::cases(target));
-    // cases.extend(backward::cases(target));
+    cases.extend(nn::cases(target));
+    cases.extend(backward::cases(target));
     cases.extend(rng::cases(target));
     cases.extend(errors::cases(target));
     // cases.extend(capabilities::cases(target));
