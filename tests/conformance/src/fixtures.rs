@@ -8,7 +8,7 @@
 //! // GENESIS_CONFORMANCE_BACKEND=/path/to/libgenesis_backend_mine.so cargo test
 //! #[rstest]
 //! fn elementwise(backend: &'static Target) {
-//!     run_suite(backend, "elementwise").assert_all_passed();
+//!     run_suite(backend, "elementwise", None).assert_all_passed();
 //! }
 //! ```
 //!
@@ -16,6 +16,7 @@
 //! test binary down. The CLI, with its child processes and statuses, is the authority.
 
 use crate::case::{Status, Tier};
+use crate::expectations::{Action, Expectations};
 use crate::runner::{run_in_process, CaseResult};
 use crate::suites::all_cases;
 use crate::target::Target;
@@ -55,14 +56,24 @@ impl SuiteResults {
     }
 }
 
-/// Run the core-tier cases of `suite` (no dependency blocking: each case stands alone).
-pub fn run_suite(target: &Target, suite: &str) -> SuiteResults {
+/// Run the core-tier cases of `suite` (no dependency blocking: each case stands alone),
+/// applying `expectations` (`skip` entries are not run, failures of `xfail` entries become
+/// `xfail`).
+pub fn run_suite(target: &Target, suite: &str, expectations: Option<&Expectations>) -> SuiteResults {
     let results = all_cases(target)
         .into_iter()
         .filter(|c| c.suite == suite && c.tier <= Tier::Core)
-        .map(|c| {
-            let (outcome, ms) = run_in_process(target, &c);
-            CaseResult { id: c.id, suite: suite.to_string(), outcome, duration_ms: ms, expectation: None }
+        .filter_map(|c| {
+            let entry = expectations.and_then(|e| e.lookup(&c.id));
+            if entry.is_some_and(|e| e.action == Action::Skip) {
+                return None;
+            }
+            let (mut outcome, ms) = run_in_process(target, &c);
+            if entry.is_some_and(|e| e.action == Action::XFail) && outcome.status.is_failure() {
+                outcome.status = Status::XFail;
+            }
+            let expectation = entry.map(|e| (e.glob.clone(), e.reason.clone()));
+            Some(CaseResult { id: c.id, suite: suite.to_string(), outcome, duration_ms: ms, expectation })
         })
         .collect();
     SuiteResults(results)

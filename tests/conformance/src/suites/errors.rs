@@ -7,12 +7,15 @@ use crate::target::{Scope, Spec, Target};
 use genesis::ErrorKind;
 use genesis_backend_api::{BinaryOp, BufferId, DType, Op, OpAttrs, OpKind, RawOp, ReduceOp, TensorDesc};
 
+/// An op in wire form with its input and output descriptors.
+type Call = (RawOp, Vec<TensorDesc>, Vec<TensorDesc>);
+
 /// How a bad call is built: inputs, outputs and the op, from placed f32 operands.
 struct BadCall {
     name: &'static str,
     needs: Op,
     kind: ErrorKind,
-    build: fn(&mut Scope) -> Result<(RawOp, Vec<TensorDesc>, Vec<TensorDesc>), String>,
+    build: fn(&mut Scope) -> Result<Call, String>,
 }
 
 fn f32s(shape: &[usize]) -> Spec {

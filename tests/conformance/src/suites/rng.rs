@@ -35,13 +35,13 @@ fn uniform_expected(dtype: DType, seed: u64, offset: u64, n: usize, low: f64, hi
         .collect()
 }
 
-fn fill(t: &Target, op: Op, dtype: DType, n: usize) -> Result<Vec<f64>, Outcome> {
+fn fill(t: &Target, op: Op, dtype: DType, n: usize) -> Result<Vec<f64>, Box<Outcome>> {
     let mut scope = Scope::new(t);
-    let out = scope.place(&Spec::out(dtype, &[n])).map_err(Outcome::error)?;
-    t.device.execute(&op, &[], &[out.desc]).map_err(|e| Outcome::error(format!("{e}")))?;
-    let (values, stray) = scope.fetch(&out).map_err(Outcome::error)?;
+    let out = scope.place(&Spec::out(dtype, &[n])).map_err(|e| Box::new(Outcome::error(e)))?;
+    t.device.execute(&op, &[], &[out.desc]).map_err(|e| Box::new(Outcome::error(format!("{e}"))))?;
+    let (values, stray) = scope.fetch(&out).map_err(|e| Box::new(Outcome::error(e)))?;
     if !stray.is_empty() {
-        return Err(Outcome::fail("a random fill wrote outside its output"));
+        return Err(Box::new(Outcome::fail("a random fill wrote outside its output")));
     }
     Ok(values)
 }
@@ -119,7 +119,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                         let op = |offset| Op::RandUniform { seed: 5, offset, low: 0.0, high: 1.0 };
                         let (a, b) = match (fill(t, op(0), dtype, 64), fill(t, op(3), dtype, 64)) {
                             (Ok(a), Ok(b)) => (a, b),
-                            (Err(e), _) | (_, Err(e)) => return e,
+                            (Err(e), _) | (_, Err(e)) => return *e,
                         };
                         let shift = 3 * per_block;
                         Outcome::check(
@@ -142,7 +142,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                                 a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
                                 "two fills with one (seed, offset) differ",
                             ),
-                            (Err(e), _) | (_, Err(e)) => e,
+                            (Err(e), _) | (_, Err(e)) => *e,
                         }
                     }),
                 )
@@ -158,7 +158,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                         let v = match fill(t, Op::RandUniform { seed: 1234, offset: 0, low: 0.0, high: 1.0 }, dtype, n)
                         {
                             Ok(v) => v,
-                            Err(e) => return e,
+                            Err(e) => return *e,
                         };
                         let mean = v.iter().sum::<f64>() / n as f64;
                         let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n as f64;
