@@ -3,7 +3,7 @@
 
 mod accounting;
 mod backward;
-// mod capabilities;
+mod conv;
 mod data;
 mod elementwise;
 mod errors;
@@ -33,7 +33,6 @@ pub const SUITES: &[&str] = &[
     "backward",
     "rng",
     "errors",
-    "capabilities",
     "accounting",
     "threads",
 ];
@@ -47,10 +46,10 @@ pub fn all_cases(target: &Target) -> Vec<Case> {
     cases.extend(reduce::cases(target));
     cases.extend(linalg::cases(target));
     cases.extend(nn::cases(target));
+    cases.extend(conv::cases(target));
     cases.extend(backward::cases(target));
     cases.extend(rng::cases(target));
     cases.extend(errors::cases(target));
-    // cases.extend(capabilities::cases(target));
     cases.extend(accounting::cases(target));
     cases.extend(threads::cases(target));
     cases
