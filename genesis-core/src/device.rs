@@ -139,27 +139,43 @@ impl Device {
         Ok(caps.contains(&(op.kind().0, dtype as u32)))
     }
 
-    pub(crate) fn allocate(&self, bytes: usize) -> Result<BufferId> {
+    /// Low level (the conformance harness and other interface-level tools): allocate a raw
+    /// buffer of `bytes` on this device. The caller owns it and must [`Device::free`] it.
+    pub fn allocate(&self, bytes: usize) -> Result<BufferId> {
         self.check((self.module().allocate())(self.index, bytes as u64), format_args!("allocate of {bytes} bytes"))
     }
 
-    pub(crate) fn free(&self, buffer: BufferId) -> Result<()> {
+    /// Low level: release a buffer from [`Device::allocate`].
+    pub fn free(&self, buffer: BufferId) -> Result<()> {
         self.check((self.module().free())(self.index, buffer), "free")
     }
 
-    pub(crate) fn write(&self, buffer: BufferId, offset: usize, bytes: &[u8]) -> Result<()> {
+    /// Low level: copy host bytes into `buffer` at byte `offset`.
+    pub fn write(&self, buffer: BufferId, offset: usize, bytes: &[u8]) -> Result<()> {
         self.check((self.module().write())(self.index, buffer, offset as u64, bytes.into()), "write")
     }
 
-    pub(crate) fn read(&self, buffer: BufferId, offset: usize, bytes: &mut [u8]) -> Result<()> {
+    /// Low level: copy bytes of `buffer` from byte `offset` to the host, after pending work.
+    pub fn read(&self, buffer: BufferId, offset: usize, bytes: &mut [u8]) -> Result<()> {
         self.check((self.module().read())(self.index, buffer, offset as u64, bytes.into()), "read")
     }
 
-    pub(crate) fn execute(&self, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-        let raw: RawOp = op.encode();
+    /// Low level: run `op` on raw descriptors, exactly as the backend receives them (no
+    /// capability check, no shape inference).
+    pub fn execute(&self, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+        self.execute_raw(&op.encode(), inputs, outputs)
+    }
+
+    /// Low level: run an op in its wire form, which may carry a kind code this host does not
+    /// know (to test that a backend refuses it).
+    pub fn execute_raw(&self, raw: &RawOp, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
         let result =
-            (self.module().execute())(self.index, &raw, RSlice::from_slice(inputs), RSlice::from_slice(outputs));
-        self.check(result, format_args!("{}", op.name()))
+            (self.module().execute())(self.index, raw, RSlice::from_slice(inputs), RSlice::from_slice(outputs));
+        result.into_result().map_err(|e| {
+            // Named only on failure: execute is the hot path of every tensor op.
+            let op = Op::decode(raw).map(|op| op.name()).unwrap_or_else(|_| format!("op kind {:#x}", raw.kind.0));
+            Error::from(genesis_backend_api::BackendError::from(e)).context(format_args!("{op} on {self}"))
+        })
     }
 
     fn module(&self) -> genesis_backend_api::abi::PluginModuleRef {

@@ -1,0 +1,292 @@
+//! Fused ops of the interface in f64, over rows of the last dim, and their vector-Jacobian
+//! products (checked against central finite differences in the tests below).
+
+use super::tensor::sum;
+
+/// Softmax of each row of length `n`; an all `-inf` row gives NaN.
+pub fn softmax(x: &[f64], n: usize) -> Vec<f64> {
+    x.chunks(n.max(1))
+        .flat_map(|row| {
+            let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = row.iter().map(|&v| (v - m).exp()).collect();
+            let s = sum(&e);
+            e.into_iter().map(move |v| v / s)
+        })
+        .collect()
+}
+
+/// Log-softmax of each row.
+pub fn log_softmax(x: &[f64], n: usize) -> Vec<f64> {
+    x.chunks(n.max(1))
+        .flat_map(|row| {
+            let lse = logsumexp(row);
+            row.iter().map(move |&v| v - lse)
+        })
+        .collect()
+}
+
+/// `log Σ e^x`, max-shifted.
+pub fn logsumexp(row: &[f64]) -> f64 {
+    let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    if m == f64::NEG_INFINITY {
+        return f64::NAN;
+    }
+    m + sum(&row.iter().map(|&v| (v - m).exp()).collect::<Vec<_>>()).ln()
+}
+
+/// Softmax VJP from the output: `y·(dy - Σ dy·y)`.
+pub fn softmax_vjp(y: &[f64], dy: &[f64], n: usize) -> Vec<f64> {
+    y.chunks(n)
+        .zip(dy.chunks(n))
+        .flat_map(|(y, g)| {
+            let dot = sum(&y.iter().zip(g).map(|(a, b)| a * b).collect::<Vec<_>>());
+            y.iter().zip(g).map(move |(a, b)| a * (b - dot)).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Log-softmax VJP from the output: `dy - e^y·Σ dy`.
+pub fn log_softmax_vjp(y: &[f64], dy: &[f64], n: usize) -> Vec<f64> {
+    y.chunks(n)
+        .zip(dy.chunks(n))
+        .flat_map(|(y, g)| {
+            let s = sum(g);
+            y.iter().zip(g).map(move |(a, b)| b - a.exp() * s).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Layer norm of rows: `(y, mean, rstd)` with the biased variance (two-pass).
+pub fn layer_norm(x: &[f64], w: &[f64], b: &[f64], n: usize, eps: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (mut y, mut means, mut rstds) = (Vec::new(), Vec::new(), Vec::new());
+    for row in x.chunks(n) {
+        let mean = sum(row) / n as f64;
+        let var = sum(&row.iter().map(|v| (v - mean).powi(2)).collect::<Vec<_>>()) / n as f64;
+        let rstd = 1.0 / (var + eps).sqrt();
+        y.extend(row.iter().enumerate().map(|(j, v)| (v - mean) * rstd * w[j] + b[j]));
+        means.push(mean);
+        rstds.push(rstd);
+    }
+    (y, means, rstds)
+}
+
+/// Layer norm VJP: `(dx, dweight, dbias)`.
+pub fn layer_norm_vjp(x: &[f64], w: &[f64], dy: &[f64], n: usize, eps: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (_, means, rstds) = layer_norm(x, w, &vec![0.0; n], n, eps);
+    let (mut dx, mut dw, mut db) = (Vec::new(), vec![0.0; n], vec![0.0; n]);
+    for (r, (row, g)) in x.chunks(n).zip(dy.chunks(n)).enumerate() {
+        let xhat: Vec<f64> = row.iter().map(|v| (v - means[r]) * rstds[r]).collect();
+        let dxhat: Vec<f64> = g.iter().zip(w).map(|(a, b)| a * b).collect();
+        let m1 = sum(&dxhat) / n as f64;
+        let m2 = sum(&dxhat.iter().zip(&xhat).map(|(a, b)| a * b).collect::<Vec<_>>()) / n as f64;
+        dx.extend((0..n).map(|j| rstds[r] * (dxhat[j] - m1 - xhat[j] * m2)));
+        for j in 0..n {
+            dw[j] += g[j] * xhat[j];
+            db[j] += g[j];
+        }
+    }
+    (dx, dw, db)
+}
+
+/// RMS norm of rows: `(y, rstd)`.
+pub fn rms_norm(x: &[f64], w: &[f64], n: usize, eps: f64) -> (Vec<f64>, Vec<f64>) {
+    let (mut y, mut rstds) = (Vec::new(), Vec::new());
+    for row in x.chunks(n) {
+        let rstd = 1.0 / (sum(&row.iter().map(|v| v * v).collect::<Vec<_>>()) / n as f64 + eps).sqrt();
+        y.extend(row.iter().enumerate().map(|(j, v)| v * rstd * w[j]));
+        rstds.push(rstd);
+    }
+    (y, rstds)
+}
+
+/// RMS norm VJP: `(dx, dweight)`.
+pub fn rms_norm_vjp(x: &[f64], w: &[f64], dy: &[f64], n: usize, eps: f64) -> (Vec<f64>, Vec<f64>) {
+    let (_, rstds) = rms_norm(x, w, n, eps);
+    let (mut dx, mut dw) = (Vec::new(), vec![0.0; n]);
+    for (r, (row, g)) in x.chunks(n).zip(dy.chunks(n)).enumerate() {
+        let xhat: Vec<f64> = row.iter().map(|v| v * rstds[r]).collect();
+        let dxhat: Vec<f64> = g.iter().zip(w).map(|(a, b)| a * b).collect();
+        let m2 = sum(&dxhat.iter().zip(&xhat).map(|(a, b)| a * b).collect::<Vec<_>>()) / n as f64;
+        dx.extend((0..n).map(|j| rstds[r] * (dxhat[j] - xhat[j] * m2)));
+        for j in 0..n {
+            dw[j] += g[j] * xhat[j];
+        }
+    }
+    (dx, dw)
+}
+
+/// Cross-entropy per row with label smoothing `eps`: `(loss, lse)`; ignored rows lose 0.
+pub fn cross_entropy(logits: &[f64], target: &[f64], c: usize, ignore: i64, eps: f64) -> (Vec<f64>, Vec<f64>) {
+    let (mut loss, mut lses) = (Vec::new(), Vec::new());
+    for (row, &t) in logits.chunks(c).zip(target) {
+        let lse = logsumexp(row);
+        lses.push(lse);
+        if t as i64 == ignore {
+            loss.push(0.0);
+        } else {
+            let mean = sum(row) / c as f64;
+            loss.push((1.0 - eps) * (lse - row[t as usize]) + eps * (lse - mean));
+        }
+    }
+    (loss, lses)
+}
+
+/// Cross-entropy VJP: `dloss·(softmax - (1-ε)·onehot - ε/c)`, zero on ignored rows.
+pub fn cross_entropy_vjp(logits: &[f64], target: &[f64], dloss: &[f64], c: usize, ignore: i64, eps: f64) -> Vec<f64> {
+    let p = softmax(logits, c);
+    let mut d = Vec::new();
+    for (r, &t) in target.iter().enumerate() {
+        for j in 0..c {
+            d.push(if t as i64 == ignore {
+                0.0
+            } else {
+                let onehot = if j == t as usize { 1.0 } else { 0.0 };
+                dloss[r] * (p[r * c + j] - (1.0 - eps) * onehot - eps / c as f64)
+            });
+        }
+    }
+    d
+}
+
+/// Rotary embedding of `x (rows, s, d)` by `cos`/`sin (s, d/2)` in the rotate-half layout;
+/// `inverse` rotates by the negative angle (which is also the VJP of the forward).
+pub fn rotary(x: &[f64], cos: &[f64], sin: &[f64], s: usize, d: usize, inverse: bool) -> (Vec<f64>, Vec<f64>) {
+    let h = d / 2;
+    let sign = if inverse { -1.0 } else { 1.0 };
+    let (mut y, mut mag) = (vec![0.0; x.len()], vec![0.0; x.len()]);
+    for (r, row) in x.chunks(d).enumerate() {
+        let p = r % s;
+        for i in 0..h {
+            let (c, sn) = (cos[p * h + i], sign * sin[p * h + i]);
+            let (a, b) = (row[i], row[i + h]);
+            y[r * d + i] = a * c - b * sn;
+            y[r * d + i + h] = b * c + a * sn;
+            mag[r * d + i] = (a * c).abs() + (b * sn).abs();
+            mag[r * d + i + h] = (b * c).abs() + (a * sn).abs();
+        }
+    }
+    (y, mag)
+}
+
+/// Attention geometry.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    /// Batch.
+    pub b: usize,
+    /// Query heads.
+    pub hq: usize,
+    /// Key/value heads.
+    pub hk: usize,
+    /// Query length.
+    pub s: usize,
+    /// Key length.
+    pub t: usize,
+    /// Head dim.
+    pub d: usize,
+}
+
+/// Scaled dot-product attention with grouped heads and bottom-right causal masking:
+/// `(o, lse)`.
+pub fn attention(q: &[f64], k: &[f64], v: &[f64], g: AttnShape, causal: bool, scale: f64) -> (Vec<f64>, Vec<f64>) {
+    let AttnShape { b, hq, hk, s, t, d } = g;
+    let (mut o, mut lse) = (vec![0.0; b * hq * s * d], vec![0.0; b * hq * s]);
+    for bi in 0..b {
+        for h in 0..hq {
+            let kh = h / (hq / hk);
+            for i in 0..s {
+                let scores: Vec<f64> = (0..t)
+                    .map(|j| {
+                        if causal && j > i + t - s {
+                            return f64::NEG_INFINITY;
+                        }
+                        let qi = &q[((bi * hq + h) * s + i) * d..][..d];
+                        let kj = &k[((bi * hk + kh) * t + j) * d..][..d];
+                        scale * sum(&qi.iter().zip(kj).map(|(a, b)| a * b).collect::<Vec<_>>())
+                    })
+                    .collect();
+                let p = softmax(&scores, t);
+                lse[(bi * hq + h) * s + i] = logsumexp(&scores);
+                for c in 0..d {
+                    let terms: Vec<f64> = (0..t).map(|j| p[j] * v[((bi * hk + kh) * t + j) * d + c]).collect();
+                    o[((bi * hq + h) * s + i) * d + c] = sum(&terms);
+                }
+            }
+        }
+    }
+    (o, lse)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::values::Rng;
+
+    /// `<dy, f(x)>` differentiated by central differences in f64.
+    fn fd_vjp(f: &dyn Fn(&[f64]) -> Vec<f64>, x: &[f64], dy: &[f64]) -> Vec<f64> {
+        let h = 1e-6;
+        (0..x.len())
+            .map(|j| {
+                let (mut xp, mut xm) = (x.to_vec(), x.to_vec());
+                xp[j] += h;
+                xm[j] -= h;
+                let dot = |y: Vec<f64>| y.iter().zip(dy).map(|(a, b)| a * b).sum::<f64>();
+                (dot(f(&xp)) - dot(f(&xm))) / (2.0 * h)
+            })
+            .collect()
+    }
+
+    /// gradcheck's rule: |analytic - numeric| ≤ atol + rtol·|numeric|.
+    fn assert_close(analytic: &[f64], numeric: &[f64], what: &str) {
+        for (i, (a, n)) in analytic.iter().zip(numeric).enumerate() {
+            assert!((a - n).abs() <= 1e-5 + 1e-3 * n.abs(), "{what}[{i}]: analytic {a}, finite difference {n}");
+        }
+    }
+
+    fn data(id: &str, n: usize) -> Vec<f64> {
+        let mut r = Rng::for_id(id);
+        (0..n).map(|_| r.normal()).collect()
+    }
+
+    #[test]
+    fn softmax_vjps_match_finite_differences() {
+        let (x, dy) = (data("sx", 15), data("sdy", 15));
+        assert_close(&softmax_vjp(&softmax(&x, 5), &dy, 5), &fd_vjp(&|x| softmax(x, 5), &x, &dy), "softmax");
+        let ls = log_softmax(&x, 5);
+        assert_close(&log_softmax_vjp(&ls, &dy, 5), &fd_vjp(&|x| log_softmax(x, 5), &x, &dy), "log_softmax");
+    }
+
+    #[test]
+    fn norm_vjps_match_finite_differences() {
+        let (x, w, b, dy) = (data("lx", 12), data("lw", 4), data("lb", 4), data("ldy", 12));
+        let (dx, dw, db) = layer_norm_vjp(&x, &w, &dy, 4, 1e-5);
+        assert_close(&dx, &fd_vjp(&|x| layer_norm(x, &w, &b, 4, 1e-5).0, &x, &dy), "layer_norm dx");
+        assert_close(&dw, &fd_vjp(&|w| layer_norm(&x, w, &b, 4, 1e-5).0, &w, &dy), "layer_norm dw");
+        assert_close(&db, &fd_vjp(&|b| layer_norm(&x, &w, b, 4, 1e-5).0, &b, &dy), "layer_norm db");
+        let (dx, dw) = rms_norm_vjp(&x, &w, &dy, 4, 1e-5);
+        assert_close(&dx, &fd_vjp(&|x| rms_norm(x, &w, 4, 1e-5).0, &x, &dy), "rms_norm dx");
+        assert_close(&dw, &fd_vjp(&|w| rms_norm(&x, w, 4, 1e-5).0, &w, &dy), "rms_norm dw");
+    }
+
+    #[test]
+    fn cross_entropy_vjp_matches_finite_differences() {
+        let (x, dl) = (data("cx", 18), data("cdl", 3));
+        let target = [2.0, -100.0, 5.0];
+        let d = cross_entropy_vjp(&x, &target, &dl, 6, -100, 0.1);
+        assert_close(&d, &fd_vjp(&|x| cross_entropy(x, &target, 6, -100, 0.1).0, &x, &dl), "cross_entropy");
+    }
+
+    #[test]
+    fn rotary_inverse_is_the_vjp() {
+        let (x, cos, sin, dy) = (data("rx", 24), data("rc", 6), data("rs", 6), data("rdy", 24));
+        let vjp = rotary(&dy, &cos, &sin, 3, 4, true).0;
+        assert_close(&vjp, &fd_vjp(&|x| rotary(x, &cos, &sin, 3, 4, false).0, &x, &dy), "rotary");
+    }
+
+    #[test]
+    fn attention_of_one_key_returns_its_value() {
+        let g = AttnShape { b: 1, hq: 2, hk: 1, s: 1, t: 1, d: 2 };
+        let (o, lse) = attention(&[1.0, 2.0, 3.0, 4.0], &[0.5, 0.5], &[7.0, -1.0], g, false, 1.0);
+        assert_eq!(o, vec![7.0, -1.0, 7.0, -1.0]);
+        assert_eq!(lse, vec![1.5, 3.5]);
+    }
+}

@@ -1,0 +1,52 @@
+//! The JSON report. The schema name carries its version; fields are only added within one.
+
+use super::Run;
+use crate::runner::outcome_json;
+use serde_json::{json, Value};
+
+/// Schema identifier of [`json_report`].
+pub const SCHEMA: &str = "genesis-conformance-report/1";
+
+/// The whole run as one JSON object.
+pub fn json_report(run: &Run) -> Value {
+    let t = run.target;
+    let summary: serde_json::Map<String, Value> =
+        run.counts().into_iter().map(|(s, n)| (s.name().to_string(), json!(n))).collect();
+    json!({
+        "schema": SCHEMA,
+        "suite": {
+            "version": env!("CARGO_PKG_VERSION"),
+            "interface": genesis_backend_api::API_VERSION.to_string(),
+            "tier": run.cfg.tier.name(),
+            "filters": run.cfg.filters,
+            "isolation": format!("{:?}", run.cfg.isolation).to_lowercase(),
+        },
+        "backend": {
+            "arg": run.cfg.backend,
+            "name": t.info.name, "vendor": t.info.vendor, "version": t.info.version,
+            "origin": t.origin, "interface": t.api.to_string(),
+            "claims": t.capabilities.len(),
+        },
+        "device": {
+            "index": t.index, "name": t.props.name, "total_memory": t.props.total_memory,
+            "thread_safe": t.props.thread_safe,
+        },
+        "duration_ms": run.duration_ms as u64,
+        "expectations": run.cfg.expectations.as_ref().map(|e| json!({
+            "file": e.path, "entries": e.entries.len(), "stale": run.stale_expectations(),
+        })),
+        "summary": summary,
+        "verdict": {"conformant": run.conformant(), "unexpected": run.unexpected().len()},
+        "results": run.results.iter().map(|r| {
+            let mut o = outcome_json(&r.outcome);
+            o["id"] = json!(r.id);
+            o["suite"] = json!(r.suite);
+            o["duration_ms"] = json!(r.duration_ms as u64);
+            o["expectation"] = json!(r.expectation.as_ref().map(|(g, reason)| json!({"glob": g, "reason": reason})));
+            if r.outcome.status.is_failure() {
+                o["repro"] = json!(run.repro(&r.id));
+            }
+            o
+        }).collect::<Vec<_>>(),
+    })
+}

@@ -1,0 +1,159 @@
+//! Cases of suite `nn` for conv2d, max/avg pooling and AdamW (forward only).
+
+use super::{no_deps, op_cases};
+use crate::case::{Case, OpCase, Tier};
+use crate::gen::{tensor, ValueRange};
+use crate::oracle::conv::{avg_pool2d, conv2d, max_pool2d, out_len};
+use crate::target::{Layout, Spec, Target};
+use crate::tolerance::Expected;
+use crate::values::{quantize, FLOATS};
+use genesis_backend_api::{DType, Op, Window2d};
+
+fn win(kernel: i64, stride: i64, padding: i64, dilation: i64) -> Window2d {
+    Window2d { kernel: [kernel; 2], stride: [stride; 2], padding: [padding; 2], dilation: [dilation; 2] }
+}
+
+pub fn cases(t: &Target) -> Vec<Case> {
+    let r = ValueRange::normal(1.0);
+    let c = Layout::Contiguous;
+    let mut cases = op_cases(
+        t,
+        "nn",
+        "conv2d",
+        Op::Conv2d { window: win(0, 1, 0, 1), groups: 1 }.kind(),
+        &FLOATS,
+        &no_deps,
+        &|dtype, rng| {
+            [
+                ("k3_pad1_bias", [1usize, 3, 7, 7], [4usize, 3, 3, 3], win(0, 1, 1, 1), 1usize, true),
+                ("stride2_dilation2", [2, 2, 9, 8], [3, 2, 2, 3], win(0, 2, 0, 2), 1, false),
+                ("groups2", [1, 4, 6, 6], [4, 2, 3, 3], win(0, 1, 1, 1), 2, true),
+            ]
+            .into_iter()
+            .map(|(name, xs, ws, window, groups, with_bias)| {
+                let x = tensor(rng, dtype, &xs, c, r);
+                let w = tensor(rng, dtype, &ws, Layout::Offset, r);
+                let b = tensor(rng, dtype, &[ws[0]], c, r);
+                let (y, mag, k) =
+                    conv2d(&x.values, xs, &w.values, ws, with_bias.then_some(&b.values[..]), &window, groups);
+                let (oh, ow) = (
+                    out_len(xs[2], ws[2], window.stride[0], window.padding[0], window.dilation[0]),
+                    out_len(xs[3], ws[3], window.stride[1], window.padding[1], window.dilation[1]),
+                );
+                let exp = Expected::accumulated(dtype, y, &mag, k, 1.0);
+                let mut inputs = vec![x, w];
+                if with_bias {
+                    inputs.push(b);
+                }
+                let out = Spec::out(dtype, &[xs[0], ws[0], oh, ow]);
+                (
+                    name.to_string(),
+                    Tier::Core,
+                    OpCase {
+                        op: Op::Conv2d { window, groups: groups as u32 },
+                        inputs,
+                        outputs: vec![out],
+                        expected: vec![Some(exp)],
+                    },
+                )
+            })
+            .collect()
+        },
+    );
+    cases.extend(op_cases(
+        t,
+        "nn",
+        "max_pool2d",
+        Op::MaxPool2d { window: win(2, 2, 0, 1) }.kind(),
+        &FLOATS,
+        &no_deps,
+        &|dtype, rng| {
+            [
+                ("k2s2", win(2, 2, 0, 1), false),
+                ("k3s2_pad1", win(3, 2, 1, 1), false),
+                ("k2s1_nan", win(2, 1, 0, 1), true),
+            ]
+            .into_iter()
+            .map(|(name, window, nan)| {
+                let xs = [2usize, 3, 7, 6];
+                let mut x = tensor(rng, dtype, &xs, Layout::Strided, r);
+                if nan {
+                    x.values[8] = f64::NAN;
+                }
+                let (y, arg) = max_pool2d(&x.values, xs, &window);
+                let (oh, ow) = (
+                    out_len(7, 2 + (window.kernel[0] as usize - 2), window.stride[0], window.padding[0], 1),
+                    out_len(6, window.kernel[1] as usize, window.stride[1], window.padding[1], 1),
+                );
+                let outs = vec![Spec::out(dtype, &[2, 3, oh, ow]), Spec::out(DType::I64, &[2, 3, oh, ow])];
+                let exp = vec![Some(Expected::exact(dtype, y)), Some(Expected::exact(DType::I64, arg))];
+                (
+                    name.to_string(),
+                    Tier::Core,
+                    OpCase { op: Op::MaxPool2d { window }, inputs: vec![x], outputs: outs, expected: exp },
+                )
+            })
+            .collect()
+        },
+    ));
+    cases.extend(op_cases(
+        t,
+        "nn",
+        "avg_pool2d",
+        Op::AvgPool2d { window: win(2, 2, 0, 1) }.kind(),
+        &FLOATS,
+        &no_deps,
+        &|dtype, rng| {
+            [("k2s2", win(2, 2, 0, 1)), ("k3s2_pad1", win(3, 2, 1, 1))]
+                .into_iter()
+                .map(|(name, window)| {
+                    let xs = [2usize, 3, 7, 6];
+                    let x = tensor(rng, dtype, &xs, c, r);
+                    let (y, mag, k) = avg_pool2d(&x.values, xs, &window);
+                    let (oh, ow) = (
+                        out_len(7, window.kernel[0] as usize, window.stride[0], window.padding[0], 1),
+                        out_len(6, window.kernel[1] as usize, window.stride[1], window.padding[1], 1),
+                    );
+                    let exp = Expected::accumulated(dtype, y, &mag, k, 1.0);
+                    (
+                        name.to_string(),
+                        Tier::Core,
+                        OpCase {
+                            op: Op::AvgPool2d { window },
+                            inputs: vec![x],
+                            outputs: vec![Spec::out(dtype, &[2, 3, oh, ow])],
+                            expected: vec![Some(exp)],
+                        },
+                    )
+                })
+                .collect()
+        },
+    ));
+    let adamw = Op::AdamW { lr: 1e-2, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, step: 3 };
+    cases.extend(op_cases(t, "nn", "adamw", adamw.kind(), &FLOATS, &no_deps, &|dtype, rng| {
+        let (lr, b1, b2, eps, wd, step) = (1e-2, 0.9f64, 0.999f64, 1e-8, 0.01, 3);
+        let (mut inputs, mut outputs, mut expected) = (Vec::new(), Vec::new(), Vec::new());
+        for n in [17usize, 5] {
+            let g = tensor(rng, dtype, &[n], c, r);
+            let p = tensor(rng, dtype, &[n], c, r);
+            let m = tensor(rng, dtype, &[n], c, ValueRange::normal(0.1));
+            let mut v = tensor(rng, dtype, &[n], c, ValueRange::normal(0.1));
+            v.values.iter_mut().for_each(|x| *x = quantize(dtype, x.abs()));
+            let (mut pe, mut me, mut ve) = (Vec::new(), Vec::new(), Vec::new());
+            for i in 0..n {
+                let pi = p.values[i] * (1.0 - lr * wd);
+                let mi = b1 * m.values[i] + (1.0 - b1) * g.values[i];
+                let vi = b2 * v.values[i] + (1.0 - b2) * g.values[i] * g.values[i];
+                let denom = vi.sqrt() / (1.0 - b2.powi(step)).sqrt() + eps;
+                pe.push(pi - lr / (1.0 - b1.powi(step)) * mi / denom);
+                me.push(mi);
+                ve.push(vi);
+            }
+            inputs.push(g);
+            outputs.extend([p, m, v]);
+            expected.extend([pe, me, ve].map(|e| Some(Expected::normalized(dtype, e, 1, 4.0))));
+        }
+        vec![("two_tensors_step3".to_string(), Tier::Core, OpCase { op: adamw, inputs, outputs, expected })]
+    }));
+    cases
+}

@@ -1,0 +1,212 @@
+//! Suite `errors`: each bad input of the interface gets the documented error kind, writes
+//! nothing, and leaves the device usable.
+
+use super::memory_deps;
+use crate::case::{Case, Outcome, Status, Tier};
+use crate::target::{Scope, Spec, Target};
+use genesis::ErrorKind;
+use genesis_backend_api::{BinaryOp, BufferId, DType, Op, OpAttrs, OpKind, RawOp, ReduceOp, TensorDesc};
+
+/// An op in wire form with its input and output descriptors.
+type Call = (RawOp, Vec<TensorDesc>, Vec<TensorDesc>);
+
+/// How a bad call is built: inputs, outputs and the op, from placed f32 operands.
+struct BadCall {
+    name: &'static str,
+    needs: Op,
+    kind: ErrorKind,
+    build: fn(&mut Scope) -> Result<Call, String>,
+}
+
+fn f32s(shape: &[usize]) -> Spec {
+    let n: usize = shape.iter().product();
+    Spec::new(DType::F32, shape, (0..n).map(|i| i as f64 * 0.5).collect())
+}
+
+fn placed(scope: &mut Scope, spec: Spec) -> Result<TensorDesc, String> {
+    scope.place(&spec).map(|p| p.desc)
+}
+
+fn calls() -> Vec<BadCall> {
+    let add = Op::Binary(BinaryOp::Add);
+    vec![
+        BadCall {
+            name: "binary_shape_mismatch",
+            needs: add,
+            kind: ErrorKind::ShapeMismatch,
+            build: |s| {
+                Ok((
+                    Op::Binary(BinaryOp::Add).encode(),
+                    vec![placed(s, f32s(&[4, 5]))?, placed(s, f32s(&[4, 6]))?],
+                    vec![placed(s, Spec::out(DType::F32, &[4, 5]))?],
+                ))
+            },
+        },
+        BadCall {
+            name: "binary_dtype_mismatch",
+            needs: add,
+            kind: ErrorKind::DtypeMismatch,
+            build: |s| {
+                let b = Spec::new(DType::I64, &[4, 5], vec![1.0; 20]);
+                Ok((
+                    Op::Binary(BinaryOp::Add).encode(),
+                    vec![placed(s, f32s(&[4, 5]))?, placed(s, b)?],
+                    vec![placed(s, Spec::out(DType::F32, &[4, 5]))?],
+                ))
+            },
+        },
+        BadCall {
+            name: "wrong_operand_count",
+            needs: add,
+            kind: ErrorKind::InvalidArgument,
+            build: |s| {
+                Ok((
+                    Op::Binary(BinaryOp::Add).encode(),
+                    vec![placed(s, f32s(&[4, 5]))?],
+                    vec![placed(s, Spec::out(DType::F32, &[4, 5]))?],
+                ))
+            },
+        },
+        BadCall {
+            name: "view_past_buffer_end",
+            needs: Op::Copy,
+            kind: ErrorKind::InvalidArgument,
+            build: |s| {
+                let mut x = placed(s, f32s(&[4, 5]))?;
+                x.shape[0] = 400;
+                Ok((Op::Copy.encode(), vec![x], vec![placed(s, Spec::out(DType::F32, &[400, 5]))?]))
+            },
+        },
+        BadCall {
+            name: "unknown_buffer",
+            needs: Op::Copy,
+            kind: ErrorKind::InvalidArgument,
+            build: |s| {
+                let mut x = placed(s, f32s(&[4, 5]))?;
+                x.buffer = BufferId(0x0BAD_0000_0000_0001);
+                Ok((Op::Copy.encode(), vec![x], vec![placed(s, Spec::out(DType::F32, &[4, 5]))?]))
+            },
+        },
+        BadCall {
+            name: "zero_stride_output",
+            needs: Op::Copy,
+            kind: ErrorKind::InvalidArgument,
+            build: |s| {
+                let mut y = placed(s, Spec::out(DType::F32, &[4, 5]))?;
+                y.strides[0] = 0;
+                Ok((Op::Copy.encode(), vec![placed(s, f32s(&[4, 5]))?], vec![y]))
+            },
+        },
+        BadCall {
+            name: "output_overlaps_input",
+            needs: Op::Matmul,
+            kind: ErrorKind::InvalidArgument,
+            build: |s| {
+                let a = placed(s, f32s(&[4, 4]))?;
+                let mut y = a;
+                // Same shape, two elements further into a's buffer (still inside its guard bytes).
+                y.offset_bytes += 8;
+                Ok((Op::Matmul.encode(), vec![a, placed(s, f32s(&[4, 4]))?], vec![y]))
+            },
+        },
+        BadCall {
+            name: "matmul_inner_mismatch",
+            needs: Op::Matmul,
+            kind: ErrorKind::ShapeMismatch,
+            build: |s| {
+                Ok((
+                    Op::Matmul.encode(),
+                    vec![placed(s, f32s(&[3, 4]))?, placed(s, f32s(&[5, 2]))?],
+                    vec![placed(s, Spec::out(DType::F32, &[3, 2]))?],
+                ))
+            },
+        },
+        BadCall {
+            name: "reduce_bad_output_shape",
+            needs: Op::Reduce(ReduceOp::Sum),
+            kind: ErrorKind::ShapeMismatch,
+            build: |s| {
+                let op = Op::Reduce(ReduceOp::Sum);
+                Ok((op.encode(), vec![placed(s, f32s(&[4, 5]))?], vec![placed(s, Spec::out(DType::F32, &[3, 1]))?]))
+            },
+        },
+        BadCall {
+            name: "gather_index_out_of_range",
+            needs: Op::Gather { dim: 0 },
+            kind: ErrorKind::InvalidArgument,
+            build: |s| {
+                let idx = Spec::new(DType::I64, &[2, 3], vec![0.0, 1.0, 7.0, 2.0, 0.0, 1.0]);
+                Ok((
+                    Op::Gather { dim: 0 }.encode(),
+                    vec![placed(s, f32s(&[5, 3]))?, placed(s, idx)?],
+                    vec![placed(s, Spec::out(DType::F32, &[2, 3]))?],
+                ))
+            },
+        },
+        BadCall {
+            name: "unknown_op_kind",
+            needs: Op::Copy,
+            kind: ErrorKind::Unsupported,
+            build: |s| {
+                let raw = RawOp { kind: OpKind(0x5ff), attrs: OpAttrs::default() };
+                Ok((raw, vec![placed(s, f32s(&[4]))?], vec![placed(s, Spec::out(DType::F32, &[4]))?]))
+            },
+        },
+        BadCall {
+            name: "unknown_dtype_code",
+            needs: Op::Copy,
+            kind: ErrorKind::Unsupported,
+            build: |s| {
+                let mut x = placed(s, f32s(&[4]))?;
+                x.dtype = 99;
+                Ok((Op::Copy.encode(), vec![x], vec![placed(s, Spec::out(DType::F32, &[4]))?]))
+            },
+        },
+    ]
+}
+
+fn run_bad(t: &Target, call: &BadCall) -> Outcome {
+    if !t.claims(call.needs.kind(), DType::F32) {
+        return Outcome::with(
+            Status::NotSupported,
+            format!("needs {} on f32, which is not claimed", call.needs.name()),
+        );
+    }
+    let mut scope = Scope::new(t);
+    let (raw, inputs, outputs) = match (call.build)(&mut scope) {
+        Ok(x) => x,
+        Err(e) => return Outcome::error(e),
+    };
+    let result = t.device.execute_raw(&raw, &inputs, &outputs);
+    let verdict = match result {
+        Ok(()) => Outcome::fail(format!("the call succeeded; expected `{}`", call.kind)),
+        Err(e) if e.kind() != call.kind => Outcome::fail(format!("expected `{}`, got `{}`: {e}", call.kind, e.kind())),
+        Err(e) if e.message().trim().is_empty() => Outcome::fail("the error has no message"),
+        Err(_) => Outcome::pass(),
+    };
+    if verdict.status != Status::Pass {
+        return verdict;
+    }
+    // The device must still work: a small round trip through a fresh buffer.
+    let probe = scope.alloc(16).and_then(|b| {
+        t.device.write(b, 0, &[7u8; 16]).map_err(|e| e.to_string())?;
+        let mut back = [0u8; 16];
+        t.device.read(b, 0, &mut back).map_err(|e| e.to_string())?;
+        Ok(back == [7u8; 16])
+    });
+    match probe {
+        Ok(true) => Outcome::pass(),
+        Ok(false) => Outcome::fail("after the error, a write/read round trip returned other bytes"),
+        Err(e) => Outcome::fail(format!("after the error the device no longer works: {e}")),
+    }
+}
+
+pub fn cases(_: &Target) -> Vec<Case> {
+    calls()
+        .into_iter()
+        .map(|call| {
+            let name = call.name;
+            Case::new("errors", name, Tier::Smoke, Box::new(move |t| run_bad(t, &call))).after(memory_deps(DType::F32))
+        })
+        .collect()
+}

@@ -1,0 +1,182 @@
+//! Suite `linalg`: matmul and the index ops (gather, scatter_add, index_select, index_add).
+
+use super::{no_deps, op_cases};
+use crate::case::{Case, OpCase, Tier};
+use crate::gen::{tensor, ValueRange};
+use crate::oracle::tensor::{matmul, ravel, unravel};
+use crate::target::{Layout, Spec, Target};
+use crate::tolerance::Expected;
+use crate::values::{Rng, FLOATS};
+use genesis_backend_api::{DType, Op};
+
+fn matmul_case(rng: &mut Rng, dtype: DType, batch: &[usize], mkn: [usize; 3], la: Layout, lb: Layout) -> OpCase {
+    let [m, k, n] = mkn;
+    let r = ValueRange::normal(1.0);
+    let a = tensor(rng, dtype, &[batch, &[m, k]].concat(), la, r);
+    let b = tensor(rng, dtype, &[batch, &[k, n]].concat(), lb, r);
+    let nb: usize = batch.iter().product();
+    let (y, mag) = matmul(&a.values, &b.values, nb, m, k, n);
+    let exp = Expected::accumulated(dtype, y, &mag, k, 1.0);
+    let out = Spec::out(dtype, &[batch, &[m, n]].concat());
+    OpCase { op: Op::Matmul, inputs: vec![a, b], outputs: vec![out], expected: vec![Some(exp)] }
+}
+
+fn index_values(rng: &mut Rng, n: usize, bound: usize) -> Vec<f64> {
+    (0..n).map(|_| rng.below(bound) as f64).collect()
+}
+
+pub fn cases(t: &Target) -> Vec<Case> {
+    let c = Layout::Contiguous;
+    let mut cases = op_cases(t, "linalg", "matmul", Op::Matmul.kind(), &FLOATS, &no_deps, &|dtype, rng| {
+        let mut v = vec![("m3k5n4".to_string(), Tier::Smoke, matmul_case(rng, dtype, &[], [3, 5, 4], c, c))];
+        for (name, batch, mkn, la, lb) in [
+            ("m17k33n9", vec![], [17, 33, 9], c, c),
+            ("k1", vec![], [4, 1, 5], c, c),
+            ("m0", vec![], [0, 3, 4], c, c),
+            ("k0_zeros", vec![], [3, 0, 4], c, c),
+            ("transposed_b", vec![], [7, 11, 5], c, Layout::Transposed),
+            ("transposed_a_offset_b", vec![], [6, 9, 8], Layout::Transposed, Layout::Offset),
+            ("batched_broadcast_b", vec![3], [4, 6, 5], c, Layout::Broadcast(0)),
+            ("m64k64n64", vec![], [64, 64, 64], c, c),
+            ("k1000", vec![], [5, 1000, 3], c, Layout::Transposed),
+        ] {
+            v.push((name.to_string(), Tier::Core, matmul_case(rng, dtype, &batch, mkn, la, lb)));
+        }
+        v.push(("m128k256n96".into(), Tier::Full, matmul_case(rng, dtype, &[], [128, 256, 96], c, Layout::Transposed)));
+        v
+    });
+    let domain = [&FLOATS[..], &[DType::I64]].concat();
+    let r = |dtype: DType| ValueRange::normal(if dtype.is_float() { 3.0 } else { 30.0 });
+    cases.extend(op_cases(t, "linalg", "gather", Op::Gather { dim: 0 }.kind(), &domain, &no_deps, &|dtype, rng| {
+        [(0u32, c, "dim0"), (1, Layout::Transposed, "dim1_transposed")]
+            .into_iter()
+            .map(|(dim, layout, name)| {
+                let x = tensor(rng, dtype, &[5, 4], layout, r(dtype));
+                let ishape = [3usize, 4];
+                let bound = x.shape[dim as usize];
+                let idx = Spec::new(DType::I64, &ishape, index_values(rng, 12, bound));
+                let values = (0..12)
+                    .map(|i| {
+                        let mut at = unravel(i, &ishape);
+                        at[dim as usize] = idx.values[i] as usize;
+                        x.values[ravel(&at, &x.shape)]
+                    })
+                    .collect();
+                let exp = Expected::exact_signed(dtype, values);
+                let out = Spec::out(dtype, &ishape);
+                (
+                    name.to_string(),
+                    Tier::Core,
+                    OpCase {
+                        op: Op::Gather { dim },
+                        inputs: vec![x, idx],
+                        outputs: vec![out],
+                        expected: vec![Some(exp)],
+                    },
+                )
+            })
+            .collect()
+    }));
+    cases.extend(op_cases(
+        t,
+        "linalg",
+        "index_select",
+        Op::IndexSelect { dim: 0 }.kind(),
+        &domain,
+        &no_deps,
+        &|dtype, rng| {
+            [(0u32, "dim0"), (1, "dim1")]
+                .into_iter()
+                .map(|(dim, name)| {
+                    let x = tensor(rng, dtype, &[6, 5], Layout::Strided, r(dtype));
+                    let d = dim as usize;
+                    let idx = Spec::new(DType::I64, &[4], index_values(rng, 4, x.shape[d]));
+                    let mut oshape = x.shape.clone();
+                    oshape[d] = 4;
+                    let values = (0..oshape.iter().product())
+                        .map(|i| {
+                            let mut at = unravel(i, &oshape);
+                            at[d] = idx.values[at[d]] as usize;
+                            x.values[ravel(&at, &x.shape)]
+                        })
+                        .collect();
+                    let exp = Expected::exact_signed(dtype, values);
+                    let out = Spec::out(dtype, &oshape);
+                    (
+                        name.to_string(),
+                        Tier::Core,
+                        OpCase {
+                            op: Op::IndexSelect { dim },
+                            inputs: vec![x, idx],
+                            outputs: vec![out],
+                            expected: vec![Some(exp)],
+                        },
+                    )
+                })
+                .collect()
+        },
+    ));
+    cases.extend(op_cases(
+        t,
+        "linalg",
+        "scatter_add",
+        Op::ScatterAdd { dim: 0 }.kind(),
+        &FLOATS,
+        &no_deps,
+        &|dtype, rng| {
+            let y0 = tensor(rng, dtype, &[5, 4], c, r(dtype));
+            let src = tensor(rng, dtype, &[6, 4], Layout::Transposed, r(dtype));
+            let idx = Spec::new(DType::I64, &[6, 4], index_values(rng, 24, 5));
+            let (mut values, mut mag) = (y0.values.clone(), y0.values.iter().map(|v| v.abs()).collect::<Vec<_>>());
+            for i in 0..24 {
+                let at = ravel(&[idx.values[i] as usize, i % 4], &[5, 4]);
+                values[at] += src.values[i];
+                mag[at] += src.values[i].abs();
+            }
+            let exp = Expected::accumulated_in_place(dtype, values, &mag, 7);
+            vec![(
+                "dim0_duplicates".to_string(),
+                Tier::Core,
+                OpCase {
+                    op: Op::ScatterAdd { dim: 0 },
+                    inputs: vec![src, idx],
+                    outputs: vec![y0],
+                    expected: vec![Some(exp)],
+                },
+            )]
+        },
+    ));
+    cases.extend(op_cases(
+        t,
+        "linalg",
+        "index_add",
+        Op::IndexAdd { dim: 0 }.kind(),
+        &FLOATS,
+        &no_deps,
+        &|dtype, rng| {
+            let y0 = tensor(rng, dtype, &[5, 3], c, r(dtype));
+            let src = tensor(rng, dtype, &[4, 3], Layout::Offset, r(dtype));
+            let idx = Spec::new(DType::I64, &[4], vec![1.0, 3.0, 1.0, 0.0]);
+            let (mut values, mut mag) = (y0.values.clone(), y0.values.iter().map(|v| v.abs()).collect::<Vec<_>>());
+            for i in 0..4 {
+                for j in 0..3 {
+                    let at = idx.values[i] as usize * 3 + j;
+                    values[at] += src.values[i * 3 + j];
+                    mag[at] += src.values[i * 3 + j].abs();
+                }
+            }
+            let exp = Expected::accumulated_in_place(dtype, values, &mag, 3);
+            vec![(
+                "dim0_duplicates".to_string(),
+                Tier::Core,
+                OpCase {
+                    op: Op::IndexAdd { dim: 0 },
+                    inputs: vec![src, idx],
+                    outputs: vec![y0],
+                    expected: vec![Some(exp)],
+                },
+            )]
+        },
+    ));
+    cases
+}

@@ -1,0 +1,117 @@
+//! The suites, in dependency order. Each returns its cases; the runner runs them in this
+//! order and blocks a case whose prerequisite failed.
+
+mod accounting;
+mod backward;
+mod conv;
+mod data;
+mod elementwise;
+mod errors;
+mod interface;
+mod linalg;
+mod memory;
+mod nn;
+mod reduce;
+mod rng;
+mod threads;
+
+use crate::case::{run_claimed, Case, OpCase, Tier};
+use crate::target::Target;
+use crate::values::{short_name, Rng};
+use genesis_backend_api::{DType, OpKind};
+use std::sync::Arc;
+
+/// Suite names in run order.
+pub const SUITES: &[&str] = &[
+    "load",
+    "memory",
+    "data",
+    "elementwise",
+    "reduce",
+    "linalg",
+    "nn",
+    "backward",
+    "rng",
+    "errors",
+    "accounting",
+    "threads",
+];
+
+/// Every case for `target`, in run order.
+pub fn all_cases(target: &Target) -> Vec<Case> {
+    let mut cases = interface::cases(target);
+    cases.extend(memory::cases(target));
+    cases.extend(data::cases(target));
+    cases.extend(elementwise::cases(target));
+    cases.extend(reduce::cases(target));
+    cases.extend(linalg::cases(target));
+    cases.extend(nn::cases(target));
+    cases.extend(conv::cases(target));
+    cases.extend(backward::cases(target));
+    cases.extend(rng::cases(target));
+    cases.extend(errors::cases(target));
+    cases.extend(accounting::cases(target));
+    cases.extend(threads::cases(target));
+    cases
+}
+
+/// Prerequisites of every op case of `dtype`: the memory round trip of that dtype.
+pub fn memory_deps(dtype: DType) -> Vec<String> {
+    vec!["load/".into(), format!("memory/roundtrip/{}", short_name(dtype))]
+}
+
+/// A sample builder: the samples of one op for one dtype, each `(name, tier, case)`.
+pub type Builder<'a> = dyn Fn(DType, &mut Rng) -> Vec<(String, Tier, OpCase)> + 'a;
+
+/// Cases `suite/name/dtype/sample` for every dtype of `domain`: all samples when the backend
+/// claims (kind, dtype), else one honesty probe that must be refused with `Unsupported`.
+pub fn op_cases(
+    target: &Target,
+    suite: &'static str,
+    name: &str,
+    kind: OpKind,
+    domain: &[DType],
+    extra_deps: &dyn Fn(DType) -> Vec<String>,
+    build: &Builder<'_>,
+) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for &dtype in domain {
+        let claimed = target.claims(kind, dtype);
+        let dt = short_name(dtype);
+        let mut rng = Rng::for_id(&format!("{suite}/{name}/{dt}"));
+        let samples = build(dtype, &mut rng);
+        let mut deps = memory_deps(dtype);
+        deps.extend(extra_deps(dtype));
+        if claimed {
+            for (i, (sample, tier, case)) in samples.into_iter().enumerate() {
+                let tier = if i == 0 { Tier::Smoke } else { tier };
+                let case = Arc::new(case);
+                cases.push(
+                    Case::new(
+                        suite,
+                        format!("{name}/{dt}/{sample}"),
+                        tier,
+                        Box::new(move |t| run_claimed(t, true, &case)),
+                    )
+                    .after(deps.clone()),
+                );
+            }
+        } else if let Some((_, _, case)) = samples.into_iter().next() {
+            cases.push(
+                Case::new(
+                    suite,
+                    format!("{name}/{dt}/unclaimed"),
+                    Tier::Smoke,
+                    Box::new(move |t| run_claimed(t, false, &case)),
+                )
+                .after(deps.clone()),
+            );
+        }
+    }
+    cases
+}
+
+/// No extra prerequisites.
+pub fn no_deps(_: DType) -> Vec<String> {
+    Vec::new()
+}

@@ -1,0 +1,207 @@
+//! Suite `nn`: fused softmax, log-softmax, layer norm, RMS norm, cross-entropy, rotary and
+//! attention forward.
+
+use super::{no_deps, op_cases};
+use crate::case::{Case, OpCase, Tier};
+use crate::gen::{tensor, ValueRange};
+use crate::oracle::nn::{attention, cross_entropy, layer_norm, log_softmax, rms_norm, rotary, softmax, AttnShape};
+use crate::target::{Layout, Spec, Target};
+use crate::tolerance::Expected;
+use crate::values::{quantize, Rng, FLOATS};
+use genesis_backend_api::{DType, Op};
+
+/// Row inputs for the softmax family: ordinary, odd and non-contiguous rows, large
+/// magnitudes (overflow without max subtraction), masked entries and a fully masked row.
+pub fn softmax_inputs(rng: &mut Rng, dtype: DType) -> Vec<(String, Tier, Spec)> {
+    let r = ValueRange::normal(2.0);
+    let mut masked = tensor(rng, dtype, &[4, 9], Layout::Contiguous, r);
+    for i in [1, 4, 11, 20] {
+        masked.values[i] = f64::NEG_INFINITY;
+    }
+    for v in &mut masked.values[27..36] {
+        *v = f64::NEG_INFINITY;
+    }
+    vec![
+        ("rows4x7".into(), Tier::Smoke, tensor(rng, dtype, &[4, 7], Layout::Contiguous, r)),
+        ("odd3x130".into(), Tier::Core, tensor(rng, dtype, &[3, 130], Layout::Offset, r)),
+        ("transposed".into(), Tier::Core, tensor(rng, dtype, &[6, 9], Layout::Transposed, r)),
+        (
+            "large_values".into(),
+            Tier::Core,
+            tensor(rng, dtype, &[5, 16], Layout::Contiguous, ValueRange::normal(300.0)),
+        ),
+        ("masked".into(), Tier::Core, masked),
+        ("one_column".into(), Tier::Core, tensor(rng, dtype, &[3, 1], Layout::Contiguous, r)),
+    ]
+}
+
+pub fn cases(t: &Target) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (name, op) in [("softmax", Op::Softmax), ("log_softmax", Op::LogSoftmax)] {
+        cases.extend(op_cases(t, "nn", name, op.kind(), &FLOATS, &no_deps, &|dtype, rng| {
+            softmax_inputs(rng, dtype)
+                .into_iter()
+                .map(|(sample, tier, x)| {
+                    let n = *x.shape.last().unwrap_or(&1);
+                    let y = if op == Op::Softmax { softmax(&x.values, n) } else { log_softmax(&x.values, n) };
+                    let exp = Expected::normalized(dtype, y, n, 1.0);
+                    let out = Spec::out(dtype, &x.shape);
+                    (sample, tier, OpCase { op, inputs: vec![x], outputs: vec![out], expected: vec![Some(exp)] })
+                })
+                .collect()
+        }));
+    }
+    let eps = 1e-5;
+    cases.extend(op_cases(t, "nn", "layer_norm", Op::LayerNorm { eps }.kind(), &FLOATS, &no_deps, &|dtype, rng| {
+        [
+            (vec![6usize, 32], Layout::Contiguous, "rows6x32"),
+            (vec![4, 77], Layout::Strided, "odd_strided"),
+            (vec![2, 3, 1], Layout::Contiguous, "width1"),
+        ]
+        .into_iter()
+        .map(|(shape, layout, sample)| {
+            let n = *shape.last().unwrap_or(&1);
+            let rows = shape.iter().product::<usize>() / n;
+            let mut x = tensor(rng, dtype, &shape, layout, ValueRange::normal(3.0));
+            x.values.iter_mut().for_each(|v| *v = quantize(dtype, *v + 5.0));
+            let w = tensor(rng, dtype, &[n], Layout::Contiguous, ValueRange::normal(1.0));
+            let b = tensor(rng, dtype, &[n], Layout::Contiguous, ValueRange::normal(1.0));
+            let (y, mean, rstd) = layer_norm(&x.values, &w.values, &b.values, n, eps);
+            let lead = &shape[..shape.len() - 1];
+            let outs = vec![Spec::out(dtype, &shape), Spec::out(DType::F32, lead), Spec::out(DType::F32, lead)];
+            let exp = vec![
+                Some(Expected::normalized(dtype, y, n, 1.0)),
+                Some(Expected::normalized(DType::F32, mean, n, 1.0)),
+                Some(Expected::normalized(DType::F32, rstd, n, 1.0)),
+            ];
+            let _ = rows;
+            (
+                sample.to_string(),
+                Tier::Core,
+                OpCase { op: Op::LayerNorm { eps }, inputs: vec![x, w, b], outputs: outs, expected: exp },
+            )
+        })
+        .collect()
+    }));
+    cases.extend(op_cases(t, "nn", "rms_norm", Op::RmsNorm { eps }.kind(), &FLOATS, &no_deps, &|dtype, rng| {
+        [(vec![6usize, 32], Layout::Contiguous, "rows6x32"), (vec![4, 77], Layout::Transposed, "odd_transposed")]
+            .into_iter()
+            .map(|(shape, layout, sample)| {
+                let n = shape[1];
+                let x = tensor(rng, dtype, &shape, layout, ValueRange::normal(3.0));
+                let w = tensor(rng, dtype, &[n], Layout::Contiguous, ValueRange::normal(1.0));
+                let (y, rstd) = rms_norm(&x.values, &w.values, n, eps);
+                let outs = vec![Spec::out(dtype, &shape), Spec::out(DType::F32, &shape[..1])];
+                let exp = vec![
+                    Some(Expected::normalized(dtype, y, n, 1.0)),
+                    Some(Expected::normalized(DType::F32, rstd, n, 1.0)),
+                ];
+                (
+                    sample.to_string(),
+                    Tier::Core,
+                    OpCase { op: Op::RmsNorm { eps }, inputs: vec![x, w], outputs: outs, expected: exp },
+                )
+            })
+            .collect()
+    }));
+    let ce = |ignore_index, label_smoothing| Op::CrossEntropy { ignore_index, label_smoothing };
+    cases.extend(op_cases(t, "nn", "cross_entropy", ce(-100, 0.0).kind(), &FLOATS, &no_deps, &|dtype, rng| {
+        [(0.0, "plain"), (0.1, "label_smoothing")]
+            .into_iter()
+            .map(|(smoothing, sample)| {
+                let (n, c) = (6usize, 10usize);
+                let x = tensor(rng, dtype, &[n, c], Layout::Contiguous, ValueRange::normal(3.0));
+                let mut target: Vec<f64> = (0..n).map(|_| rng.below(c) as f64).collect();
+                target[2] = -100.0;
+                let (loss, lse) = cross_entropy(&x.values, &target, c, -100, smoothing);
+                let tgt = Spec::new(DType::I64, &[n], target);
+                let outs = vec![Spec::out(DType::F32, &[n]), Spec::out(DType::F32, &[n])];
+                let exp = vec![
+                    Some(Expected::normalized(DType::F32, loss, c, 2.0)),
+                    Some(Expected::normalized(DType::F32, lse, c, 2.0)),
+                ];
+                (
+                    sample.to_string(),
+                    Tier::Core,
+                    OpCase { op: ce(-100, smoothing), inputs: vec![x, tgt], outputs: outs, expected: exp },
+                )
+            })
+            .collect()
+    }));
+    cases.extend(op_cases(
+        t,
+        "nn",
+        "rotary",
+        Op::Rotary { inverse: false }.kind(),
+        &FLOATS,
+        &no_deps,
+        &|dtype, rng| {
+            [(false, "forward"), (true, "inverse")]
+                .into_iter()
+                .map(|(inverse, sample)| {
+                    let (b, h, s, d) = (2usize, 3usize, 5usize, 8usize);
+                    let x = tensor(rng, dtype, &[b, h, s, d], Layout::Contiguous, ValueRange::normal(1.0));
+                    let angles: Vec<f64> =
+                        (0..s * d / 2).map(|i| (i / (d / 2)) as f64 * 0.37 + (i % (d / 2)) as f64 * 0.11).collect();
+                    let cos = Spec::new(dtype, &[s, d / 2], angles.iter().map(|a| quantize(dtype, a.cos())).collect());
+                    let sin = Spec::new(dtype, &[s, d / 2], angles.iter().map(|a| quantize(dtype, a.sin())).collect());
+                    let (y, mag) = rotary(&x.values, &cos.values, &sin.values, s, d, inverse);
+                    let exp = Expected::accumulated(dtype, y, &mag, 2, 1.0);
+                    let out = Spec::out(dtype, &x.shape);
+                    (
+                        sample.to_string(),
+                        Tier::Core,
+                        OpCase {
+                            op: Op::Rotary { inverse },
+                            inputs: vec![x, cos, sin],
+                            outputs: vec![out],
+                            expected: vec![Some(exp)],
+                        },
+                    )
+                })
+                .collect()
+        },
+    ));
+    cases.extend(op_cases(
+        t,
+        "nn",
+        "attention",
+        Op::Attention { causal: false, scale: 1.0 }.kind(),
+        &FLOATS,
+        &no_deps,
+        &|dtype, rng| {
+            [(false, 1usize, "gqa"), (true, 1, "gqa_causal"), (true, 2, "mha_causal_batched")]
+                .into_iter()
+                .map(|(causal, b, sample)| {
+                    let g = if b == 1 {
+                        AttnShape { b, hq: 4, hk: 2, s: 5, t: 7, d: 8 }
+                    } else {
+                        AttnShape { b, hq: 2, hk: 2, s: 6, t: 6, d: 4 }
+                    };
+                    let r = ValueRange::normal(1.0);
+                    let q = tensor(rng, dtype, &[g.b, g.hq, g.s, g.d], Layout::Contiguous, r);
+                    let k = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], Layout::Contiguous, r);
+                    let v = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], Layout::Contiguous, r);
+                    let scale = 1.0 / (g.d as f64).sqrt();
+                    let (o, lse) = attention(&q.values, &k.values, &v.values, g, causal, scale);
+                    let outs = vec![Spec::out(dtype, &q.shape), Spec::out(DType::F32, &[g.b, g.hq, g.s])];
+                    let exp = vec![
+                        Some(Expected::normalized(dtype, o, g.t, 2.0)),
+                        Some(Expected::normalized(DType::F32, lse, g.t, 2.0)),
+                    ];
+                    (
+                        sample.to_string(),
+                        Tier::Core,
+                        OpCase {
+                            op: Op::Attention { causal, scale },
+                            inputs: vec![q, k, v],
+                            outputs: outs,
+                            expected: exp,
+                        },
+                    )
+                })
+                .collect()
+        },
+    ));
+    cases
+}
