@@ -9,7 +9,7 @@ mod random;
 use crate::device::CudaDevice;
 use genesis_backend_api::sdk::expect_no_overlap;
 use genesis_backend_api::{BackendError, Capability, DType, Op, OpKind, Result, TensorDesc};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::OnceLock;
 
 type Claims = fn() -> Vec<(OpKind, DType)>;
@@ -21,6 +21,17 @@ const FAMILIES: &[(Claims, Run)] =
 fn claimed() -> &'static HashSet<(OpKind, DType)> {
     static CLAIMED: OnceLock<HashSet<(OpKind, DType)>> = OnceLock::new();
     CLAIMED.get_or_init(|| FAMILIES.iter().flat_map(|(claims, _)| claims()).collect())
+}
+
+/// The family that runs each op kind, built once (dispatch is on every op's path).
+fn runner(kind: OpKind) -> Option<Run> {
+    static RUNNERS: OnceLock<HashMap<OpKind, Run>> = OnceLock::new();
+    RUNNERS
+        .get_or_init(|| {
+            FAMILIES.iter().flat_map(|&(claims, run)| claims().into_iter().map(move |(k, _)| (k, run))).collect()
+        })
+        .get(&kind)
+        .copied()
 }
 
 /// Every (op, dtype) pair this backend runs.
@@ -37,8 +48,7 @@ pub fn execute(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[T
     let first = inputs.first().or(outputs.first());
     let dtype = first.map(|d| d.dtype()).transpose()?;
     let kind = op.kind();
-    let family = FAMILIES.iter().find(|(claims, _)| claims().iter().any(|&(k, _)| k == kind));
-    let (Some(dtype), Some((_, run))) = (dtype, family) else {
+    let (Some(dtype), Some(run)) = (dtype, runner(kind)) else {
         return Err(BackendError::unsupported(format!("cuda: {} is not implemented", op.name())));
     };
     if !claimed().contains(&(kind, dtype)) {
