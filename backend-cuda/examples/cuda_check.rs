@@ -433,6 +433,33 @@ fn check_ops(ck: &mut Checker, caps: &[(OpKind, DType)]) {
                     );
                 }
             }
+            Op::Reduce(r) => {
+                let is_arg = matches!(r, ReduceOp::ArgMax | ReduceOp::ArgMin);
+                let out = if is_arg { DType::I64 } else { dtype };
+                let exact = matches!(r, ReduceOp::Max | ReduceOp::Min | ReduceOp::ArgMax | ReduceOp::ArgMin);
+                let tol = if exact { Tol::Exact } else { float_or(float_tol(dtype, 4.0)) };
+                // Products of many factors over- or underflow at order-dependent places.
+                let c = if r == ReduceOp::Prod { 5 } else { 129 };
+                let d = Layout::dense;
+                let strided_out = Layout { shape: vec![37, 1], strides: vec![2, 1], offset: 0, elems: 74 };
+                let mut cases = vec![
+                    ("last axis", d(&[37, c]), d(&[37, 1])),
+                    ("first axis", d(&[37, c]), d(&[1, c])),
+                    ("transposed input", Layout::transposed(37, c), d(&[37, 1])),
+                    ("strided output", d(&[37, c]), strided_out),
+                    ("long rows", d(&[4, if r == ReduceOp::Prod { 7 } else { 1 << 18 }]), d(&[4, 1])),
+                ];
+                if !is_arg {
+                    cases.push(("all", d(&[37, c]), d(&[1, 1])));
+                    cases.push(("outer and inner", d(&[5, 7, c]), d(&[1, 7, 1])));
+                }
+                if matches!(r, ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Prod) {
+                    cases.push(("empty", d(&[3, 0]), d(&[3, 1])));
+                }
+                for (what, input, output) in cases {
+                    ck.case(&format!("{label} [{what}]"), &op, &[(dtype, input, false)], &[(out, output)], tol);
+                }
+            }
             _ => ck.failed.push(format!("{label}: claimed but the checker has no case for it")),
         }
     }
@@ -464,7 +491,10 @@ fn sample_op(kind: OpKind) -> Option<Op> {
     if let Some(&b) = BinaryOp::ALL.iter().find(|b| OpKind::binary_scalar(**b) == kind) {
         return Some(Op::BinaryScalar { op: b, scalar: 1.75, scalar_first: false });
     }
-    let _ = (name, ReduceOp::Sum);
+    if let Some(&r) = ReduceOp::ALL.iter().find(|r| OpKind::reduce(**r) == kind) {
+        return Some(Op::Reduce(r));
+    }
+    let _ = name;
     None
 }
 
@@ -608,6 +638,16 @@ fn bench(dev: &Dev) -> R<()> {
             let ms = time(dev, 20, || dev.exec(&op, &[], &[y]))?;
             println!("| rand_normal {s}x{s} f32 | {ms:.4} | {:.0} GB/s |", (s * s * 4) as f64 / ms / 1e6);
         }
+        let row_sums = tensor(dtype, &[s, 1])?;
+        let ms = time(dev, 20, || dev.exec(&Op::Reduce(ReduceOp::Sum), &[a], &[row_sums]))?;
+        let gbs = (s * s * dtype.size_in_bytes()) as f64 / ms / 1e6;
+        println!("| sum over rows {s}x{s} -> {s} {dtype} | {ms:.4} | {gbs:.0} GB/s |");
+        let col_sums = tensor(dtype, &[1, s])?;
+        let ms = time(dev, 20, || dev.exec(&Op::Reduce(ReduceOp::Sum), &[a], &[col_sums]))?;
+        let gbs = (s * s * dtype.size_in_bytes()) as f64 / ms / 1e6;
+        println!("| sum over columns {s}x{s} -> {s} {dtype} | {ms:.4} | {gbs:.0} GB/s |");
+        dev.free(row_sums.buffer)?;
+        dev.free(col_sums.buffer)?;
         let ms = time(dev, 5, || dev.exec(&Op::Matmul, &[a, b], &[y]))?;
         let tflops = 2.0 * (s as f64).powi(3) / ms / 1e9;
         println!("| matmul {s}^3 {dtype} | {ms:.4} | {tflops:.1} TFLOP/s |");
@@ -649,6 +689,29 @@ fn main() {
         }
     }
     let cuda = Dev { m: module };
+    if args.iter().any(|a| a == "--fault") {
+        // Run with GENESIS_CUDA_PLANT_FAULT=exp: the exp launch faults; the error must come
+        // back (not hang) and name the op.
+        let t = Instant::now();
+        let r = (|| -> R<()> {
+            let b = cuda.alloc(1024)?;
+            let x = TensorDesc::contiguous(b, 0, DType::F32, &[16])?;
+            let y = TensorDesc::contiguous(b, 512, DType::F32, &[16])?;
+            cuda.exec(&Op::Unary(UnaryOp::Exp), &[x], &[y])?;
+            cuda.sync()
+        })();
+        let secs = t.elapsed().as_secs_f64();
+        match r {
+            Err(e) if e.message.contains("exp") => {
+                println!("fault check ok after {secs:.2} s: {e}");
+                std::process::exit(0);
+            }
+            other => {
+                println!("fault check FAILED after {secs:.2} s: {other:?}");
+                std::process::exit(1);
+            }
+        }
+    }
     let cpu = Dev { m: genesis_backend_cpu::genesis_plugin_module() };
     let caps = match cuda.caps() {
         Ok(c) => c,

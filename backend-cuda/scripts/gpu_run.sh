@@ -49,6 +49,16 @@ remote)
     sed -n '/^bench/,$p' "$out/check2.log"
     grep -E "FAIL|passed \(|failed \(" "$out/check2.log" | head -20
     ls "$GENESIS_CUDA_CACHE" | head -20
+    echo "reduce kernels in the cached float32 cubin: $(/usr/local/cuda/bin/cuobjdump -symbols "$GENESIS_CUDA_CACHE"/elementwise_float32-*.cubin 2>&1 | grep -c reduce_)"
+    if grep -q "named symbol not found" "$out/check1.log"; then
+        echo "== kernels not found: once more with CUDA_MODULE_LOADING=EAGER"
+        rm -rf "$GENESIS_CUDA_CACHE"
+        CUDA_MODULE_LOADING=EAGER "$dir/cuda_check" "$dir/libgenesis_backend_cuda.so" >"$out/eager.log" 2>&1
+        grep -E "passed \(|failed \(" "$out/eager.log"; grep FAIL "$out/eager.log" | grep -v "pow int32" | head -5
+    fi
+    echo "== planted kernel fault (must be an error naming the op, not a hang)"
+    GENESIS_CUDA_PLANT_FAULT=exp timeout 60 "$dir/cuda_check" "$dir/libgenesis_backend_cuda.so" --fault 2>&1 | tee "$out/fault.log"
+    echo "rc=${PIPESTATUS[0]}"
     echo "== pytorch"
     PYTHONUNBUFFERED=1 python3 "$dir/torch_bench.py" >"$out/torch.log" 2>&1
     cat "$out/torch.log"

@@ -87,6 +87,8 @@ pub struct CudaDevice {
     /// Facts about the device.
     pub facts: Facts,
     sync_each_op: bool,
+    /// The op name whose launches are replaced by a faulting kernel (fault-handling tests).
+    plant_fault: Option<String>,
     /// cuBLAS, opened on the first matrix product.
     pub(crate) blas: OnceLock<Result<crate::blas::Blas>>,
 }
@@ -136,6 +138,7 @@ impl CudaDevice {
             pending: Mutex::new(VecDeque::new()),
             facts: Facts { arch: (major * 10 + minor) as u32, sm_count: sm_count.max(1) as u32, driver },
             sync_each_op: std::env::var_os("GENESIS_CUDA_SYNC").is_some_and(|v| v != "0"),
+            plant_fault: std::env::var("GENESIS_CUDA_PLANT_FAULT").ok().filter(|v| !v.is_empty()),
             blas: OnceLock::new(),
         })
     }
@@ -231,6 +234,24 @@ impl CudaDevice {
         // `params` points at; the addresses inside were validated against their buffers.
         unsafe {
             result::launch_kernel(f, (blocks, 1, 1), (THREADS as u32, 1, 1), 0, self.stream, &mut params)
+                .map_err(|e| driver_error(&format!("{op}: launching {name}"), e))?;
+        }
+        Ok(())
+    }
+
+    /// Launch `name` with one block of `threads` per output element (`args.n` outputs; the
+    /// kernel loops when there are more outputs than blocks).
+    pub fn launch_blocks(&self, op: &str, dtype: DType, name: &str, args: &mut Args, threads: u32) -> Result<()> {
+        if args.n == 0 {
+            return Ok(());
+        }
+        let f = self.function("elementwise", dtype, name)?;
+        let blocks = args.n.min(self.facts.sm_count as u64 * 64).max(1) as u32;
+        let mut params = [args as *mut Args as *mut c_void];
+        // SAFETY: as in `launch`.
+        unsafe {
+            // 16 bytes of shared memory per thread: the widest (value, index) state.
+            result::launch_kernel(f, (blocks, 1, 1), (threads, 1, 1), 256 * 16, self.stream, &mut params)
                 .map_err(|e| driver_error(&format!("{op}: launching {name}"), e))?;
         }
         Ok(())
@@ -348,6 +369,11 @@ impl Device for CudaDevice {
 
     fn execute(&self, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
         self.bind()?;
+        if self.plant_fault.as_deref() == Some(op.name().as_str()) {
+            let mut args = Args { n: 1, ..Args::default() };
+            self.launch(&op.name(), DType::F32, "plant_fault", &mut args, 1)?;
+            return self.issued(op, inputs);
+        }
         ops::execute(self, op, inputs, outputs)?;
         self.issued(op, inputs)
     }

@@ -383,3 +383,9 @@ extern "C" __global__ void arange_s(const Args a) {
         ((T*)a.p[0])[(i64)i * a.st[0][0]] = TT::from_d(v);
     }
 }
+
+// A deliberate illegal-address fault, launched in place of the op named by the environment
+// variable GENESIS_CUDA_PLANT_FAULT: the test that kernel faults become errors naming the op.
+extern "C" __global__ void plant_fault(const Args a) {
+    if (threadIdx.x == 0) *((volatile int*)(a.u[0] + 16)) = 1;
+}

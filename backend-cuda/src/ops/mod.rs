@@ -5,6 +5,7 @@
 mod elementwise;
 mod matmul;
 mod random;
+mod reduce;
 
 use crate::device::CudaDevice;
 use genesis_backend_api::sdk::expect_no_overlap;
@@ -15,8 +16,12 @@ use std::sync::OnceLock;
 type Claims = fn() -> Vec<(OpKind, DType)>;
 type Run = fn(&CudaDevice, &Op, &[TensorDesc], &[TensorDesc]) -> Result<()>;
 
-const FAMILIES: &[(Claims, Run)] =
-    &[(elementwise::claims, elementwise::run), (random::claims, random::run), (matmul::claims, matmul::run)];
+const FAMILIES: &[(Claims, Run)] = &[
+    (elementwise::claims, elementwise::run),
+    (random::claims, random::run),
+    (matmul::claims, matmul::run),
+    (reduce::claims, reduce::run),
+];
 
 fn claimed() -> &'static HashSet<(OpKind, DType)> {
     static CLAIMED: OnceLock<HashSet<(OpKind, DType)>> = OnceLock::new();
