@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Package the CUDA plugin and its checker for the GPU machine, and run them there.
+#
+#   backend-cuda/scripts/gpu_run.sh package DEST   # on the build machine: build, strip, copy to DEST
+#   dist-cuda/gpu_run.sh remote                    # on the GPU machine, from the folder's parent
+#
+# The GPU machine has the driver, the CUDA toolkit and PyTorch but no Rust: `package` builds
+# release binaries here; `remote` runs the checker twice (the second start must compile no
+# kernel: the disk cache is warm), the benchmark, and the PyTorch comparison, and writes logs
+# to $OUT when set.
+set -uo pipefail
+case "${1:-}" in
+package)
+    dest=${2:?destination folder}
+    root=$(cd "$(dirname "$0")/../.." && pwd)
+    target=${CARGO_TARGET_DIR:-$root/target}
+    (cd "$root" && cargo build --release -p genesis-backend-cuda --lib && cargo build --release -p genesis-backend-cuda --example cuda_check) || exit 1
+    mkdir -p "$dest"
+    cp "$target/release/libgenesis_backend_cuda.so" "$target/release/examples/cuda_check" "$dest/"
+    strip "$dest/libgenesis_backend_cuda.so" "$dest/cuda_check"
+    cp "$root/backend-cuda/scripts/gpu_run.sh" "$root/backend-cuda/scripts/torch_bench.py" "$dest/"
+    ls -la "$dest"
+    ;;
+remote)
+    dir=$(cd "$(dirname "$0")" && pwd)
+    out=${OUT:-/tmp/genesis-out}
+    mkdir -p "$out"
+    export GENESIS_CUDA_CACHE=/tmp/genesis-kernel-cache
+    rm -rf "$GENESIS_CUDA_CACHE"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+    echo "CUDA libraries on this machine:"
+    find / -xdev \( -name 'libnvrtc.so*' -o -name 'libcublas.so*' \) 2>/dev/null | head -10
+    echo "== first start (compiles kernels)"
+    GENESIS_CUDA_VERBOSE=1 "$dir/cuda_check" "$dir/libgenesis_backend_cuda.so" >"$out/check1.log" 2>&1
+    echo "rc=$?" | tee -a "$out/check1.log"
+    if grep -q "so.13 not found" "$out/check1.log"; then
+        echo "our library search missed a library; retrying with GENESIS_CUDA_LIB_DIR"
+        GENESIS_CUDA_LIB_DIR=$(find / -xdev \( -name 'libnvrtc.so*' -o -name 'libcublas.so*' \) -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)
+        export GENESIS_CUDA_LIB_DIR
+        GENESIS_CUDA_VERBOSE=1 "$dir/cuda_check" "$dir/libgenesis_backend_cuda.so" >"$out/check1.log" 2>&1
+        echo "rc=$?" | tee -a "$out/check1.log"
+    fi
+    grep -E "FAIL|passed|failed \(|claims|op checks took|out-of-memory|allocator" "$out/check1.log" | head -150
+    echo "kernel modules compiled on the first start: $(grep -c 'genesis-cuda: compiled' "$out/check1.log")"
+    echo "== second start (must compile nothing) + bench"
+    GENESIS_CUDA_VERBOSE=1 "$dir/cuda_check" "$dir/libgenesis_backend_cuda.so" --bench >"$out/check2.log" 2>&1
+    echo "rc=$?" | tee -a "$out/check2.log"
+    echo "kernel modules compiled on the second start: $(grep -c 'genesis-cuda: compiled' "$out/check2.log")"
+    sed -n '/^bench/,$p' "$out/check2.log"
+    grep -E "FAIL|passed \(|failed \(" "$out/check2.log" | head -20
+    ls "$GENESIS_CUDA_CACHE" | head -20
+    echo "reduce kernels in the cached float32 cubin: $(/usr/local/cuda/bin/cuobjdump -symbols "$GENESIS_CUDA_CACHE"/elementwise_float32-*.cubin 2>&1 | grep -c reduce_)"
+    if grep -q "named symbol not found" "$out/check1.log"; then
+        echo "== kernels not found: once more with CUDA_MODULE_LOADING=EAGER"
+        rm -rf "$GENESIS_CUDA_CACHE"
+        CUDA_MODULE_LOADING=EAGER "$dir/cuda_check" "$dir/libgenesis_backend_cuda.so" >"$out/eager.log" 2>&1
+        grep -E "passed \(|failed \(" "$out/eager.log"; grep FAIL "$out/eager.log" | grep -v "pow int32" | head -5
+    fi
+    echo "== planted kernel fault (must be an error naming the op, not a hang)"
+    GENESIS_CUDA_PLANT_FAULT=exp timeout 60 "$dir/cuda_check" "$dir/libgenesis_backend_cuda.so" --fault 2>&1 | tee "$out/fault.log"
+    echo "rc=${PIPESTATUS[0]}"
+    echo "== pytorch"
+    PYTHONUNBUFFERED=1 python3 "$dir/torch_bench.py" >"$out/torch.log" 2>&1
+    cat "$out/torch.log"
+    ;;
+*)
+    echo "usage: $0 package DEST | remote" >&2
+    exit 2
+    ;;
+esac

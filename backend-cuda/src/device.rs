@@ -1,0 +1,391 @@
+//! One opened CUDA device: its stream, memory, kernel modules and the op dispatch.
+//!
+//! All work of a device goes to one stream in issue order. Errors of asynchronous work (a
+//! kernel fault, say) surface at the next synchronizing call; the message then lists the ops
+//! issued since the last synchronization, and `GENESIS_CUDA_SYNC=1` synchronizes after every
+//! op to name the exact one.
+
+use crate::allocator::{CachingAllocator, Memory, ReserveError};
+use crate::kernels::{self, Args, Operand};
+use crate::nvrtc::Compiler;
+use crate::ops;
+use cudarc::driver::{result, sys, CudaContext, DriverError};
+use genesis_backend_api::{
+    BackendError, BufferId, Capability, DType, Device, ErrorKind, MemoryStats, Op, Result, TensorDesc,
+};
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{c_void, CString};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+/// "`call`: CUDA_ERROR_...: text".
+pub fn driver_error(call: &str, e: DriverError) -> BackendError {
+    let text = match e.error_string() {
+        Ok(text) => format!("{:?}: {}", e.0, text.to_string_lossy()),
+        Err(_) => format!("{:?}", e.0),
+    };
+    let kind =
+        if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY { ErrorKind::OutOfMemory } else { ErrorKind::Internal };
+    BackendError::new(kind, format!("cuda: {call} failed: {text}"))
+}
+
+/// Segments straight from the driver.
+pub struct DriverMemory {
+    stream: sys::CUstream,
+}
+
+// SAFETY: the stream handle is only used under the device's locks; CUDA handles may be used
+// from any thread once the context is current.
+unsafe impl Send for DriverMemory {}
+
+impl Memory for DriverMemory {
+    fn reserve(&mut self, bytes: usize) -> std::result::Result<u64, ReserveError> {
+        // SAFETY: plain allocation in the current context (the device binds it first).
+        match unsafe { result::malloc_sync(bytes) } {
+            Ok(ptr) => Ok(ptr),
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                Err(ReserveError::OutOfMemory(format!("cuMemAlloc of {bytes} bytes: CUDA_ERROR_OUT_OF_MEMORY")))
+            }
+            Err(e) => Err(ReserveError::Failed(driver_error("cuMemAlloc", e))),
+        }
+    }
+
+    fn release(&mut self, ptr: u64, _bytes: usize) -> Result<()> {
+        // Queued work may still use cached blocks of this segment: wait for it first.
+        // SAFETY: the stream belongs to this device; `ptr` came from `reserve`.
+        unsafe {
+            result::stream::synchronize(self.stream).map_err(|e| driver_error("cuStreamSynchronize", e))?;
+            result::free_sync(ptr).map_err(|e| driver_error("cuMemFree", e))
+        }
+    }
+
+    fn device_memory(&self) -> Option<(usize, usize)> {
+        result::mem_get_info().ok()
+    }
+}
+
+/// Facts about the device that kernels and launches need.
+#[derive(Debug, Clone, Copy)]
+pub struct Facts {
+    /// Compute capability as `10*major + minor` (90 for Hopper).
+    pub arch: u32,
+    /// Streaming multiprocessors.
+    pub sm_count: u32,
+    /// CUDA version the driver supports, as the driver encodes it (13000 for 13.0).
+    pub driver: i32,
+}
+
+/// An opened CUDA device.
+pub struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    stream: sys::CUstream,
+    memory: Mutex<CachingAllocator<DriverMemory>>,
+    /// Loaded modules by (module name, element type) and their functions by name.
+    modules: Mutex<HashMap<(&'static str, DType), sys::CUmodule>>,
+    functions: Mutex<HashMap<(&'static str, DType, String), sys::CUfunction>>,
+    /// Ops issued since the last synchronization, for error messages.
+    pending: Mutex<VecDeque<String>>,
+    /// Facts about the device.
+    pub facts: Facts,
+    sync_each_op: bool,
+    /// The op name whose launches are replaced by a faulting kernel (fault-handling tests).
+    plant_fault: Option<String>,
+    /// cuBLAS, opened on the first matrix product.
+    pub(crate) blas: OnceLock<Result<crate::blas::Blas>>,
+}
+
+// SAFETY: the raw CUDA handles are used under locks or are immutable after creation; the
+// driver API is thread-safe once the context is current on the calling thread (every entry
+// point binds it).
+unsafe impl Send for CudaDevice {}
+unsafe impl Sync for CudaDevice {}
+
+/// The process-wide NVRTC, opened on the first kernel launch.
+fn compiler() -> Result<&'static Compiler> {
+    static COMPILER: OnceLock<Result<Compiler>> = OnceLock::new();
+    COMPILER.get_or_init(Compiler::open).as_ref().map_err(Clone::clone)
+}
+
+const PENDING_KEPT: usize = 16;
+
+impl CudaDevice {
+    /// Create the stream and the allocator on an opened context.
+    pub fn open(ctx: Arc<CudaContext>) -> Result<CudaDevice> {
+        let ordinal = ctx.ordinal();
+        let err = |call: &str, e: DriverError| {
+            let e = driver_error(call, e);
+            BackendError::new(ErrorKind::DeviceUnavailable, format!("opening cuda:{ordinal}: {}", e.message))
+        };
+        // We never use cudarc's CudaSlice, but make sure nothing records per-allocation events.
+        // SAFETY: this device orders all its work on one stream.
+        unsafe { ctx.disable_event_tracking() };
+        ctx.bind_to_thread().map_err(|e| err("cuCtxSetCurrent", e))?;
+        let attribute = |a| ctx.attribute(a);
+        use sys::CUdevice_attribute as A;
+        let major = attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).map_err(|e| err("attribute", e))?;
+        let minor = attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR).map_err(|e| err("attribute", e))?;
+        let sm_count = attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(|e| err("attribute", e))?;
+        let mut driver = 0;
+        // SAFETY: writes one int.
+        unsafe { sys::cuDriverGetVersion(&mut driver) }.result().map_err(|e| err("cuDriverGetVersion", e))?;
+        let stream =
+            result::stream::create(result::stream::StreamKind::NonBlocking).map_err(|e| err("cuStreamCreate", e))?;
+        Ok(CudaDevice {
+            ctx,
+            stream,
+            memory: Mutex::new(CachingAllocator::new(DriverMemory { stream })),
+            modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+            pending: Mutex::new(VecDeque::new()),
+            facts: Facts { arch: (major * 10 + minor) as u32, sm_count: sm_count.max(1) as u32, driver },
+            sync_each_op: std::env::var_os("GENESIS_CUDA_SYNC").is_some_and(|v| v != "0"),
+            plant_fault: std::env::var("GENESIS_CUDA_PLANT_FAULT").ok().filter(|v| !v.is_empty()),
+            blas: OnceLock::new(),
+        })
+    }
+
+    /// The stream all work goes to.
+    pub fn stream(&self) -> sys::CUstream {
+        self.stream
+    }
+
+    /// Make this device's context current on the calling thread.
+    pub fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(|e| driver_error("cuCtxSetCurrent", e))
+    }
+
+    fn memory(&self) -> MutexGuard<'_, CachingAllocator<DriverMemory>> {
+        self.memory.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Resolve an operand against its buffer.
+    pub fn operand(&self, desc: &TensorDesc) -> Result<Operand> {
+        let live = self.memory().get(desc.buffer)?;
+        Operand::resolve(desc, live.ptr, live.requested)
+    }
+
+    /// A scratch buffer for an op (freed by the caller with [`CudaDevice::free_scratch`]).
+    pub fn scratch(&self, bytes: usize) -> Result<(BufferId, u64)> {
+        let mut memory = self.memory();
+        let id = memory.allocate(bytes)?;
+        Ok((id, memory.get(id)?.ptr))
+    }
+
+    /// Return a scratch buffer; stream order makes this safe while the op is still queued.
+    pub fn free_scratch(&self, id: BufferId) -> Result<()> {
+        self.memory().free(id)
+    }
+
+    fn function(&self, module: &'static str, dtype: DType, name: &str) -> Result<sys::CUfunction> {
+        let key = (module, dtype, name.to_string());
+        if let Some(&f) = Self::lock(&self.functions).get(&key) {
+            return Ok(f);
+        }
+        let module_handle = {
+            let mut modules = Self::lock(&self.modules);
+            match modules.get(&(module, dtype)) {
+                Some(&m) => m,
+                None => {
+                    let sources = kernels::MODULES
+                        .iter()
+                        .find(|(n, _)| *n == module)
+                        .map(|(_, s)| s.concat())
+                        .ok_or_else(|| BackendError::internal(format!("cuda: no kernel module {module}")))?;
+                    let name = format!("{module}_{}", dtype.name());
+                    let cubin = compiler()?.cubin(
+                        &name,
+                        &sources,
+                        &kernels::defines(dtype),
+                        self.facts.arch,
+                        self.facts.driver,
+                    )?;
+                    // SAFETY: a CUBIN NVRTC produced for this device's architecture.
+                    let m = unsafe { result::module::load_data(cubin.as_ptr() as *const c_void) }
+                        .map_err(|e| driver_error(&format!("loading kernel module {name}"), e))?;
+                    modules.insert((module, dtype), m);
+                    m
+                }
+            }
+        };
+        let cname = CString::new(name).map_err(|_| BackendError::internal("kernel name with NUL"))?;
+        // SAFETY: the module is loaded and never unloaded while the device lives.
+        let f = unsafe { result::module::get_function(module_handle, cname) }
+            .map_err(|e| driver_error(&format!("kernel {name} of module {module} for {dtype}"), e))?;
+        Self::lock(&self.functions).insert(key, f);
+        Ok(f)
+    }
+
+    /// Launch `name` of the elementwise module of `dtype` over `args.n` elements, `per_thread`
+    /// elements per thread per step; `op` names the op in errors.
+    pub fn launch(&self, op: &str, dtype: DType, name: &str, args: &mut Args, per_thread: u64) -> Result<()> {
+        if args.n == 0 {
+            return Ok(());
+        }
+        let f = self.function("elementwise", dtype, name)?;
+        const THREADS: u64 = 256;
+        let wanted = args.n.div_ceil(THREADS * per_thread.max(1));
+        // Enough blocks to fill every SM several times over; grid-stride loops do the rest.
+        let blocks = wanted.min(self.facts.sm_count as u64 * 32).max(1) as u32;
+        let mut params = [args as *mut Args as *mut c_void];
+        // SAFETY: every kernel of the module takes one `Args` by value, which is what
+        // `params` points at; the addresses inside were validated against their buffers.
+        unsafe {
+            result::launch_kernel(f, (blocks, 1, 1), (THREADS as u32, 1, 1), 0, self.stream, &mut params)
+                .map_err(|e| driver_error(&format!("{op}: launching {name}"), e))?;
+        }
+        Ok(())
+    }
+
+    /// Launch `name` with one block of `threads` per output element (`args.n` outputs; the
+    /// kernel loops when there are more outputs than blocks).
+    pub fn launch_blocks(&self, op: &str, dtype: DType, name: &str, args: &mut Args, threads: u32) -> Result<()> {
+        if args.n == 0 {
+            return Ok(());
+        }
+        let f = self.function("elementwise", dtype, name)?;
+        let blocks = args.n.min(self.facts.sm_count as u64 * 64).max(1) as u32;
+        let mut params = [args as *mut Args as *mut c_void];
+        // SAFETY: as in `launch`.
+        unsafe {
+            // 16 bytes of shared memory per thread: the widest (value, index) state.
+            result::launch_kernel(f, (blocks, 1, 1), (threads, 1, 1), 256 * 16, self.stream, &mut params)
+                .map_err(|e| driver_error(&format!("{op}: launching {name}"), e))?;
+        }
+        Ok(())
+    }
+
+    /// Note an issued op; with `GENESIS_CUDA_SYNC=1`, also wait for it.
+    fn issued(&self, op: &Op, inputs: &[TensorDesc]) -> Result<()> {
+        let dtype = inputs.first().and_then(|d| d.dtype().ok()).map_or(String::new(), |d| format!(" ({d})"));
+        {
+            let mut pending = Self::lock(&self.pending);
+            if pending.len() == PENDING_KEPT {
+                pending.pop_front();
+            }
+            pending.push_back(format!("{}{dtype}", op.name()));
+        }
+        if self.sync_each_op {
+            self.wait(&format!("after {}", op.name()))?;
+        }
+        Ok(())
+    }
+
+    /// Wait for the stream; an error names the ops that may have caused it.
+    fn wait(&self, when: &str) -> Result<()> {
+        // SAFETY: our stream.
+        let r = unsafe { result::stream::synchronize(self.stream) };
+        let ops: Vec<String> = Self::lock(&self.pending).drain(..).collect();
+        r.map_err(|e| {
+            let e = driver_error("cuStreamSynchronize", e);
+            BackendError::new(
+                ErrorKind::Internal,
+                format!(
+                    "{} ({when}); the failing work is one of the ops issued since the last synchronization: [{}] \
+                     (set GENESIS_CUDA_SYNC=1 to check after every op). A kernel fault leaves the CUDA context \
+                     unusable: restart the process.",
+                    e.message,
+                    ops.join(", ")
+                ),
+            )
+        })
+    }
+
+    fn range(&self, buffer: BufferId, offset: usize, len: usize) -> Result<u64> {
+        let live = self.memory().get(buffer)?;
+        match offset.checked_add(len) {
+            Some(end) if end <= live.requested => Ok(live.ptr + offset as u64),
+            _ => Err(BackendError::invalid(format!(
+                "cuda: bytes {offset}..{} are outside a {}-byte buffer",
+                offset.saturating_add(len),
+                live.requested
+            ))),
+        }
+    }
+
+    /// Peek at allocator counters the interface does not carry (driver releases).
+    pub fn driver_releases(&self) -> u64 {
+        self.memory().driver_releases
+    }
+}
+
+impl Device for CudaDevice {
+    fn allocate(&self, bytes: usize) -> Result<BufferId> {
+        self.bind()?;
+        self.memory().allocate(bytes)
+    }
+
+    fn free(&self, buffer: BufferId) -> Result<()> {
+        self.memory().free(buffer)
+    }
+
+    fn write(&self, dst: BufferId, offset: usize, src: &[u8]) -> Result<()> {
+        let ptr = self.range(dst, offset, src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the range is inside the buffer. From pageable memory the call returns once
+        // `src` has been staged, so the caller may reuse it at once; the copy is ordered
+        // after earlier work on the stream.
+        unsafe { result::memcpy_htod_async(ptr, src, self.stream) }.map_err(|e| driver_error("write (cuMemcpyHtoD)", e))
+    }
+
+    fn read(&self, src: BufferId, offset: usize, dst: &mut [u8]) -> Result<()> {
+        let ptr = self.range(src, offset, dst.len())?;
+        self.bind()?;
+        if !dst.is_empty() {
+            // SAFETY: the range is inside the buffer; we wait for the copy before returning.
+            unsafe { result::memcpy_dtoh_async(dst, ptr, self.stream) }
+                .map_err(|e| driver_error("read (cuMemcpyDtoH)", e))?;
+        }
+        self.wait("reading a buffer")
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        self.wait("synchronize")
+    }
+
+    fn memory_stats(&self) -> Result<MemoryStats> {
+        Ok(self.memory().stats())
+    }
+
+    fn reset_peak_memory(&self) -> Result<()> {
+        self.memory().reset_peak();
+        Ok(())
+    }
+
+    fn empty_cache(&self) -> Result<()> {
+        self.bind()?;
+        self.memory().empty_cache()
+    }
+
+    fn capabilities(&self) -> Vec<Capability> {
+        ops::capabilities()
+    }
+
+    fn execute(&self, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+        self.bind()?;
+        if self.plant_fault.as_deref() == Some(op.name().as_str()) {
+            let mut args = Args { n: 1, ..Args::default() };
+            self.launch(&op.name(), DType::F32, "plant_fault", &mut args, 1)?;
+            return self.issued(op, inputs);
+        }
+        ops::execute(self, op, inputs, outputs)?;
+        self.issued(op, inputs)
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        // Best effort: the process is usually exiting; the driver frees the rest.
+        if self.bind().is_ok() {
+            let _ = self.memory().empty_cache();
+            // SAFETY: our stream, destroyed once.
+            let _ = unsafe { result::stream::destroy(self.stream) };
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! The kernel side of the device: CUDA C sources, the argument block every kernel takes,
+//! operand resolution and the strided geometry, and the launch helper.
+
+use genesis_backend_api::{BackendError, DType, Result, TensorDesc, MAX_DIMS};
+
+/// The elementwise, cast, random and reduction kernels, compiled once per element type.
+pub const ELEMENTWISE: &[&str] = &[
+    include_str!("common.cuh"),
+    include_str!("elementwise.cu"),
+    include_str!("cast.cu"),
+    include_str!("random.cu"),
+    include_str!("reduce.cu"),
+];
+
+/// Every module source with its name, for the compile-everything test and the cache warm-up.
+pub const MODULES: &[(&str, &[&str])] = &[("elementwise", ELEMENTWISE)];
+
+/// Mirror of `struct Args` in common.cuh: one argument block per launch.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Args {
+    /// Operand addresses (element zero of each view).
+    pub p: [u64; 4],
+    /// Output elements.
+    pub n: u64,
+    /// Float attributes.
+    pub s: [f64; 4],
+    /// Integer attributes.
+    pub u: [u64; 2],
+    /// Op-specific flags (bit 0: scalar first; bit 1: packs are aligned).
+    pub flag: i32,
+    /// Rank of the merged geometry.
+    pub ndim: i32,
+    /// Merged shape.
+    pub shape: [i64; MAX_DIMS],
+    /// Strides of each operand over the merged shape.
+    pub st: [[i64; MAX_DIMS]; 4],
+}
+
+/// The C type and defines a module is compiled with for element type `dtype`.
+pub fn defines(dtype: DType) -> Vec<String> {
+    let ctype = match dtype {
+        DType::F32 => "float",
+        DType::F64 => "double",
+        DType::F16 => "h16",
+        DType::BF16 => "b16",
+        DType::I64 => "i64",
+        DType::I32 => "int",
+        DType::U8 => "u8",
+        DType::Bool => "bool8",
+    };
+    let class = if dtype.is_float() {
+        "IS_FLOAT=1"
+    } else if dtype == DType::Bool {
+        "IS_BOOL=1"
+    } else {
+        "IS_INT=1"
+    };
+    let mut defines = vec![format!("ELEM={ctype}"), class.to_string()];
+    if matches!(dtype, DType::F32 | DType::F64) {
+        // Sums of f32 accumulate in f64, as the CPU reference does.
+        defines.push("IS_DOUBLE_ACC=1".into());
+    }
+    defines
+}
+
+/// A resolved operand: a validated view with its device address.
+#[derive(Debug, Clone)]
+pub struct Operand {
+    /// Address of element zero.
+    pub ptr: u64,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Strides in elements.
+    pub strides: Vec<isize>,
+}
+
+impl Operand {
+    /// Check `desc` against a buffer of `len` bytes at `base`.
+    pub fn resolve(desc: &TensorDesc, base: u64, len: usize) -> Result<Operand> {
+        desc.validate(len)?;
+        let dtype = desc.dtype()?;
+        if desc.offset_bytes % dtype.size_in_bytes() as u64 != 0 {
+            return Err(BackendError::invalid(format!(
+                "tensor view byte offset {} is not a multiple of the {dtype} element size",
+                desc.offset_bytes
+            )));
+        }
+        Ok(Operand { ptr: base + desc.offset_bytes, dtype, shape: desc.shape(), strides: desc.strides() })
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// Drop size-1 dims and merge neighbours contiguous in every stride set (row-major order is
+/// kept, so linear positions are unchanged). Returns the shape and one stride list per set.
+pub fn merge_dims(shape: &[usize], strides: &[&[isize]]) -> (Vec<usize>, Vec<Vec<isize>>) {
+    let k = strides.len();
+    let mut out_shape: Vec<usize> = Vec::new();
+    let mut out: Vec<Vec<isize>> = vec![Vec::new(); k];
+    for (d, &n) in shape.iter().enumerate() {
+        if n == 1 {
+            continue;
+        }
+        if let Some(last) = out_shape.len().checked_sub(1) {
+            if (0..k).all(|j| out[j][last] == strides[j][d].wrapping_mul(n as isize)) {
+                out_shape[last] *= n;
+                for (j, s) in out.iter_mut().enumerate() {
+                    s[last] = strides[j][d];
+                }
+                continue;
+            }
+        }
+        out_shape.push(n);
+        for (j, s) in out.iter_mut().enumerate() {
+            s.push(strides[j][d]);
+        }
+    }
+    (out_shape, out)
+}
+
+/// Fill the geometry of `args` for `operands` (all of the output's shape). Returns true when
+/// every operand is dense in row-major order (the contiguous kernels apply).
+pub fn set_geometry(args: &mut Args, operands: &[&Operand]) -> bool {
+    let shape = &operands[operands.len() - 1].shape;
+    let strides: Vec<&[isize]> = operands.iter().map(|o| o.strides.as_slice()).collect();
+    let (merged, merged_strides) = merge_dims(shape, &strides);
+    args.n = shape.iter().product::<usize>() as u64;
+    args.ndim = merged.len() as i32;
+    for (d, &n) in merged.iter().enumerate() {
+        args.shape[d] = n as i64;
+        for (j, s) in merged_strides.iter().enumerate() {
+            args.st[j][d] = s[d] as i64;
+        }
+    }
+    for (j, o) in operands.iter().enumerate() {
+        args.p[j] = o.ptr;
+    }
+    merged.is_empty() || (merged.len() == 1 && merged_strides.iter().all(|s| s[0] == 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merging_keeps_row_major_order() {
+        // A contiguous 2x3x4 merges to one dim; a transposed operand stops the merge.
+        let (shape, s) = merge_dims(&[2, 3, 4], &[&[12, 4, 1], &[12, 4, 1]]);
+        assert_eq!((shape, s), (vec![24], vec![vec![1], vec![1]]));
+        let (shape, s) = merge_dims(&[2, 3, 4], &[&[12, 4, 1], &[1, 6, 2]]);
+        assert_eq!(shape, vec![2, 3, 4]);
+        assert_eq!(s[1], vec![1, 6, 2]);
+        // Dims that are contiguous with each other in every operand merge even when the
+        // operand as a whole is not dense.
+        let (shape, s) = merge_dims(&[2, 3, 4], &[&[12, 4, 1], &[1, 8, 2]]);
+        assert_eq!((shape, s), (vec![2, 12], vec![vec![12, 1], vec![1, 2]]));
+        // Broadcast rows: the zero stride merges with nothing but size-1 dims vanish.
+        let (shape, s) = merge_dims(&[1, 5, 6], &[&[30, 0, 1], &[30, 6, 1]]);
+        assert_eq!((shape, s), (vec![5, 6], vec![vec![0, 1], vec![6, 1]]));
+    }
+
+    /// Every CUDA source file in this directory is part of a module (a file left out of the
+    /// list compiles fine and then fails at run time with "named symbol not found").
+    #[test]
+    fn every_source_file_is_compiled() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kernels");
+        let mut files = 0;
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            if name.ends_with(".cu") || name.ends_with(".cuh") {
+                files += 1;
+                let text = std::fs::read_to_string(entry.path()).unwrap();
+                assert!(MODULES.iter().any(|(_, srcs)| srcs.contains(&text.as_str())), "{name} is in no module");
+            }
+        }
+        assert_eq!(files, ELEMENTWISE.len());
+    }
+
+    #[test]
+    fn the_argument_block_has_the_c_layout() {
+        // 4 pointers, n, 4 doubles, 2 u64, 2 ints, 8 + 32 i64: 8-byte aligned, no padding.
+        assert_eq!(std::mem::size_of::<Args>(), 8 * 4 + 8 + 8 * 4 + 8 * 2 + 4 * 2 + 8 * 8 + 8 * 32);
+    }
+}

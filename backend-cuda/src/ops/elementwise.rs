@@ -1,0 +1,200 @@
+//! Elementwise ops, copies, casts, fill and arange: operand checks here, arithmetic in
+//! `kernels/elementwise.cu` and `kernels/cast.cu`. The dtype rules are the CPU backend's.
+
+use super::arity;
+use crate::device::CudaDevice;
+use crate::kernels::{set_geometry, Args, Operand};
+use cudarc::driver::result;
+use genesis_backend_api::{BackendError, BinaryOp, DType, Op, OpKind, Result, TensorDesc, UnaryOp};
+
+fn unary_supported(op: UnaryOp, dtype: DType) -> bool {
+    match op {
+        UnaryOp::Not => dtype == DType::Bool,
+        UnaryOp::IsNan => true,
+        UnaryOp::Neg | UnaryOp::Sign => dtype.is_float() || matches!(dtype, DType::I64 | DType::I32),
+        UnaryOp::Abs | UnaryOp::Square => dtype != DType::Bool,
+        _ => dtype.is_float(),
+    }
+}
+
+fn binary_supported(op: BinaryOp, dtype: DType) -> bool {
+    match op {
+        BinaryOp::And | BinaryOp::Or | BinaryOp::Eq | BinaryOp::Ne => true,
+        _ => dtype != DType::Bool,
+    }
+}
+
+/// What this family runs.
+pub fn claims() -> Vec<(OpKind, DType)> {
+    let mut claims = Vec::new();
+    for dtype in DType::ALL {
+        for &u in UnaryOp::ALL {
+            if unary_supported(u, dtype) {
+                claims.push((OpKind::unary(u), dtype));
+            }
+        }
+        for &b in BinaryOp::ALL {
+            if binary_supported(b, dtype) {
+                claims.push((OpKind::binary(b), dtype));
+                claims.push((OpKind::binary_scalar(b), dtype));
+            }
+        }
+        if dtype != DType::Bool {
+            claims.push((Op::Clamp { min: 0.0, max: 0.0 }.kind(), dtype));
+        }
+        for op in [Op::Where, Op::Copy, Op::Cast, Op::Fill { value: 0.0 }, Op::Arange { start: 0.0, step: 1.0 }] {
+            claims.push((op.kind(), dtype));
+        }
+    }
+    claims
+}
+
+fn same_shape(op: &Op, operands: &[&Operand]) -> Result<()> {
+    let first = &operands[0].shape;
+    match operands.iter().find(|o| &o.shape != first) {
+        Some(other) => Err(BackendError::shape(format!(
+            "{}: operand shapes {first:?} and {:?} differ (the core broadcasts before calling)",
+            op.name(),
+            other.shape
+        ))),
+        None => Ok(()),
+    }
+}
+
+fn expect(op: &Op, o: &Operand, dtype: DType) -> Result<()> {
+    if o.dtype != dtype {
+        return Err(BackendError::dtype(format!("{}: expected {dtype}, got {}", op.name(), o.dtype)));
+    }
+    Ok(())
+}
+
+/// Launch `base` over `operands` (output last): the contiguous kernel `base_c` when every
+/// operand is dense and `has_contiguous`, in packs of 16 bytes of `dtype` when every address
+/// is aligned for them; the strided kernel `base_s` otherwise.
+fn launch(
+    device: &CudaDevice,
+    op: &Op,
+    dtype: DType,
+    base: &str,
+    operands: &[&Operand],
+    mut args: Args,
+    has_contiguous: bool,
+) -> Result<()> {
+    let dense = set_geometry(&mut args, operands);
+    if dense && has_contiguous {
+        let pack = (16 / dtype.size_in_bytes()) as u64;
+        let aligned = operands.iter().all(|o| o.ptr % (o.dtype.size_in_bytes() as u64 * pack) == 0);
+        if aligned {
+            args.flag |= 2;
+        }
+        let per_thread = if aligned { pack } else { 1 };
+        device.launch(&op.name(), dtype, &format!("{base}_c"), &mut args, per_thread)
+    } else {
+        device.launch(&op.name(), dtype, &format!("{base}_s"), &mut args, 1)
+    }
+}
+
+/// Run one op of this family.
+pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+    let resolve = |descs: &[TensorDesc]| descs.iter().map(|d| device.operand(d)).collect::<Result<Vec<_>>>();
+    match *op {
+        Op::Unary(u) => {
+            arity(op, 1, 1, inputs, outputs)?;
+            let (x, y) = (device.operand(&inputs[0])?, device.operand(&outputs[0])?);
+            same_shape(op, &[&x, &y])?;
+            expect(op, &y, if u == UnaryOp::IsNan { DType::Bool } else { x.dtype })?;
+            launch(device, op, x.dtype, &format!("unary_{}", u.name()), &[&x, &y], Args::default(), true)
+        }
+        Op::Binary(b) => {
+            arity(op, 2, 1, inputs, outputs)?;
+            let v = resolve(inputs)?;
+            let y = device.operand(&outputs[0])?;
+            same_shape(op, &[&v[0], &v[1], &y])?;
+            expect(op, &v[1], v[0].dtype)?;
+            expect(op, &y, if b.is_predicate() { DType::Bool } else { v[0].dtype })?;
+            launch(device, op, v[0].dtype, &format!("binary_{}", b.name()), &[&v[0], &v[1], &y], Args::default(), true)
+        }
+        Op::BinaryScalar { op: b, scalar, scalar_first } => {
+            arity(op, 1, 1, inputs, outputs)?;
+            let (x, y) = (device.operand(&inputs[0])?, device.operand(&outputs[0])?);
+            same_shape(op, &[&x, &y])?;
+            expect(op, &y, if b.is_predicate() { DType::Bool } else { x.dtype })?;
+            let mut args = Args::default();
+            args.s[0] = scalar;
+            args.flag = scalar_first as i32;
+            launch(device, op, x.dtype, &format!("binary_scalar_{}", b.name()), &[&x, &y], args, true)
+        }
+        Op::Clamp { min, max } => {
+            arity(op, 1, 1, inputs, outputs)?;
+            let (x, y) = (device.operand(&inputs[0])?, device.operand(&outputs[0])?);
+            same_shape(op, &[&x, &y])?;
+            expect(op, &y, x.dtype)?;
+            let mut args = Args::default();
+            args.s[0] = min;
+            args.s[1] = max;
+            // The contiguous clamp kernel works element by element (no packs).
+            launch(device, op, x.dtype, "clamp", &[&x, &y], args, false)
+        }
+        Op::Where => {
+            arity(op, 3, 1, inputs, outputs)?;
+            let v = resolve(inputs)?;
+            let y = device.operand(&outputs[0])?;
+            same_shape(op, &[&v[0], &v[1], &v[2], &y])?;
+            expect(op, &v[0], DType::Bool)?;
+            expect(op, &v[2], v[1].dtype)?;
+            expect(op, &y, v[1].dtype)?;
+            launch(device, op, v[1].dtype, "where", &[&v[0], &v[1], &v[2], &y], Args::default(), false)
+        }
+        Op::Copy | Op::Cast => {
+            arity(op, 1, 1, inputs, outputs)?;
+            let (x, y) = (device.operand(&inputs[0])?, device.operand(&outputs[0])?);
+            same_shape(op, &[&x, &y])?;
+            if *op == Op::Copy && x.dtype != y.dtype {
+                return Err(BackendError::dtype(format!("copy: {} to {} needs cast", x.dtype, y.dtype)));
+            }
+            if x.dtype == y.dtype {
+                copy(device, op, &x, &y)
+            } else {
+                launch(device, op, x.dtype, &format!("cast_to_{}", y.dtype.name()), &[&x, &y], Args::default(), true)
+            }
+        }
+        Op::Fill { value } => {
+            arity(op, 0, 1, inputs, outputs)?;
+            let y = device.operand(&outputs[0])?;
+            let mut args = Args::default();
+            args.s[0] = value;
+            launch(device, op, y.dtype, "fill", &[&y], args, true)
+        }
+        Op::Arange { start, step } => {
+            arity(op, 0, 1, inputs, outputs)?;
+            let y = device.operand(&outputs[0])?;
+            if y.shape.len() != 1 {
+                return Err(BackendError::shape(format!("arange: output must be rank 1, got {:?}", y.shape)));
+            }
+            let mut args = Args::default();
+            args.s[0] = start;
+            args.s[1] = step;
+            args.n = y.shape[0] as u64;
+            args.p[0] = y.ptr;
+            args.st[0][0] = y.strides[0] as i64;
+            device.launch("arange", y.dtype, "arange_s", &mut args, 1)
+        }
+        _ => Err(BackendError::unsupported(format!("cuda: {} is not an elementwise op", op.name()))),
+    }
+}
+
+/// Same-dtype copy: one driver copy when both views are dense, the strided kernel otherwise.
+fn copy(device: &CudaDevice, op: &Op, x: &Operand, y: &Operand) -> Result<()> {
+    let mut args = Args::default();
+    let dense = set_geometry(&mut args, &[x, y]);
+    if args.n == 0 {
+        return Ok(());
+    }
+    if dense {
+        let bytes = args.n as usize * x.dtype.size_in_bytes();
+        // SAFETY: both ranges were validated against their buffers; ordered on our stream.
+        return unsafe { result::memcpy_dtod_async(y.ptr, x.ptr, bytes, device.stream()) }
+            .map_err(|e| crate::device::driver_error("copy (cuMemcpyDtoD)", e));
+    }
+    device.launch(&op.name(), x.dtype, "copy_s", &mut args, 1)
+}

@@ -1,0 +1,211 @@
+//! Batched matrix products through cuBLAS.
+//!
+//! cuBLAS is column-major; a row-major `y = a·b` is the column-major `yᵀ = bᵀ·aᵀ`, and a
+//! row-major operand read column-major is its transpose, so dense or transposed views go to
+//! cuBLAS as they are (`N` or `T`), other layouts are first copied dense. f16/bf16 accumulate
+//! in f32 and f32 is IEEE (no TF32) unless `GENESIS_CUDA_ALLOW_TF32=1`.
+
+use super::arity;
+use crate::blas::{compute, data_type, Blas, Gemm};
+use crate::device::CudaDevice;
+use crate::kernels::{merge_dims, set_geometry, Args, Operand};
+use genesis_backend_api::{contiguous_strides, BackendError, BufferId, DType, Op, OpKind, Result, TensorDesc};
+
+const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+
+/// What this family runs.
+pub fn claims() -> Vec<(OpKind, DType)> {
+    DTYPES.iter().map(|&d| (Op::Matmul.kind(), d)).collect()
+}
+
+/// How one matrix (rows × cols, strides rs, cs) is handed to cuBLAS as its transpose in
+/// column-major terms: `(op, leading dimension)`, or `None` when it must be copied dense.
+fn layout(rows: usize, cols: usize, rs: isize, cs: isize) -> Option<(i32, i32)> {
+    let (rs, cs) = (rs as usize, cs as usize);
+    if cols <= 1 || cs == 1 {
+        let ld = if rows <= 1 { cols.max(1) } else { rs };
+        if ld >= cols.max(1) && ld <= i32::MAX as usize {
+            return Some((0, ld as i32));
+        }
+    }
+    if rows <= 1 || rs == 1 {
+        let ld = if cols <= 1 { rows.max(1) } else { cs };
+        if ld >= rows.max(1) && ld <= i32::MAX as usize {
+            return Some((1, ld as i32));
+        }
+    }
+    None
+}
+
+fn blas(device: &CudaDevice) -> Result<&Blas> {
+    device.blas.get_or_init(|| Blas::open(device.stream() as *mut _)).as_ref().map_err(Clone::clone)
+}
+
+/// A dense row-major copy of `x` in a scratch buffer.
+fn dense_copy(device: &CudaDevice, x: &Operand) -> Result<(Operand, BufferId)> {
+    let bytes = x.numel() * x.dtype.size_in_bytes();
+    let (id, ptr) = device.scratch(bytes)?;
+    let y = Operand { ptr, dtype: x.dtype, shape: x.shape.clone(), strides: contiguous_strides(&x.shape) };
+    let mut args = Args::default();
+    set_geometry(&mut args, &[x, &y]);
+    device.launch("matmul (dense copy)", x.dtype, "copy_s", &mut args, 1)?;
+    Ok((y, id))
+}
+
+/// Run one matrix product.
+pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+    arity(op, 2, 1, inputs, outputs)?;
+    let (a, b, y) = (device.operand(&inputs[0])?, device.operand(&inputs[1])?, device.operand(&outputs[0])?);
+    if b.dtype != a.dtype || y.dtype != a.dtype {
+        return Err(BackendError::dtype(format!(
+            "matmul: operands must share one dtype, got {} x {} -> {}",
+            a.dtype, b.dtype, y.dtype
+        )));
+    }
+    let r = a.shape.len();
+    let bad = || {
+        BackendError::shape(format!(
+            "matmul: expected a (.., m, k), b (.., k, n) -> y (.., m, n) with equal batch dims, got {:?} x {:?} -> {:?}",
+            a.shape, b.shape, y.shape
+        ))
+    };
+    if r < 2 || b.shape.len() != r || y.shape.len() != r {
+        return Err(bad());
+    }
+    let (m, k, n) = (a.shape[r - 2], a.shape[r - 1], b.shape[r - 1]);
+    if b.shape[r - 2] != k || y.shape[r - 2] != m || y.shape[r - 1] != n {
+        return Err(bad());
+    }
+    if a.shape[..r - 2] != y.shape[..r - 2] || b.shape[..r - 2] != y.shape[..r - 2] {
+        return Err(bad());
+    }
+    if y.numel() == 0 {
+        return Ok(());
+    }
+    let limit = i32::MAX as usize;
+    if m > limit || n > limit || k > limit {
+        return Err(BackendError::unsupported(format!("matmul: dims {m}, {n}, {k} exceed cuBLAS's 32-bit sizes")));
+    }
+    if k == 0 {
+        // An empty sum: y = 0.
+        return super::elementwise::run(device, &Op::Fill { value: 0.0 }, &[], outputs);
+    }
+    let mut scratch = Vec::new();
+    let result = product(device, a, b, y, (m, n, k), &mut scratch);
+    for id in scratch {
+        device.free_scratch(id)?;
+    }
+    result
+}
+
+fn product(
+    device: &CudaDevice,
+    mut a: Operand,
+    mut b: Operand,
+    y: Operand,
+    (m, n, k): (usize, usize, usize),
+    scratch: &mut Vec<BufferId>,
+) -> Result<()> {
+    let r = a.shape.len();
+    let mut mat = |x: &mut Operand, rows, cols| -> Result<(i32, i32)> {
+        if let Some(l) = layout(rows, cols, x.strides[r - 2], x.strides[r - 1]) {
+            return Ok(l);
+        }
+        let (dense, id) = dense_copy(device, x)?;
+        scratch.push(id);
+        *x = dense;
+        layout(rows, cols, x.strides[r - 2], x.strides[r - 1])
+            .ok_or_else(|| BackendError::internal("matmul: dense copy has no cuBLAS layout"))
+    };
+    let (op_a, ld_a) = mat(&mut a, m, k)?;
+    let (op_b, ld_b) = mat(&mut b, k, n)?;
+    // The output must be row-major with unit column stride; otherwise compute into scratch.
+    let (out, copy_back) = match layout(m, n, y.strides[r - 2], y.strides[r - 1]) {
+        Some((0, ld)) => ((y.clone(), ld), None),
+        _ => {
+            let bytes = y.numel() * y.dtype.size_in_bytes();
+            let (id, ptr) = device.scratch(bytes)?;
+            scratch.push(id);
+            let dense = Operand { ptr, dtype: y.dtype, shape: y.shape.clone(), strides: contiguous_strides(&y.shape) };
+            ((dense.clone(), n.max(1) as i32), Some(dense))
+        }
+    };
+    let (yo, ld_y) = out;
+    let (dtype_code, compute_type) = match a.dtype {
+        DType::F32 if std::env::var_os("GENESIS_CUDA_ALLOW_TF32").is_some_and(|v| v != "0") => {
+            (data_type::R_32F, compute::F32_FAST_TF32)
+        }
+        DType::F32 => (data_type::R_32F, compute::F32),
+        DType::F64 => (data_type::R_64F, compute::F64),
+        DType::F16 => (data_type::R_16F, compute::F32),
+        DType::BF16 => (data_type::R_16BF, compute::F32),
+        other => return Err(BackendError::unsupported(format!("cuda: matmul is not implemented for {other}"))),
+    };
+    // Batch dims merged across the three operands; all but the last merged dim loop here.
+    let batch_shape = &yo.shape[..r - 2];
+    let (bshape, bstrides) = merge_dims(batch_shape, &[&a.strides[..r - 2], &b.strides[..r - 2], &yo.strides[..r - 2]]);
+    let (inner, outer_shape) = match bshape.split_last() {
+        Some((&last, rest)) => (last, rest.to_vec()),
+        None => (1, Vec::new()),
+    };
+    let inner_stride = |j: usize| bstrides[j].last().copied().unwrap_or(0) as i64;
+    let elem = a.dtype.size_in_bytes() as u64;
+    let outer: usize = outer_shape.iter().product();
+    let blas = blas(device)?;
+    for index in 0..outer.max(1) {
+        // Offsets of this outer batch position in each operand, in elements.
+        let mut rest = index;
+        let mut off = [0i64; 3];
+        for d in (0..outer_shape.len()).rev() {
+            let i = (rest % outer_shape[d]) as i64;
+            rest /= outer_shape[d];
+            for (j, o) in off.iter_mut().enumerate() {
+                *o += i * bstrides[j][d] as i64;
+            }
+        }
+        let addr = |base: u64, o: i64| base.wrapping_add((o as u64).wrapping_mul(elem));
+        for start in (0..inner).step_by(i32::MAX as usize) {
+            let count = (inner - start).min(i32::MAX as usize);
+            let shift = |j: usize| off[j] + start as i64 * inner_stride(j);
+            let g = Gemm {
+                trans: (op_b, op_a),
+                m: n as i32,
+                n: m as i32,
+                k: k as i32,
+                a: (addr(b.ptr, shift(1)), ld_b, inner_stride(1)),
+                b: (addr(a.ptr, shift(0)), ld_a, inner_stride(0)),
+                c: (addr(yo.ptr, shift(2)), ld_y, inner_stride(2)),
+                batch: count as i32,
+                dtype: dtype_code,
+                compute: compute_type,
+            };
+            // SAFETY: every matrix lies inside its validated view (or a scratch buffer of its
+            // size); the handle is on this device's stream.
+            unsafe { blas.gemm(&g)? };
+        }
+    }
+    if let Some(dense) = copy_back {
+        let mut args = Args::default();
+        set_geometry(&mut args, &[&dense, &y]);
+        device.launch("matmul (copy out)", y.dtype, "copy_s", &mut args, 1)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::layout;
+
+    #[test]
+    fn layouts_map_row_major_and_transposed_views() {
+        // Row-major 3x4: N with ld 4. Its transpose view (4x3, strides 1, 4): T with ld 4.
+        assert_eq!(layout(3, 4, 4, 1), Some((0, 4)));
+        assert_eq!(layout(4, 3, 1, 4), Some((1, 4)));
+        // Padded rows are fine; overlapping rows and doubly strided views are not.
+        assert_eq!(layout(3, 4, 6, 1), Some((0, 6)));
+        assert_eq!(layout(3, 4, 2, 1), None);
+        assert_eq!(layout(3, 4, 8, 2), None);
+        // Vectors take any stride on their size-1 dim.
+        assert_eq!(layout(1, 5, 999, 1), Some((0, 5)));
+    }
+}

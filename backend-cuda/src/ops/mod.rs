@@ -1,0 +1,73 @@
+//! Op dispatch and the capability list. Each family file says which (op, dtype) pairs it
+//! runs (`claims`) and runs them (`run`); the capability list is the union of the claims, and
+//! an op outside them is refused with `Unsupported` before anything is launched.
+
+mod elementwise;
+mod matmul;
+mod random;
+mod reduce;
+
+use crate::device::CudaDevice;
+use genesis_backend_api::sdk::expect_no_overlap;
+use genesis_backend_api::{BackendError, Capability, DType, Op, OpKind, Result, TensorDesc};
+use std::collections::{HashMap, HashSet};
+use std::sync::OnceLock;
+
+type Claims = fn() -> Vec<(OpKind, DType)>;
+type Run = fn(&CudaDevice, &Op, &[TensorDesc], &[TensorDesc]) -> Result<()>;
+
+const FAMILIES: &[(Claims, Run)] = &[
+    (elementwise::claims, elementwise::run),
+    (random::claims, random::run),
+    (matmul::claims, matmul::run),
+    (reduce::claims, reduce::run),
+];
+
+fn claimed() -> &'static HashSet<(OpKind, DType)> {
+    static CLAIMED: OnceLock<HashSet<(OpKind, DType)>> = OnceLock::new();
+    CLAIMED.get_or_init(|| FAMILIES.iter().flat_map(|(claims, _)| claims()).collect())
+}
+
+/// The family that runs each op kind, built once (dispatch is on every op's path).
+fn runner(kind: OpKind) -> Option<Run> {
+    static RUNNERS: OnceLock<HashMap<OpKind, Run>> = OnceLock::new();
+    RUNNERS
+        .get_or_init(|| {
+            FAMILIES.iter().flat_map(|&(claims, run)| claims().into_iter().map(move |(k, _)| (k, run))).collect()
+        })
+        .get(&kind)
+        .copied()
+}
+
+/// Every (op, dtype) pair this backend runs.
+pub fn capabilities() -> Vec<Capability> {
+    let mut caps: Vec<Capability> =
+        claimed().iter().map(|&(op, dtype)| Capability { op, dtype: dtype as u32 }).collect();
+    caps.sort();
+    caps
+}
+
+/// Check and run one op.
+pub fn execute(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+    // The claim's dtype is that of the first input, or of the output for ops without inputs.
+    let first = inputs.first().or(outputs.first());
+    let dtype = first.map(|d| d.dtype()).transpose()?;
+    let kind = op.kind();
+    let (Some(dtype), Some(run)) = (dtype, runner(kind)) else {
+        return Err(BackendError::unsupported(format!("cuda: {} is not implemented", op.name())));
+    };
+    if !claimed().contains(&(kind, dtype)) {
+        return Err(BackendError::unsupported(format!("cuda: {} is not implemented for {dtype}", op.name())));
+    }
+    let elementwise = matches!(
+        op,
+        Op::Unary(_) | Op::Binary(_) | Op::BinaryScalar { .. } | Op::Clamp { .. } | Op::Where | Op::Copy | Op::Cast
+    );
+    expect_no_overlap(op, inputs, outputs, elementwise)?;
+    run(device, op, inputs, outputs)
+}
+
+/// The operand-count error every family uses.
+pub fn arity(op: &Op, n_in: usize, n_out: usize, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+    genesis_backend_api::sdk::expect_arity(op, inputs, outputs, n_in, n_out)
+}
