@@ -5,5 +5,6 @@
 
 mod autocast;
 
+pub use crate::optim::{GradScaler, GradScalerOptions};
 pub use autocast::{autocast, autocast_dtype, is_autocast_enabled};
 pub(crate) use autocast::{cast_for, suspend, CastPolicy};
