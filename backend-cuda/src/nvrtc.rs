@@ -209,15 +209,12 @@ mod tests {
 
     /// Every kernel module compiles for every element type (Hopper and Ampere), where NVRTC
     /// can be found (it needs no GPU: `GENESIS_CUDA_LIB_DIR` may point at a wheel's `lib`).
+    // Ignored rather than silently passing where NVRTC is absent (CI): run with
+    // `GENESIS_CUDA_LIB_DIR=<nvrtc lib dir> cargo test -p genesis-backend-cuda -- --ignored`.
     #[test]
+    #[ignore = "needs NVRTC (set GENESIS_CUDA_LIB_DIR or install CUDA)"]
     fn every_kernel_module_compiles() {
-        let mut compiler = match Compiler::open() {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("skipped: {e}");
-                return;
-            }
-        };
+        let mut compiler = Compiler::open().expect("NVRTC opens");
         compiler.cache_dir = None;
         for (name, sources) in crate::kernels::MODULES {
             for dtype in DType::ALL {
@@ -235,8 +232,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs NVRTC (set GENESIS_CUDA_LIB_DIR or install CUDA)"]
     fn compile_errors_carry_the_log() {
-        let Ok(mut compiler) = Compiler::open() else { return };
+        let mut compiler = Compiler::open().expect("NVRTC opens");
         compiler.cache_dir = None;
         let e = compiler.cubin("broken", "extern \"C\" __global__ void k() { undefined_thing(); }", &[], 90, 0);
         let message = e.unwrap_err().message;
