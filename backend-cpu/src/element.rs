@@ -139,7 +139,9 @@ macro_rules! int_arith {
                 }
             }
             fn pow(self, b: Self) -> Self {
-                self.wrapping_pow(b.clamp(0, u32::MAX as $t) as u32)
+                // Negative exponents count as 0 (x^0 = 1); widen first, since `u32::MAX as i32`
+                // is -1 and would make the clamp's bounds cross.
+                self.wrapping_pow((b as i128).clamp(0, u32::MAX as i128) as u32)
             }
             fn is_nan(self) -> bool {
                 false

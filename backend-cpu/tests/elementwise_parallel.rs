@@ -89,3 +89,30 @@ fn misaligned_views_are_refused() {
     let y = output(&dev, DType::F32, &[3]);
     expect_err(run(&dev, Op::Unary(UnaryOp::Neg), &[odd], &[y]), ErrorKind::InvalidArgument, &["offset 2", "float32"]);
 }
+
+/// Negation flips the sign of zero (IEEE), and wraps for integers.
+#[rstest]
+fn neg_flips_the_sign_of_zero(#[values(DType::F32, DType::F64, DType::F16, DType::BF16)] dtype: DType) {
+    let dev = device();
+    let x = upload(&dev, &[0.0, -0.0, 1.5], dtype, &[3]);
+    let y = run1(&dev, Op::Unary(UnaryOp::Neg), &[x], dtype, &[3]);
+    assert_eq!(y, vec![-0.0, 0.0, -1.5]);
+    assert!(y[0].is_sign_negative() && y[1].is_sign_positive(), "{dtype}: neg(+0) = {}, neg(-0) = {}", y[0], y[1]);
+}
+
+/// Integer powers of every integer dtype: negative exponents count as 0, results wrap.
+#[rstest]
+fn integer_pow_clamps_negative_exponents(#[values(DType::I32, DType::I64, DType::U8)] dtype: DType) {
+    let dev = device();
+    let (base, exp) = if dtype == DType::U8 {
+        (vec![3.0, 2.0, 0.0], vec![2.0, 9.0, 0.0])
+    } else {
+        (vec![3.0, -2.0, 5.0], vec![2.0, 3.0, -1.0])
+    };
+    let a = upload(&dev, &base, dtype, &[3]);
+    let b = upload(&dev, &exp, dtype, &[3]);
+    let y = output(&dev, dtype, &[3]);
+    run(&dev, Op::Binary(BinaryOp::Pow), &[a, b], &[y]).unwrap();
+    let want = if dtype == DType::U8 { vec![9.0, 0.0, 1.0] } else { vec![9.0, -8.0, 1.0] };
+    assert_exact(&download(&dev, &y), &want, &format!("pow {dtype}"));
+}

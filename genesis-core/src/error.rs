@@ -37,7 +37,8 @@ impl Error {
         self
     }
 
-    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+    /// An `InvalidArgument` error (bad user input: a flag, a value out of range, a malformed file).
+    pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::InvalidArgument, message)
     }
 

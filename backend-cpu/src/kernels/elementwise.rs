@@ -118,32 +118,10 @@ fn check_dtype(op: &Op, v: &View, dtype: DType) -> Result<()> {
     Ok(())
 }
 
+/// erf in f64 from `libm` (musl's, within 1 ulp): a series evaluated per element was half the
+/// time of a GELU transformer step on the CPU.
 fn erf(x: f64) -> f64 {
-    // Abramowitz-Stegun 7.1.26 is too coarse for a reference backend; use the complementary
-    // series/continued-fraction split that is accurate to ~1e-15.
-    if x.is_nan() {
-        return x;
-    }
-    let ax = x.abs();
-    let r = if ax < 2.5 {
-        // Maclaurin series: erf(x) = 2/sqrt(pi) * sum (-1)^n x^(2n+1) / (n! (2n+1)).
-        let (mut term, mut sum, x2) = (ax, ax, ax * ax);
-        let mut n = 0.0;
-        while term.abs() > 1e-17 * sum.abs() {
-            n += 1.0;
-            term *= -x2 / n;
-            sum += term / (2.0 * n + 1.0);
-        }
-        sum * std::f64::consts::FRAC_2_SQRT_PI
-    } else {
-        // Continued fraction for erfc, evaluated bottom-up (Lentz is unnecessary here).
-        let mut f = 0.0;
-        for k in (1..60).rev() {
-            f = (k as f64 / 2.0) / (ax + f);
-        }
-        1.0 - (-ax * ax).exp() / (ax + f) / std::f64::consts::PI.sqrt()
-    };
-    r.copysign(x)
+    libm::erf(x)
 }
 
 /// The unary function in f64, the reference precision.
@@ -200,7 +178,12 @@ fn unary<T: Element>(op: UnaryOp, x: &View, y: &View) {
     match op {
         UnaryOp::IsNan => map1::<T, Bool>(x, y, |v| Bool(v.compute().is_nan() as u8)),
         // Integer-exact ops stay in the compute type so i64 keeps all its bits.
-        UnaryOp::Neg => map1::<T, T>(x, y, |v| T::store(T::Compute::ZERO.sub(v.compute()))),
+        // `-1 * x`, not `0 - x`: IEEE negation flips the sign of zero (0 - (+0) is +0), and
+        // for integers both wrap the same way.
+        UnaryOp::Neg => {
+            let minus_one = T::Compute::ZERO.sub(T::Compute::ONE);
+            map1::<T, T>(x, y, |v| T::store(minus_one.mul(v.compute())))
+        }
         UnaryOp::Square => map1::<T, T>(x, y, |v| T::store(v.compute().mul(v.compute()))),
         UnaryOp::Abs if !T::Compute::IS_FLOAT => map1::<T, T>(x, y, |v| {
             let c = v.compute();
