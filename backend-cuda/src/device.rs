@@ -189,6 +189,11 @@ impl CudaDevice {
             match modules.get(&(module, dtype)) {
                 Some(&m) => m,
                 None => {
+                    if !kernels::module_dtypes(module).contains(&dtype) {
+                        return Err(BackendError::internal(format!(
+                            "cuda: kernel module {module} has no {dtype} build"
+                        )));
+                    }
                     let sources = kernels::MODULES
                         .iter()
                         .find(|(n, _)| *n == module)
@@ -252,6 +257,46 @@ impl CudaDevice {
         unsafe {
             // 16 bytes of shared memory per thread: the widest (value, index) state.
             result::launch_kernel(f, (blocks, 1, 1), (threads, 1, 1), 256 * 16, self.stream, &mut params)
+                .map_err(|e| driver_error(&format!("{op}: launching {name}"), e))?;
+        }
+        Ok(())
+    }
+
+    /// Launch `name` of kernel module `module` (compiled for `dtype` on first use) on a
+    /// `grid` of `block`-shaped blocks with `smem` bytes of dynamic shared memory. For kernels
+    /// that pick their own geometry (row kernels: one block or warp per row); `op` names the
+    /// op in errors. An empty grid launches nothing.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_grid(
+        &self,
+        op: &str,
+        module: &'static str,
+        dtype: DType,
+        name: &str,
+        args: &mut Args,
+        grid: (u32, u32),
+        block: (u32, u32),
+        smem: u32,
+    ) -> Result<()> {
+        if grid.0 == 0 || grid.1 == 0 {
+            return Ok(());
+        }
+        let f = self.function(module, dtype, name)?;
+        if smem > 48 * 1024 {
+            // SAFETY: `f` is a loaded function; the attribute only raises a limit.
+            unsafe {
+                result::function::set_function_attribute(
+                    f,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+            }
+            .map_err(|e| driver_error(&format!("{op}: shared memory for {name}"), e))?;
+        }
+        let mut params = [args as *mut Args as *mut c_void];
+        // SAFETY: as in `launch`.
+        unsafe {
+            result::launch_kernel(f, (grid.0, grid.1, 1), (block.0, block.1, 1), smem, self.stream, &mut params)
                 .map_err(|e| driver_error(&format!("{op}: launching {name}"), e))?;
         }
         Ok(())

@@ -12,8 +12,31 @@ pub const ELEMENTWISE: &[&str] = &[
     include_str!("reduce.cu"),
 ];
 
+/// The index kernels (gather, scatter-add, index-select, index-add, cumsum) and the index
+/// bounds check, compiled for every dtype.
+pub const INDEX: &[&str] = &[include_str!("common.cuh"), include_str!("index_check.cu"), include_str!("index.cu")];
+
+/// Softmax, log-softmax, their backward ops and cross-entropy: float dtypes only.
+pub const SOFTMAX: &[&str] = &[
+    include_str!("common.cuh"),
+    include_str!("index_check.cu"),
+    include_str!("rows.cuh"),
+    include_str!("softmax.cu"),
+    include_str!("cross_entropy.cu"),
+];
+
 /// Every module source with its name, for the compile-everything test and the cache warm-up.
-pub const MODULES: &[(&str, &[&str])] = &[("elementwise", ELEMENTWISE)];
+pub const MODULES: &[(&str, &[&str])] = &[("elementwise", ELEMENTWISE), ("index", INDEX), ("softmax", SOFTMAX)];
+
+/// The dtypes module `name` is compiled for (modules are compiled lazily, per dtype, on first
+/// use; this is what the compile test and any warm-up go through).
+pub fn module_dtypes(name: &str) -> &'static [DType] {
+    const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
+    match name {
+        "softmax" => FLOATS,
+        _ => &DType::ALL,
+    }
+}
 
 /// Mirror of `struct Args` in common.cuh: one argument block per launch.
 #[repr(C)]
@@ -179,7 +202,10 @@ mod tests {
                 assert!(MODULES.iter().any(|(_, srcs)| srcs.contains(&text.as_str())), "{name} is in no module");
             }
         }
-        assert_eq!(files, ELEMENTWISE.len());
+        // Modules share files (common.cuh): count each distinct source once.
+        let distinct: std::collections::HashSet<&str> =
+            MODULES.iter().flat_map(|(_, srcs)| srcs.iter().copied()).collect();
+        assert_eq!(files, distinct.len());
     }
 
     #[test]

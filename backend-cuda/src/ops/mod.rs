@@ -2,10 +2,14 @@
 //! runs (`claims`) and runs them (`run`); the capability list is the union of the claims, and
 //! an op outside them is refused with `Unsupported` before anything is launched.
 
+mod cross_entropy;
 mod elementwise;
+mod index;
 mod matmul;
 mod random;
 mod reduce;
+mod rows;
+mod softmax;
 
 use crate::device::CudaDevice;
 use genesis_backend_api::sdk::expect_no_overlap;
@@ -21,6 +25,9 @@ const FAMILIES: &[(Claims, Run)] = &[
     (random::claims, random::run),
     (matmul::claims, matmul::run),
     (reduce::claims, reduce::run),
+    (index::claims, index::run),
+    (softmax::claims, softmax::run),
+    (cross_entropy::claims, cross_entropy::run),
 ];
 
 fn claimed() -> &'static HashSet<(OpKind, DType)> {

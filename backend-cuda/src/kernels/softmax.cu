@@ -1,0 +1,189 @@
+// Softmax and log-softmax over the last dim, forward and backward, for float T (rows.cuh).
+//
+// Forward operands: p[0] = x, p[1] = y. Backward: p[0] = y (the forward output), p[1] = dy,
+// p[2] = dx. All in the row geometry of rows.cuh.
+//
+// `_reg` kernels keep the row in registers (P packs of VW columns per thread, P and the
+// block shape chosen by ops/softmax.rs so that blockDim.x * P * VW >= d): each element is
+// read once and written once, which is the memory floor. `_loop` kernels take rows of any
+// length and read the input again for each pass (max, sum, write).
+//
+// Forward: m = max(x); s = sum(exp(x - m)); softmax = exp(x - m) / s, log-softmax =
+// (x - m) - log(s). An all -inf row has m = -inf and x - m = NaN, so it gives NaN (as in
+// PyTorch); a NaN anywhere makes the row NaN; -inf entries of other rows give 0 / -inf.
+// Backward: softmax dx = y * (dy - sum(y * dy)); log-softmax dx = dy - exp(y) * sum(dy).
+// Everything is computed in C (f32 for f16/bf16, the type itself otherwise).
+
+#if IS_FLOAT
+
+template <int P, bool VEC, bool LOG> __device__ __forceinline__ void softmax_reg(const Args& a, C* sh) {
+    const i64 d = (i64)a.u[0];
+    FOR_ROWS(a) {
+        const u64 row = r0 + threadIdx.y;
+        const i64 len = row < a.n ? d : 0;  // rows past the end join the reductions empty
+        const T* x = (const T*)a.p[0] + (row < a.n ? (i64)row * a.st[0][0] : 0);
+        T* y = (T*)a.p[1] + (row < a.n ? (i64)row * a.st[1][0] : 0);
+        C v[P][VW];
+        C m = neg_inf();
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            // Packs interleave across the row's threads, so a warp's loads are contiguous.
+            const i64 j = ((i64)p * blockDim.x + threadIdx.x) * VW;
+            load_pack<VEC>(x, a.st[0][1], len, j, neg_inf(), v[p]);
+#pragma unroll
+            for (int k = 0; k < VW; ++k) m = cmax(m, v[p][k]);
+        }
+        m = group_reduce<true>(m, sh);
+        C s = (C)0;
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            const i64 j = ((i64)p * blockDim.x + threadIdx.x) * VW;
+#pragma unroll
+            for (int k = 0; k < VW; ++k) {
+                const C e = cexp(v[p][k] - m);
+                if (j + k < len) s += e;
+                if (!LOG) v[p][k] = e;
+            }
+        }
+        s = group_reduce<false>(s, sh);
+        const C inv = (C)1 / s, ls = clog(s);
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            const i64 j = ((i64)p * blockDim.x + threadIdx.x) * VW;
+            C o[VW];
+#pragma unroll
+            for (int k = 0; k < VW; ++k) o[k] = LOG ? (v[p][k] - m) - ls : v[p][k] * inv;
+            store_pack<VEC>(y, a.st[1][1], len, j, o);
+        }
+    }
+}
+
+template <bool VEC, bool LOG> __device__ __forceinline__ void softmax_loop(const Args& a, C* sh) {
+    const i64 d = (i64)a.u[0];
+    const i64 step = (i64)blockDim.x * VW;
+    FOR_ROWS(a) {
+        const u64 row = r0 + threadIdx.y;
+        const i64 len = row < a.n ? d : 0;
+        const T* x = (const T*)a.p[0] + (row < a.n ? (i64)row * a.st[0][0] : 0);
+        T* y = (T*)a.p[1] + (row < a.n ? (i64)row * a.st[1][0] : 0);
+        C v[VW];
+        C m = neg_inf();
+        for (i64 j = (i64)threadIdx.x * VW; j < len; j += step) {
+            load_pack<VEC>(x, a.st[0][1], len, j, neg_inf(), v);
+#pragma unroll
+            for (int k = 0; k < VW; ++k) m = cmax(m, v[k]);
+        }
+        m = group_reduce<true>(m, sh);
+        C s = (C)0;
+        for (i64 j = (i64)threadIdx.x * VW; j < len; j += step) {
+            load_pack<VEC>(x, a.st[0][1], len, j, neg_inf(), v);
+#pragma unroll
+            for (int k = 0; k < VW; ++k)
+                if (j + k < len) s += cexp(v[k] - m);
+        }
+        s = group_reduce<false>(s, sh);
+        const C inv = (C)1 / s, ls = clog(s);
+        for (i64 j = (i64)threadIdx.x * VW; j < len; j += step) {
+            load_pack<VEC>(x, a.st[0][1], len, j, neg_inf(), v);
+#pragma unroll
+            for (int k = 0; k < VW; ++k) v[k] = LOG ? (v[k] - m) - ls : cexp(v[k] - m) * inv;
+            store_pack<VEC>(y, a.st[1][1], len, j, v);
+        }
+    }
+}
+
+template <int P, bool VEC, bool LOG> __device__ __forceinline__ void softmax_bwd_reg(const Args& a, C* sh) {
+    const i64 d = (i64)a.u[0];
+    FOR_ROWS(a) {
+        const u64 row = r0 + threadIdx.y;
+        const i64 len = row < a.n ? d : 0;
+        const T* y = (const T*)a.p[0] + (row < a.n ? (i64)row * a.st[0][0] : 0);
+        const T* dy = (const T*)a.p[1] + (row < a.n ? (i64)row * a.st[1][0] : 0);
+        T* dx = (T*)a.p[2] + (row < a.n ? (i64)row * a.st[2][0] : 0);
+        C yv[P][VW], gv[P][VW];
+        C s = (C)0;
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            const i64 j = ((i64)p * blockDim.x + threadIdx.x) * VW;
+            load_pack<VEC>(y, a.st[0][1], len, j, (C)0, yv[p]);
+            load_pack<VEC>(dy, a.st[1][1], len, j, (C)0, gv[p]);
+#pragma unroll
+            for (int k = 0; k < VW; ++k) s += LOG ? gv[p][k] : yv[p][k] * gv[p][k];
+        }
+        s = group_reduce<false>(s, sh);
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            const i64 j = ((i64)p * blockDim.x + threadIdx.x) * VW;
+            C o[VW];
+#pragma unroll
+            for (int k = 0; k < VW; ++k) o[k] = LOG ? gv[p][k] - cexp(yv[p][k]) * s : yv[p][k] * (gv[p][k] - s);
+            store_pack<VEC>(dx, a.st[2][1], len, j, o);
+        }
+    }
+}
+
+template <bool VEC, bool LOG> __device__ __forceinline__ void softmax_bwd_loop(const Args& a, C* sh) {
+    const i64 d = (i64)a.u[0];
+    const i64 step = (i64)blockDim.x * VW;
+    FOR_ROWS(a) {
+        const u64 row = r0 + threadIdx.y;
+        const i64 len = row < a.n ? d : 0;
+        const T* y = (const T*)a.p[0] + (row < a.n ? (i64)row * a.st[0][0] : 0);
+        const T* dy = (const T*)a.p[1] + (row < a.n ? (i64)row * a.st[1][0] : 0);
+        T* dx = (T*)a.p[2] + (row < a.n ? (i64)row * a.st[2][0] : 0);
+        C yv[VW], gv[VW];
+        C s = (C)0;
+        for (i64 j = (i64)threadIdx.x * VW; j < len; j += step) {
+            load_pack<VEC>(y, a.st[0][1], len, j, (C)0, yv);
+            load_pack<VEC>(dy, a.st[1][1], len, j, (C)0, gv);
+#pragma unroll
+            for (int k = 0; k < VW; ++k) s += LOG ? gv[k] : yv[k] * gv[k];
+        }
+        s = group_reduce<false>(s, sh);
+        for (i64 j = (i64)threadIdx.x * VW; j < len; j += step) {
+            load_pack<VEC>(y, a.st[0][1], len, j, (C)0, yv);
+            load_pack<VEC>(dy, a.st[1][1], len, j, (C)0, gv);
+#pragma unroll
+            for (int k = 0; k < VW; ++k) yv[k] = LOG ? gv[k] - cexp(yv[k]) * s : yv[k] * (gv[k] - s);
+            store_pack<VEC>(dx, a.st[2][1], len, j, yv);
+        }
+    }
+}
+
+// Kernel names: softmax_{fwd,bwd}_{reg<P>,loop}_v{0,1}_l{0,1} (v: vector loads, l: log).
+// The backward keeps two arrays per thread, so it stops at P = 4 (ops/softmax.rs never asks
+// for more registers than these hold).
+#define RED_SMEM __shared__ C sh[1024]
+#define KERNEL extern "C" __global__ void __launch_bounds__(1024)
+#define SOFTMAX_FWD(P, V, L)                                                                    \
+    KERNEL softmax_fwd_reg##P##_v##V##_l##L(const Args a) {                                    \
+        RED_SMEM;                                                                               \
+        softmax_reg<P, (V != 0), (L != 0)>(a, sh);                                              \
+    }
+#define SOFTMAX_BWD(P, V, L)                                                                    \
+    KERNEL softmax_bwd_reg##P##_v##V##_l##L(const Args a) {                                    \
+        RED_SMEM;                                                                               \
+        softmax_bwd_reg<P, (V != 0), (L != 0)>(a, sh);                                          \
+    }
+#define SOFTMAX_ALL(V, L)                                                                       \
+    SOFTMAX_FWD(1, V, L)                                                                        \
+    SOFTMAX_FWD(2, V, L)                                                                        \
+    SOFTMAX_FWD(4, V, L)                                                                        \
+    SOFTMAX_FWD(8, V, L)                                                                        \
+    SOFTMAX_BWD(1, V, L)                                                                        \
+    SOFTMAX_BWD(2, V, L)                                                                        \
+    SOFTMAX_BWD(4, V, L)                                                                        \
+    KERNEL softmax_fwd_loop_v##V##_l##L(const Args a) {                                        \
+        RED_SMEM;                                                                               \
+        softmax_loop<(V != 0), (L != 0)>(a, sh);                                                \
+    }                                                                                           \
+    KERNEL softmax_bwd_loop_v##V##_l##L(const Args a) {                                        \
+        RED_SMEM;                                                                               \
+        softmax_bwd_loop<(V != 0), (L != 0)>(a, sh);                                            \
+    }
+SOFTMAX_ALL(0, 0)
+SOFTMAX_ALL(0, 1)
+SOFTMAX_ALL(1, 0)
+SOFTMAX_ALL(1, 1)
+
+#endif

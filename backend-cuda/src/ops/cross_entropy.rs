@@ -1,0 +1,134 @@
+//! Fused cross-entropy and its backward (`kernels/cross_entropy.cu`) for float logits
+//! `(.., c)` with i64 targets of the leading shape; loss, lse and dloss are f32. The forward
+//! reads the logits once (online max and sum per thread) and never stores the softmax; the
+//! backward reads them once more and writes the gradient.
+//!
+//! Targets are checked on the device first: one outside `[0, c)` that is not `ignore_index`
+//! fails the op with `InvalidArgument` before anything is written (the check waits for the
+//! device, as the index ops' does).
+
+use super::arity;
+use super::rows::{check_indices, rows_of, with_rows, RowView};
+use super::softmax::{expect_dtype, expect_shape, pack_width, FLOATS};
+use crate::device::CudaDevice;
+use crate::kernels::{Args, Operand};
+use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
+
+/// Packs a thread loads per step of the forward (CE_P in the kernel).
+const CHUNK_PACKS: usize = 4;
+
+/// What this family runs.
+pub fn claims() -> Vec<(OpKind, DType)> {
+    [
+        Op::CrossEntropy { ignore_index: 0, label_smoothing: 0.0 },
+        Op::CrossEntropyBackward { ignore_index: 0, label_smoothing: 0.0 },
+    ]
+    .iter()
+    .flat_map(|op| FLOATS.iter().map(move |&d| (op.kind(), d)))
+    .collect()
+}
+
+/// Check logits and target; returns the leading (row) dims.
+fn check_logits<'a>(op: &Op, logits: &'a Operand, target: &Operand, eps: f64) -> Result<&'a [usize]> {
+    if !(0.0..1.0).contains(&eps) {
+        return Err(BackendError::invalid(format!("{}: label smoothing must be in [0, 1), got {eps}", op.name())));
+    }
+    let Some((_, lead)) = logits.shape.split_last() else {
+        return Err(BackendError::shape(format!(
+            "{}: logits must have rank >= 1 (.., classes), got a scalar",
+            op.name()
+        )));
+    };
+    expect_shape(op, "target", target, lead)?;
+    expect_dtype(op, "target", target, DType::I64)?;
+    Ok(lead)
+}
+
+fn set_views(args: &mut Args, views: &[RowView]) {
+    for (k, v) in views.iter().take(4).enumerate() {
+        args.p[k] = v.ptr;
+        args.st[k][0] = v.row;
+        args.st[k][1] = v.col;
+    }
+}
+
+/// Run one op of this family.
+pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+    match *op {
+        Op::CrossEntropy { ignore_index, label_smoothing } => {
+            arity(op, 2, 2, inputs, outputs)?;
+            let (logits, target) = (device.operand(&inputs[0])?, device.operand(&inputs[1])?);
+            let (loss, lse) = (device.operand(&outputs[0])?, device.operand(&outputs[1])?);
+            let lead = check_logits(op, &logits, &target, label_smoothing)?;
+            expect_shape(op, "loss", &loss, lead)?;
+            expect_dtype(op, "loss", &loss, DType::F32)?;
+            expect_shape(op, "lse", &lse, lead)?;
+            expect_dtype(op, "lse", &lse, DType::F32)?;
+            let (_, c) = rows_of(&logits.shape);
+            let dtype = logits.dtype;
+            check_indices(device, op, "softmax", dtype, &target, c, Some(ignore_index), "target")?;
+            let rows: usize = lead.iter().product();
+            if rows == 0 {
+                return Ok(());
+            }
+            let operands = [(&logits, true, false), (&target, false, false), (&loss, false, true), (&lse, false, true)];
+            with_rows(device, op, lead, &operands, |views| {
+                let vec = RowView::vectorizable(views, rows);
+                let mut args = Args { n: rows as u64, flag: if vec { 2 } else { 0 }, ..Args::default() };
+                set_views(&mut args, views);
+                args.u = [c as u64, ignore_index as u64];
+                args.s[0] = label_smoothing;
+                // Enough threads per row for CHUNK_PACKS packs each per step, 32 to 256.
+                let tx = (c.div_ceil(pack_width(dtype) * CHUNK_PACKS).next_power_of_two()).clamp(32, 256) as u32;
+                let ty = 256 / tx;
+                let blocks = rows.div_ceil(ty as usize).min(i32::MAX as usize) as u32;
+                let name = format!("cross_entropy_fwd_v{}", vec as u8);
+                device.launch_grid(&op.name(), "softmax", dtype, &name, &mut args, (blocks, 1), (tx, ty), 0)
+            })
+        }
+        Op::CrossEntropyBackward { ignore_index, label_smoothing } => {
+            arity(op, 4, 1, inputs, outputs)?;
+            let (logits, target) = (device.operand(&inputs[0])?, device.operand(&inputs[1])?);
+            let (lse, dloss) = (device.operand(&inputs[2])?, device.operand(&inputs[3])?);
+            let dlogits = device.operand(&outputs[0])?;
+            let lead = check_logits(op, &logits, &target, label_smoothing)?;
+            expect_shape(op, "lse", &lse, lead)?;
+            expect_dtype(op, "lse", &lse, DType::F32)?;
+            expect_shape(op, "dloss", &dloss, lead)?;
+            expect_dtype(op, "dloss", &dloss, DType::F32)?;
+            expect_shape(op, "dlogits", &dlogits, &logits.shape)?;
+            expect_dtype(op, "dlogits", &dlogits, logits.dtype)?;
+            let (_, c) = rows_of(&logits.shape);
+            let dtype = logits.dtype;
+            check_indices(device, op, "softmax", dtype, &target, c, Some(ignore_index), "target")?;
+            let rows: usize = lead.iter().product();
+            if rows == 0 || c == 0 {
+                return Ok(());
+            }
+            let operands = [
+                (&logits, true, false),
+                (&target, false, false),
+                (&lse, false, false),
+                (&dloss, false, false),
+                (&dlogits, true, true),
+            ];
+            with_rows(device, op, lead, &operands, |views| {
+                let vec = RowView::vectorizable(views, rows);
+                let mut args = Args { n: rows as u64, flag: if vec { 2 } else { 0 }, ..Args::default() };
+                set_views(&mut args, views);
+                // The fifth operand rides in slots the row kernels leave free (see the kernel).
+                args.shape[0] = views[4].ptr as i64;
+                args.st[0][2] = views[4].row;
+                args.st[0][3] = views[4].col;
+                args.u = [c as u64, ignore_index as u64];
+                args.s[0] = label_smoothing;
+                const THREADS: usize = 256;
+                let chunks = c.div_ceil(pack_width(dtype) * THREADS).min(i32::MAX as usize) as u32;
+                let grid = (chunks, rows.min(65535) as u32);
+                let name = format!("cross_entropy_bwd_v{}", vec as u8);
+                device.launch_grid(&op.name(), "softmax", dtype, &name, &mut args, grid, (THREADS as u32, 1), 0)
+            })
+        }
+        _ => Err(BackendError::unsupported(format!("cuda: {} is not a cross-entropy op", op.name()))),
+    }
+}

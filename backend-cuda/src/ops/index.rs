@@ -1,0 +1,227 @@
+//! Index ops (`kernels/index.cu`): gather, scatter_add, index_select, index_add and cumsum
+//! along one dim, with the CPU backend's shape rules, dtypes and errors.
+//!
+//! Every index is checked on the device before the op writes anything (`check_indices`: an
+//! out-of-range index is an `InvalidArgument` error and in-place outputs stay untouched, as on
+//! the CPU); that check waits for the device. The kernels take any strides, so no operand is
+//! copied. index_select and index_add run the gather and scatter kernels with the rank-1
+//! index seen as a tensor of the iteration shape (stride 0 off the indexed dim).
+
+use super::arity;
+use super::rows::{check_indices, fill_geometry, is_non_overlapping, launch_flat, lift};
+use crate::device::CudaDevice;
+use crate::kernels::{Args, Operand};
+use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
+
+const MODULE: &str = "index";
+
+/// What this family runs: every dtype, as on the CPU (cumsum: all but bool).
+pub fn claims() -> Vec<(OpKind, DType)> {
+    let mut claims = Vec::new();
+    for dtype in DType::ALL {
+        for op in
+            [Op::Gather { dim: 0 }, Op::ScatterAdd { dim: 0 }, Op::IndexSelect { dim: 0 }, Op::IndexAdd { dim: 0 }]
+        {
+            claims.push((op.kind(), dtype));
+        }
+        if dtype != DType::Bool {
+            claims.push((Op::CumSum { dim: 0 }.kind(), dtype));
+        }
+    }
+    claims
+}
+
+/// Run one index op.
+pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+    let n_in = if matches!(op, Op::CumSum { .. }) { 1 } else { 2 };
+    arity(op, n_in, 1, inputs, outputs)?;
+    let a = lift(&device.operand(&inputs[0])?);
+    let y = lift(&device.operand(&outputs[0])?);
+    match *op {
+        Op::Gather { dim } => gather(device, op, &a, &lift(&device.operand(&inputs[1])?), &y, dim as usize),
+        Op::ScatterAdd { dim } => scatter_add(device, op, &a, &lift(&device.operand(&inputs[1])?), &y, dim as usize),
+        Op::IndexSelect { dim } => index_select(device, op, &a, &lift(&device.operand(&inputs[1])?), &y, dim as usize),
+        Op::IndexAdd { dim } => index_add(device, op, &a, &lift(&device.operand(&inputs[1])?), &y, dim as usize),
+        Op::CumSum { dim } => cumsum(device, op, &a, &y, dim as usize),
+        _ => Err(BackendError::unsupported(format!("cuda: {} is not an index op", op.name()))),
+    }
+}
+
+fn expect_dtype(op: &Op, what: &str, o: &Operand, dtype: DType) -> Result<()> {
+    if o.dtype != dtype {
+        return Err(BackendError::dtype(format!("{}: {what} must be {dtype}, got {}", op.name(), o.dtype)));
+    }
+    Ok(())
+}
+
+fn expect_dim(op: &Op, dim: usize, o: &Operand) -> Result<()> {
+    if dim >= o.shape.len() {
+        return Err(BackendError::invalid(format!("{}: dim {dim} is out of range for shape {:?}", op.name(), o.shape)));
+    }
+    Ok(())
+}
+
+/// In-place outputs skip nothing of the device's overlap check (they may not overlap an
+/// input), but must also not overlap themselves: two elements at one address would each get
+/// their `+=`.
+fn expect_in_place_ok(op: &Op, y: &Operand) -> Result<()> {
+    if !is_non_overlapping(y) {
+        return Err(BackendError::invalid(format!(
+            "{}: the output (shape {:?}, strides {:?}) overlaps itself",
+            op.name(),
+            y.shape,
+            y.strides
+        )));
+    }
+    Ok(())
+}
+
+/// `strides` with the entry of `dim` zeroed (the indexed operand's base geometry).
+fn without(strides: &[isize], dim: usize) -> Vec<isize> {
+    let mut s = strides.to_vec();
+    s[dim] = 0;
+    s
+}
+
+/// The rank-1 index seen over `shape`: stride 0 except along `dim`.
+fn spread(index: &Operand, rank: usize, dim: usize) -> Vec<isize> {
+    let mut s = vec![0isize; rank];
+    s[dim] = index.strides[0];
+    s
+}
+
+/// Launch the gather (`scatter` false) or scatter-add kernel over `shape` with stride sets
+/// (index, walked operand, indexed operand with `dim` zeroed); `indexed` is the indexed
+/// operand (its size and stride along `dim` complete the address).
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    device: &CudaDevice,
+    op: &Op,
+    scatter: bool,
+    shape: &[usize],
+    index: (&Operand, &[isize]),
+    walked: &Operand,
+    indexed: &Operand,
+    dim: usize,
+) -> Result<()> {
+    let zeroed = without(&indexed.strides, dim);
+    let mut args = Args::default();
+    fill_geometry(&mut args, shape, &[index.1, &walked.strides, &zeroed]);
+    args.p = [index.0.ptr, walked.ptr, indexed.ptr, 0];
+    args.u = [indexed.shape[dim] as u64, indexed.strides[dim] as i64 as u64];
+    let name = if scatter { "scatter_add" } else { "gather" };
+    launch_flat(device, op, MODULE, walked.dtype, name, &mut args)
+}
+
+fn gather(device: &CudaDevice, op: &Op, x: &Operand, index: &Operand, y: &Operand, dim: usize) -> Result<()> {
+    expect_dtype(op, "the index", index, DType::I64)?;
+    expect_dtype(op, "the output", y, x.dtype)?;
+    expect_dim(op, dim, x)?;
+    let fits = index.shape.len() == x.shape.len()
+        && index.shape.iter().zip(&x.shape).enumerate().all(|(d, (&i, &s))| d == dim || i <= s);
+    if !fits || y.shape != index.shape {
+        return Err(BackendError::shape(format!(
+            "{}: index {:?} must have the rank of x {:?} and fit it outside dim {dim}, and the output {:?} the index's shape",
+            op.name(),
+            index.shape,
+            x.shape,
+            y.shape
+        )));
+    }
+    check_indices(device, op, MODULE, x.dtype, index, x.shape[dim], None, "index")?;
+    launch(device, op, false, &index.shape, (index, &index.strides), y, x, dim)
+}
+
+fn scatter_add(device: &CudaDevice, op: &Op, src: &Operand, index: &Operand, y: &Operand, dim: usize) -> Result<()> {
+    expect_dtype(op, "the index", index, DType::I64)?;
+    expect_dtype(op, "the output", y, src.dtype)?;
+    expect_dim(op, dim, y)?;
+    let rank = y.shape.len();
+    let fits = index.shape.len() == rank
+        && src.shape.len() == rank
+        && (0..rank).all(|d| index.shape[d] <= src.shape[d] && (d == dim || index.shape[d] <= y.shape[d]));
+    if !fits {
+        return Err(BackendError::shape(format!(
+            "{}: index {:?} must have the rank of src {:?} and output {:?}, fit src, and fit the output outside dim {dim}",
+            op.name(),
+            index.shape,
+            src.shape,
+            y.shape
+        )));
+    }
+    expect_in_place_ok(op, y)?;
+    check_indices(device, op, MODULE, src.dtype, index, y.shape[dim], None, "index")?;
+    // The index may be smaller than src: walk src over the index's shape.
+    let walked = Operand { shape: index.shape.clone(), ..src.clone() };
+    launch(device, op, true, &index.shape, (index, &index.strides), &walked, y, dim)
+}
+
+/// Shared checks of index_select/index_add: a rank-1 i64 index, and `small` equal to `big`
+/// with `dim` resized to the index length.
+fn check_select(op: &Op, big: &Operand, index: &Operand, small: &Operand, dim: usize) -> Result<()> {
+    expect_dtype(op, "the index", index, DType::I64)?;
+    expect_dim(op, dim, big)?;
+    let mut want = big.shape.clone();
+    if index.shape.len() == 1 {
+        want[dim] = index.shape[0];
+    }
+    if index.shape.len() != 1 || small.shape != want {
+        return Err(BackendError::shape(format!(
+            "{}: index must be rank 1 and the selected shape the full one {:?} with dim {dim} of the index's length; got index {:?} and {:?}",
+            op.name(),
+            big.shape,
+            index.shape,
+            small.shape
+        )));
+    }
+    Ok(())
+}
+
+fn index_select(device: &CudaDevice, op: &Op, x: &Operand, index: &Operand, y: &Operand, dim: usize) -> Result<()> {
+    expect_dtype(op, "the output", y, x.dtype)?;
+    check_select(op, x, index, y, dim)?;
+    check_indices(device, op, MODULE, x.dtype, index, x.shape[dim], None, "index")?;
+    let spread = spread(index, y.shape.len(), dim);
+    launch(device, op, false, &y.shape, (index, &spread), y, x, dim)
+}
+
+fn index_add(device: &CudaDevice, op: &Op, src: &Operand, index: &Operand, y: &Operand, dim: usize) -> Result<()> {
+    expect_dtype(op, "the output", y, src.dtype)?;
+    check_select(op, y, index, src, dim)?;
+    expect_in_place_ok(op, y)?;
+    check_indices(device, op, MODULE, src.dtype, index, y.shape[dim], None, "index")?;
+    let spread = spread(index, src.shape.len(), dim);
+    launch(device, op, true, &src.shape, (index, &spread), src, y, dim)
+}
+
+fn cumsum(device: &CudaDevice, op: &Op, x: &Operand, y: &Operand, dim: usize) -> Result<()> {
+    expect_dtype(op, "the output", y, x.dtype)?;
+    expect_dim(op, dim, x)?;
+    if x.shape != y.shape {
+        return Err(BackendError::shape(format!("{}: shapes {:?} and {:?} differ", op.name(), x.shape, y.shape)));
+    }
+    let steps = x.shape[dim];
+    let drop_dim = |v: &[usize]| [&v[..dim], &v[dim + 1..]].concat();
+    let drop_stride = |v: &[isize]| [&v[..dim], &v[dim + 1..]].concat();
+    let lines = drop_dim(&x.shape);
+    let mut args = Args::default();
+    fill_geometry(&mut args, &lines, &[&drop_stride(&x.strides), &drop_stride(&y.strides)]);
+    if args.n == 0 || steps == 0 {
+        return Ok(());
+    }
+    args.p[0] = x.ptr;
+    args.p[1] = y.ptr;
+    args.st[2][0] = x.strides[dim] as i64;
+    args.st[3][0] = y.strides[dim] as i64;
+    args.u[0] = steps as u64;
+    // A thread per line walks it in order when there are enough lines to fill the GPU or
+    // they are short; otherwise a block scans each line in chunks.
+    let sm = device.facts.sm_count as u64;
+    if steps >= 64 && args.n < sm * 1024 {
+        let blocks = args.n.min(sm * 32) as u32;
+        let threads = (steps.div_ceil(4).min(1024) as u32).next_power_of_two().clamp(32, 1024);
+        device.launch_grid(&op.name(), MODULE, x.dtype, "cumsum_scan", &mut args, (blocks, 1), (threads, 1), 0)
+    } else {
+        launch_flat(device, op, MODULE, x.dtype, "cumsum_lines", &mut args)
+    }
+}

@@ -1,0 +1,156 @@
+//! Softmax and log-softmax over the last dim, forward and backward (`kernels/softmax.cu`),
+//! for the float dtypes, with the CPU backend's checks.
+//!
+//! Rows that fit in registers (up to 32768 elements of f32, or f64; 16384 of f16/bf16 and
+//! half that in the backward) are read once and written once; longer rows take the looping
+//! kernels, which read the input again per pass. Any strides: the column stride is a kernel
+//! argument and the rows only need to be evenly spaced (`with_rows` copies the rare layouts
+//! where they are not).
+
+use super::arity;
+use super::rows::{rows_of, with_rows, RowView};
+use crate::device::CudaDevice;
+use crate::kernels::{Args, Operand};
+use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
+
+/// The float dtypes, for which the fused row ops are compiled.
+pub const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+
+/// What this family runs.
+pub fn claims() -> Vec<(OpKind, DType)> {
+    [Op::Softmax, Op::LogSoftmax, Op::SoftmaxBackward, Op::LogSoftmaxBackward]
+        .iter()
+        .flat_map(|op| FLOATS.iter().map(move |&d| (op.kind(), d)))
+        .collect()
+}
+
+pub(super) fn expect_shape(op: &Op, name: &str, o: &Operand, shape: &[usize]) -> Result<()> {
+    if o.shape != shape {
+        return Err(BackendError::shape(format!("{}: {name} has shape {:?}, expected {shape:?}", op.name(), o.shape)));
+    }
+    Ok(())
+}
+
+pub(super) fn expect_dtype(op: &Op, name: &str, o: &Operand, dtype: DType) -> Result<()> {
+    if o.dtype != dtype {
+        return Err(BackendError::dtype(format!("{}: {name} is {}, expected {dtype}", op.name(), o.dtype)));
+    }
+    Ok(())
+}
+
+/// Columns per 16-byte pack of `dtype`.
+pub(super) fn pack_width(dtype: DType) -> usize {
+    16 / dtype.size_in_bytes()
+}
+
+/// Threads per row and packs per thread of the register kernels for rows of `d` columns, or
+/// the threads per row of the looping kernel (`None` packs). `arrays` is how many rows a
+/// thread keeps (1 forward, 2 backward): at most 32 registers of data per thread, so that the
+/// kernels fit 1024-thread blocks without spilling.
+fn plan(dtype: DType, d: usize, arrays: usize) -> (u32, Option<u32>) {
+    let vw = pack_width(dtype);
+    let words = if dtype == DType::F64 { 2 } else { 1 };
+    let packs = d.div_ceil(vw);
+    let max_p =
+        [8usize, 4, 2, 1].into_iter().find(|&p| p * vw * words * arrays <= 32 && (arrays == 1 || p <= 4)).unwrap_or(1);
+    let threads = |p: usize| packs.div_ceil(p).next_power_of_two().max(32);
+    // Prefer blocks of at most 256 threads per row (several blocks per SM hide latency),
+    // then up to 1024 with the most packs per thread.
+    for p in [1usize, 2, 4, 8].into_iter().filter(|&p| p <= max_p) {
+        if threads(p) <= 256 {
+            return (threads(p) as u32, Some(p as u32));
+        }
+    }
+    if threads(max_p) <= 1024 {
+        return (threads(max_p) as u32, Some(max_p as u32));
+    }
+    (1024, None)
+}
+
+/// Launch the row kernel `base` ("softmax_fwd" / "softmax_bwd") over `views`.
+fn launch(
+    device: &CudaDevice,
+    op: &Op,
+    dtype: DType,
+    base: &str,
+    rows: usize,
+    d: usize,
+    views: &[RowView],
+) -> Result<()> {
+    let log = matches!(op, Op::LogSoftmax | Op::LogSoftmaxBackward);
+    let arrays = if base == "softmax_bwd" { 2 } else { 1 };
+    let (tx, p) = plan(dtype, d, arrays);
+    let vec = RowView::vectorizable(views, rows);
+    let mut args = Args { n: rows as u64, flag: if vec { 2 } else { 0 }, ..Args::default() };
+    args.u[0] = d as u64;
+    for (k, v) in views.iter().enumerate() {
+        args.p[k] = v.ptr;
+        args.st[k][0] = v.row;
+        args.st[k][1] = v.col;
+    }
+    let kind = p.map_or("loop".to_string(), |p| format!("reg{p}"));
+    let name = format!("{base}_{kind}_v{}_l{}", vec as u8, log as u8);
+    // Short rows: several rows (a warp each, or more) per 256-thread block.
+    let ty = (256 / tx).max(1);
+    let blocks = rows.div_ceil(ty as usize).min(i32::MAX as usize) as u32;
+    device.launch_grid(&op.name(), "softmax", dtype, &name, &mut args, (blocks, 1), (tx, ty), 0)
+}
+
+/// Run one op of this family.
+pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+    match op {
+        Op::Softmax | Op::LogSoftmax => {
+            arity(op, 1, 1, inputs, outputs)?;
+            let (x, y) = (device.operand(&inputs[0])?, device.operand(&outputs[0])?);
+            expect_shape(op, "y", &y, &x.shape)?;
+            expect_dtype(op, "y", &y, x.dtype)?;
+            let (lead, d) = rows_of(&x.shape);
+            let rows: usize = lead.iter().product();
+            if rows == 0 || d == 0 {
+                return Ok(());
+            }
+            with_rows(device, op, lead, &[(&x, true, false), (&y, true, true)], |views| {
+                launch(device, op, x.dtype, "softmax_fwd", rows, d, views)
+            })
+        }
+        Op::SoftmaxBackward | Op::LogSoftmaxBackward => {
+            arity(op, 2, 1, inputs, outputs)?;
+            let (y, dy) = (device.operand(&inputs[0])?, device.operand(&inputs[1])?);
+            let dx = device.operand(&outputs[0])?;
+            expect_shape(op, "dy", &dy, &y.shape)?;
+            expect_shape(op, "dx", &dx, &y.shape)?;
+            expect_dtype(op, "dy", &dy, y.dtype)?;
+            expect_dtype(op, "dx", &dx, y.dtype)?;
+            let (lead, d) = rows_of(&y.shape);
+            let rows: usize = lead.iter().product();
+            if rows == 0 || d == 0 {
+                return Ok(());
+            }
+            with_rows(device, op, lead, &[(&y, true, false), (&dy, true, false), (&dx, true, true)], |views| {
+                launch(device, op, y.dtype, "softmax_bwd", rows, d, views)
+            })
+        }
+        _ => Err(BackendError::unsupported(format!("cuda: {} is not a softmax op", op.name()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_that_fit_stay_in_registers() {
+        // 8192 f32: 2048 packs of 4, 8 per thread over 256 threads.
+        assert_eq!(plan(DType::F32, 8192, 1), (256, Some(8)));
+        assert_eq!(plan(DType::BF16, 8192, 1), (256, Some(4)));
+        // Backward holds two rows: fewer packs per thread, more threads.
+        assert_eq!(plan(DType::F32, 8192, 2), (512, Some(4)));
+        assert_eq!(plan(DType::BF16, 8192, 2), (512, Some(2)));
+        // Short rows: a warp per row, one pack per thread.
+        assert_eq!(plan(DType::F32, 7, 1), (32, Some(1)));
+        assert_eq!(plan(DType::F64, 130, 1), (128, Some(1)));
+        // The register limit, then the looping kernel.
+        assert_eq!(plan(DType::F32, 32768, 1), (1024, Some(8)));
+        assert_eq!(plan(DType::F32, 32769, 1), (1024, None));
+    }
+}
