@@ -257,6 +257,60 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// Launch `name` of kernel module `module` (compiled for `dtype` on first use) on `grid`
+    /// blocks of `threads` threads with `smem` bytes of dynamic shared memory, passing
+    /// `params` (a `#[repr(C)]` mirror of the kernel's argument struct) by value. For the
+    /// families with their own argument blocks, grids and shared memory (attention, conv).
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_grid<P: Copy>(
+        &self,
+        op: &str,
+        module: &'static str,
+        dtype: DType,
+        name: &str,
+        params: &mut P,
+        (grid, threads, smem): (u32, u32, u32),
+    ) -> Result<()> {
+        if grid == 0 {
+            return Ok(());
+        }
+        if !kernels::serves(module, dtype) {
+            return Err(BackendError::internal(format!("{op}: kernel module {module} is not built for {dtype}")));
+        }
+        let f = self.function(module, dtype, name)?;
+        // Above 48 KiB a kernel must opt in to dynamic shared memory, up to the device limit.
+        const DEFAULT_SMEM: u32 = 48 * 1024;
+        if smem > DEFAULT_SMEM {
+            use sys::CUdevice_attribute as A;
+            let limit = self
+                .ctx
+                .attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+                .map_err(|e| driver_error("cuDeviceGetAttribute", e))?;
+            if smem as i64 > limit as i64 {
+                return Err(BackendError::unsupported(format!(
+                    "{op}: {name} needs {smem} bytes of shared memory per block, the device allows {limit}"
+                )));
+            }
+            // SAFETY: `f` is a loaded function; the value is within the device limit.
+            unsafe {
+                result::function::set_function_attribute(
+                    f,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+            }
+            .map_err(|e| driver_error(&format!("{op}: cuFuncSetAttribute for {name}"), e))?;
+        }
+        let mut args = [params as *mut P as *mut c_void];
+        // SAFETY: the kernel takes one argument of the struct `P` mirrors; the addresses inside
+        // were validated against their buffers by the caller.
+        unsafe {
+            result::launch_kernel(f, (grid, 1, 1), (threads, 1, 1), smem, self.stream, &mut args)
+                .map_err(|e| driver_error(&format!("{op}: launching {name}"), e))?;
+        }
+        Ok(())
+    }
+
     /// Note an issued op; with `GENESIS_CUDA_SYNC=1`, also wait for it.
     fn issued(&self, op: &Op, inputs: &[TensorDesc]) -> Result<()> {
         let dtype = inputs.first().and_then(|d| d.dtype().ok()).map_or(String::new(), |d| format!(" ({d})"));

@@ -217,7 +217,7 @@ mod tests {
         let mut compiler = Compiler::open().expect("NVRTC opens");
         compiler.cache_dir = None;
         for (name, sources) in crate::kernels::MODULES {
-            for dtype in DType::ALL {
+            for dtype in DType::ALL.into_iter().filter(|&d| crate::kernels::serves(name, d)) {
                 for arch in [80, 90] {
                     let defines = crate::kernels::defines(dtype);
                     let cubin = compiler.cubin(name, &sources.concat(), &defines, arch, 0);

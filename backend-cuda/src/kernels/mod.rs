@@ -12,8 +12,23 @@ pub const ELEMENTWISE: &[&str] = &[
     include_str!("reduce.cu"),
 ];
 
+/// Flash-style attention forward and backward (float element types only).
+pub const ATTENTION: &[&str] = &[include_str!("common.cuh"), include_str!("attention.cu")];
+
+/// im2col/col2im for convolution, and 2-D pooling (float element types only).
+pub const WINDOW: &[&str] = &[include_str!("common.cuh"), include_str!("conv.cu"), include_str!("pool.cu")];
+
 /// Every module source with its name, for the compile-everything test and the cache warm-up.
-pub const MODULES: &[(&str, &[&str])] = &[("elementwise", ELEMENTWISE)];
+pub const MODULES: &[(&str, &[&str])] = &[("elementwise", ELEMENTWISE), ("attention", ATTENTION), ("window", WINDOW)];
+
+/// Modules compiled only for float element types: their ops exist for nothing else, and each
+/// NVRTC compile costs seconds on a cold cache.
+pub const FLOAT_ONLY: &[&str] = &["attention", "window"];
+
+/// Whether `module` is ever compiled for `dtype`.
+pub fn serves(module: &str, dtype: DType) -> bool {
+    dtype.is_float() || !FLOAT_ONLY.contains(&module)
+}
 
 /// Mirror of `struct Args` in common.cuh: one argument block per launch.
 #[repr(C)]
@@ -170,16 +185,21 @@ mod tests {
     #[test]
     fn every_source_file_is_compiled() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kernels");
-        let mut files = 0;
+        let mut files = std::collections::HashSet::new();
         for entry in std::fs::read_dir(&dir).unwrap().flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
             if name.ends_with(".cu") || name.ends_with(".cuh") {
-                files += 1;
                 let text = std::fs::read_to_string(entry.path()).unwrap();
                 assert!(MODULES.iter().any(|(_, srcs)| srcs.contains(&text.as_str())), "{name} is in no module");
+                files.insert(text);
             }
         }
-        assert_eq!(files, ELEMENTWISE.len());
+        // And every source of every module is a file here (none listed twice in one module).
+        for (module, srcs) in MODULES {
+            let unique: std::collections::HashSet<&str> = srcs.iter().copied().collect();
+            assert_eq!(unique.len(), srcs.len(), "{module} lists a source twice");
+            assert!(srcs.iter().all(|s| files.contains(*s)), "{module} has a source that is not a file here");
+        }
     }
 
     #[test]

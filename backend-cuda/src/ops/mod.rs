@@ -2,8 +2,12 @@
 //! runs (`claims`) and runs them (`run`); the capability list is the union of the claims, and
 //! an op outside them is refused with `Unsupported` before anything is launched.
 
+mod attention;
+mod checks;
+mod conv;
 mod elementwise;
 mod matmul;
+mod pool;
 mod random;
 mod reduce;
 
@@ -21,6 +25,9 @@ const FAMILIES: &[(Claims, Run)] = &[
     (random::claims, random::run),
     (matmul::claims, matmul::run),
     (reduce::claims, reduce::run),
+    (attention::claims, attention::run),
+    (conv::claims, conv::run),
+    (pool::claims, pool::run),
 ];
 
 fn claimed() -> &'static HashSet<(OpKind, DType)> {
