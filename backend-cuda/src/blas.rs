@@ -131,12 +131,21 @@ impl Blas {
     /// The addresses, leading dimensions and strides must describe memory inside live
     /// buffers of the device this handle belongs to.
     pub unsafe fn gemm(&self, g: &Gemm) -> Result<()> {
+        self.gemm_into(g, g.dtype, false)
+    }
+
+    /// As [`Blas::gemm`], with C of `c_dtype` (f32 output from f16/bf16 inputs, say) and,
+    /// with `accumulate`, `C += op(A) op(B)`.
+    ///
+    /// # Safety
+    /// As for [`Blas::gemm`].
+    pub unsafe fn gemm_into(&self, g: &Gemm, c_dtype: i32, accumulate: bool) -> Result<()> {
         let (one_f, zero_f) = (1.0f32, 0.0f32);
         let (one_d, zero_d) = (1.0f64, 0.0f64);
         let (alpha, beta): (*const c_void, *const c_void) = if g.compute == compute::F64 {
-            (&one_d as *const f64 as _, &zero_d as *const f64 as _)
+            (&one_d as *const f64 as _, if accumulate { &one_d } else { &zero_d } as *const f64 as _)
         } else {
-            (&one_f as *const f32 as _, &zero_f as *const f32 as _)
+            (&one_f as *const f32 as _, if accumulate { &one_f } else { &zero_f } as *const f32 as _)
         };
         let status = (self.gemm)(
             self.handle,
@@ -156,7 +165,7 @@ impl Blas {
             g.b.2,
             beta,
             g.c.0 as *mut c_void,
-            g.dtype,
+            c_dtype,
             g.c.1,
             g.c.2,
             g.batch,

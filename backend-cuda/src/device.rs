@@ -263,17 +263,18 @@ impl CudaDevice {
     }
 
     /// Launch `name` of kernel module `module` (compiled for `dtype` on first use) on a
-    /// `grid` of `block`-shaped blocks with `smem` bytes of dynamic shared memory. For kernels
-    /// that pick their own geometry (row kernels: one block or warp per row); `op` names the
-    /// op in errors. An empty grid launches nothing.
+    /// `grid` of `block`-shaped blocks with `smem` bytes of dynamic shared memory, passing
+    /// `params` (`Args`, or a `#[repr(C)]` mirror of the kernel's own argument struct) by
+    /// value. For kernels that pick their own geometry (row kernels, attention tiles, conv);
+    /// `op` names the op in errors. An empty grid launches nothing.
     #[allow(clippy::too_many_arguments)]
-    pub fn launch_grid(
+    pub fn launch_grid<P: Copy>(
         &self,
         op: &str,
         module: &'static str,
         dtype: DType,
         name: &str,
-        args: &mut Args,
+        params: &mut P,
         grid: (u32, u32),
         block: (u32, u32),
         smem: u32,
@@ -281,9 +282,24 @@ impl CudaDevice {
         if grid.0 == 0 || grid.1 == 0 {
             return Ok(());
         }
+        if !kernels::serves(module, dtype) {
+            return Err(BackendError::internal(format!("{op}: kernel module {module} is not built for {dtype}")));
+        }
         let f = self.function(module, dtype, name)?;
-        if smem > 48 * 1024 {
-            // SAFETY: `f` is a loaded function; the attribute only raises a limit.
+        // Above 48 KiB a kernel must opt in to dynamic shared memory, up to the device limit.
+        const DEFAULT_SMEM: u32 = 48 * 1024;
+        if smem > DEFAULT_SMEM {
+            use sys::CUdevice_attribute as A;
+            let limit = self
+                .ctx
+                .attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+                .map_err(|e| driver_error("cuDeviceGetAttribute", e))?;
+            if smem as i64 > limit as i64 {
+                return Err(BackendError::unsupported(format!(
+                    "{op}: {name} needs {smem} bytes of shared memory per block, the device allows {limit}"
+                )));
+            }
+            // SAFETY: `f` is a loaded function; the value is within the device limit.
             unsafe {
                 result::function::set_function_attribute(
                     f,
@@ -291,12 +307,13 @@ impl CudaDevice {
                     smem as i32,
                 )
             }
-            .map_err(|e| driver_error(&format!("{op}: shared memory for {name}"), e))?;
+            .map_err(|e| driver_error(&format!("{op}: cuFuncSetAttribute for {name}"), e))?;
         }
-        let mut params = [args as *mut Args as *mut c_void];
-        // SAFETY: as in `launch`.
+        let mut args = [params as *mut P as *mut c_void];
+        // SAFETY: the kernel takes one argument of the struct `P` mirrors; the addresses inside
+        // were validated against their buffers by the caller.
         unsafe {
-            result::launch_kernel(f, (grid.0, grid.1, 1), (block.0, block.1, 1), smem, self.stream, &mut params)
+            result::launch_kernel(f, (grid.0, grid.1, 1), (block.0, block.1, 1), smem, self.stream, &mut args)
                 .map_err(|e| driver_error(&format!("{op}: launching {name}"), e))?;
         }
         Ok(())

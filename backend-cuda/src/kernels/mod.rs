@@ -25,17 +25,35 @@ pub const SOFTMAX: &[&str] = &[
     include_str!("cross_entropy.cu"),
 ];
 
-/// Every module source with its name, for the compile-everything test and the cache warm-up.
-pub const MODULES: &[(&str, &[&str])] = &[("elementwise", ELEMENTWISE), ("index", INDEX), ("softmax", SOFTMAX)];
+/// Flash-style attention forward and backward (float element types only).
+pub const ATTENTION: &[&str] = &[include_str!("common.cuh"), include_str!("attention.cu")];
 
-/// The dtypes module `name` is compiled for (modules are compiled lazily, per dtype, on first
-/// use; this is what the compile test and any warm-up go through).
+/// im2col/col2im for convolution, and 2-D pooling (float element types only).
+pub const WINDOW: &[&str] = &[include_str!("common.cuh"), include_str!("conv.cu"), include_str!("pool.cu")];
+
+/// Every module source with its name, for the compile-everything test and the cache warm-up.
+pub const MODULES: &[(&str, &[&str])] = &[
+    ("elementwise", ELEMENTWISE),
+    ("index", INDEX),
+    ("softmax", SOFTMAX),
+    ("attention", ATTENTION),
+    ("window", WINDOW),
+];
+
+/// The dtypes module `name` is compiled for. Modules are compiled lazily, per dtype, on first
+/// use, and each NVRTC compile costs seconds on a cold cache: the fused families exist for
+/// float types only.
 pub fn module_dtypes(name: &str) -> &'static [DType] {
     const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
     match name {
-        "softmax" => FLOATS,
+        "softmax" | "attention" | "window" => FLOATS,
         _ => &DType::ALL,
     }
+}
+
+/// Whether `module` is ever compiled for `dtype`.
+pub fn serves(module: &str, dtype: DType) -> bool {
+    module_dtypes(module).contains(&dtype)
 }
 
 /// Mirror of `struct Args` in common.cuh: one argument block per launch.
@@ -193,19 +211,21 @@ mod tests {
     #[test]
     fn every_source_file_is_compiled() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kernels");
-        let mut files = 0;
+        let mut files = std::collections::HashSet::new();
         for entry in std::fs::read_dir(&dir).unwrap().flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
             if name.ends_with(".cu") || name.ends_with(".cuh") {
-                files += 1;
                 let text = std::fs::read_to_string(entry.path()).unwrap();
                 assert!(MODULES.iter().any(|(_, srcs)| srcs.contains(&text.as_str())), "{name} is in no module");
+                files.insert(text);
             }
         }
-        // Modules share files (common.cuh): count each distinct source once.
-        let distinct: std::collections::HashSet<&str> =
-            MODULES.iter().flat_map(|(_, srcs)| srcs.iter().copied()).collect();
-        assert_eq!(files, distinct.len());
+        // And every source of every module is a file here (none listed twice in one module).
+        for (module, srcs) in MODULES {
+            let unique: std::collections::HashSet<&str> = srcs.iter().copied().collect();
+            assert_eq!(unique.len(), srcs.len(), "{module} lists a source twice");
+            assert!(srcs.iter().all(|s| files.contains(*s)), "{module} has a source that is not a file here");
+        }
     }
 
     #[test]

@@ -2,10 +2,14 @@
 //! runs (`claims`) and runs them (`run`); the capability list is the union of the claims, and
 //! an op outside them is refused with `Unsupported` before anything is launched.
 
+mod attention;
+mod checks;
+mod conv;
 mod cross_entropy;
 mod elementwise;
 mod index;
 mod matmul;
+mod pool;
 mod random;
 mod reduce;
 mod rows;
@@ -28,6 +32,9 @@ const FAMILIES: &[(Claims, Run)] = &[
     (index::claims, index::run),
     (softmax::claims, softmax::run),
     (cross_entropy::claims, cross_entropy::run),
+    (attention::claims, attention::run),
+    (conv::claims, conv::run),
+    (pool::claims, pool::run),
 ];
 
 fn claimed() -> &'static HashSet<(OpKind, DType)> {

@@ -1,0 +1,220 @@
+//! Scaled dot-product attention and its backward (`kernels/attention.cu`): flash-style tiled
+//! kernels with an online softmax in the compute type (f32, f64 for f64), grouped-query and
+//! bottom-right aligned causal masking, with the CPU backend's checks and dtype rules (`lse`
+//! is f32 whatever the element type).
+//!
+//! Operands are read and written through their strides (no contiguous copies): a tile's rows
+//! are loaded a warp per row, so views with a dense head dim stay coalesced.
+
+use super::arity;
+use super::checks::{compute_dtype, dims, expect_dtype, expect_shape, grid, launch_1d, Scratch};
+use crate::device::CudaDevice;
+use crate::kernels::Operand;
+use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
+
+const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+
+/// Threads per block: 8 warps (`WARPS` in attention.cu).
+const THREADS: u32 = 256;
+/// Resident rows per block (`BR`) and streamed rows per tile (`BC`).
+const BR: usize = 32;
+const BC: usize = 32;
+
+/// What this family runs.
+pub fn claims() -> Vec<(OpKind, DType)> {
+    let ops = [Op::Attention { causal: false, scale: 1.0 }, Op::AttentionBackward { causal: false, scale: 1.0 }];
+    ops.iter().flat_map(|op| DTYPES.iter().map(move |&d| (op.kind(), d))).collect()
+}
+
+/// Mirror of `struct AttnArgs` in attention.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct AttnArgs {
+    /// q k v o lse do dq dk dv (those the op has).
+    p: [u64; 9],
+    /// Backward scratch: rowsum(do ∘ o), dense (b, hq, s), compute type.
+    delta: u64,
+    /// Element strides of each operand.
+    st: [[i64; 4]; 9],
+    b: i64,
+    hq: i64,
+    hk: i64,
+    s: i64,
+    t: i64,
+    d: i64,
+    scale: f64,
+    causal: i64,
+}
+
+impl AttnArgs {
+    fn set(&mut self, slot: usize, o: &Operand) {
+        self.p[slot] = o.ptr;
+        for (d, &s) in o.strides.iter().enumerate() {
+            self.st[slot][d] = s as i64;
+        }
+    }
+}
+
+/// Problem sizes: batch, query heads, kv heads, queries, keys, head dim.
+struct Dims {
+    b: usize,
+    hq: usize,
+    hk: usize,
+    s: usize,
+    t: usize,
+    d: usize,
+}
+
+fn check(op: &Op, q: &Operand, k: &Operand, v: &Operand) -> Result<Dims> {
+    let [b, hq, s, d] = dims::<4>(op, "q (b, hq, s, d)", q)?;
+    let [bk, hk, t, dk] = dims::<4>(op, "k (b, hk, t, d)", k)?;
+    expect_shape(op, "v", v, &k.shape)?;
+    if bk != b || dk != d {
+        return Err(BackendError::shape(format!(
+            "{}: q {:?} and k {:?} differ in batch or head dim",
+            op.name(),
+            q.shape,
+            k.shape
+        )));
+    }
+    if hk == 0 || hq % hk != 0 {
+        return Err(BackendError::shape(format!(
+            "{}: the query heads ({hq}) must be a multiple of the kv heads ({hk} in k {:?})",
+            op.name(),
+            k.shape
+        )));
+    }
+    expect_dtype(op, "k", k, q.dtype)?;
+    expect_dtype(op, "v", v, q.dtype)?;
+    Ok(Dims { b, hq, hk, s, t, d })
+}
+
+/// The kernel variant for head dim `d` (its `DMAX`), or `Unsupported` past the largest one.
+/// f64 stops at 128: its shared tiles at 256 exceed what a block may have.
+fn variant(op: &Op, d: usize, dtype: DType) -> Result<usize> {
+    let max = if dtype == DType::F64 { 128 } else { 256 };
+    match [32, 64, 128, 256].into_iter().find(|&v| d <= v && v <= max) {
+        Some(v) => Ok(v),
+        None => Err(BackendError::unsupported(format!(
+            "cuda: {} supports head dims up to {max} for {dtype}, got {d}",
+            op.name()
+        ))),
+    }
+}
+
+fn args(dm: &Dims, causal: bool, scale: f64) -> AttnArgs {
+    AttnArgs {
+        b: dm.b as i64,
+        hq: dm.hq as i64,
+        hk: dm.hk as i64,
+        s: dm.s as i64,
+        t: dm.t as i64,
+        d: dm.d as i64,
+        scale,
+        causal: causal as i64,
+        ..AttnArgs::default()
+    }
+}
+
+/// Shared memory of a kernel whose tiles hold `rows` rows of the padded head dim, plus
+/// `extra` single values, in the compute type of `dtype`.
+fn smem(dtype: DType, d: usize, rows: usize, extra: usize) -> u32 {
+    ((rows * (d | 1) + extra) * compute_dtype(dtype).size_in_bytes()) as u32
+}
+
+/// Run one attention op.
+pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+    match *op {
+        Op::Attention { causal, scale } => {
+            arity(op, 3, 2, inputs, outputs)?;
+            let (q, k, v) = (device.operand(&inputs[0])?, device.operand(&inputs[1])?, device.operand(&inputs[2])?);
+            let (o, lse) = (device.operand(&outputs[0])?, device.operand(&outputs[1])?);
+            let dm = check(op, &q, &k, &v)?;
+            expect_shape(op, "o", &o, &q.shape)?;
+            expect_dtype(op, "o", &o, q.dtype)?;
+            expect_shape(op, "lse", &lse, &q.shape[..3])?;
+            expect_dtype(op, "lse", &lse, DType::F32)?;
+            let dmax = variant(op, dm.d, q.dtype)?;
+            let mut a = args(&dm, causal, scale);
+            for (slot, x) in [(0, &q), (1, &k), (2, &v), (3, &o), (4, &lse)] {
+                a.set(slot, x);
+            }
+            let work = (dm.b * dm.hq * dm.s.div_ceil(BR)) as u64;
+            let shape = (grid(device, work, 8), THREADS, smem(q.dtype, dm.d, BR + 2 * BC, 0));
+            launch_1d(device, &op.name(), "attention", q.dtype, &format!("attn_fwd_{dmax}"), &mut a, shape)
+        }
+        Op::AttentionBackward { causal, scale } => {
+            arity(op, 6, 3, inputs, outputs)?;
+            let ins = inputs.iter().map(|d| device.operand(d)).collect::<Result<Vec<_>>>()?;
+            let outs = outputs.iter().map(|d| device.operand(d)).collect::<Result<Vec<_>>>()?;
+            let (q, k, v, o, lse, d_o) = (&ins[0], &ins[1], &ins[2], &ins[3], &ins[4], &ins[5]);
+            let (dq, dk, dv) = (&outs[0], &outs[1], &outs[2]);
+            let dm = check(op, q, k, v)?;
+            for (name, t, like) in [("o", o, q), ("do", d_o, q), ("dq", dq, q), ("dk", dk, k), ("dv", dv, v)] {
+                expect_shape(op, name, t, &like.shape)?;
+                expect_dtype(op, name, t, q.dtype)?;
+            }
+            expect_shape(op, "lse", lse, &q.shape[..3])?;
+            expect_dtype(op, "lse", lse, DType::F32)?;
+            let dmax = variant(op, dm.d, q.dtype)?;
+            let mut a = args(&dm, causal, scale);
+            for (slot, x) in [q, k, v, o, lse, d_o, dq, dk, dv].into_iter().enumerate() {
+                a.set(slot, x);
+            }
+            let mut scratch = Scratch::default();
+            let result = backward(device, op, &dm, dmax, q.dtype, &mut a, &mut scratch);
+            let freed = scratch.free(device);
+            result.and(freed)
+        }
+        _ => Err(BackendError::unsupported(format!("cuda: {} is not an attention op", op.name()))),
+    }
+}
+
+fn backward(
+    device: &CudaDevice,
+    op: &Op,
+    dm: &Dims,
+    dmax: usize,
+    dtype: DType,
+    a: &mut AttnArgs,
+    scratch: &mut Scratch,
+) -> Result<()> {
+    let name = op.name();
+    let rows = dm.b * dm.hq * dm.s;
+    if rows > 0 {
+        // D = rowsum(do ∘ o), a warp per row.
+        a.delta = scratch.dense(device, compute_dtype(dtype), &[rows])?.ptr;
+        let warps_per_block = (THREADS / 32) as u64;
+        let shape = (grid(device, (rows as u64).div_ceil(warps_per_block), 32), THREADS, 0);
+        launch_1d(device, &name, "attention", dtype, "attn_bwd_delta_k", a, shape)?;
+        let work = (dm.b * dm.hq * dm.s.div_ceil(BR)) as u64;
+        let shape = (grid(device, work, 8), THREADS, smem(dtype, dm.d, 2 * BR + 2 * BC, 0));
+        launch_1d(device, &name, "attention", dtype, &format!("attn_bwd_dq_{dmax}"), a, shape)?;
+    }
+    // dk and dv are written for every key (zeros where no query sees it), even when s = 0.
+    let work = (dm.b * dm.hk * dm.t.div_ceil(BR)) as u64;
+    let shape = (grid(device, work, 8), THREADS, smem(dtype, dm.d, 2 * BR + 2 * BC, 2 * BC));
+    launch_1d(device, &name, "attention", dtype, &format!("attn_bwd_dkv_{dmax}"), a, shape)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_argument_block_has_the_c_layout() {
+        // 10 pointers, 9x4 strides, 6 sizes, scale, causal: all 8-byte, no padding.
+        assert_eq!(std::mem::size_of::<AttnArgs>(), 8 * 10 + 8 * 36 + 8 * 6 + 8 + 8);
+    }
+
+    #[test]
+    fn head_dims_pick_the_smallest_variant() {
+        let op = Op::Attention { causal: false, scale: 1.0 };
+        assert_eq!(variant(&op, 0, DType::F32).unwrap(), 32);
+        assert_eq!(variant(&op, 33, DType::F16).unwrap(), 64);
+        assert_eq!(variant(&op, 128, DType::F64).unwrap(), 128);
+        assert_eq!(variant(&op, 256, DType::BF16).unwrap(), 256);
+        assert!(variant(&op, 129, DType::F64).is_err());
+        assert!(variant(&op, 257, DType::F32).is_err());
+    }
+}

@@ -1,0 +1,111 @@
+//! Operand checks shared by the attention, convolution and pooling families, with the CPU
+//! reference backend's error kinds and messages.
+
+use crate::device::CudaDevice;
+use crate::kernels::{set_geometry, Args, Operand};
+use genesis_backend_api::{contiguous_strides, BackendError, BufferId, DType, Op, Result};
+
+/// `ShapeMismatch` unless `o` has shape `shape`.
+pub fn expect_shape(op: &Op, name: &str, o: &Operand, shape: &[usize]) -> Result<()> {
+    if o.shape != shape {
+        return Err(BackendError::shape(format!("{}: {name} has shape {:?}, expected {shape:?}", op.name(), o.shape)));
+    }
+    Ok(())
+}
+
+/// `DtypeMismatch` unless `o` has dtype `dtype`.
+pub fn expect_dtype(op: &Op, name: &str, o: &Operand, dtype: DType) -> Result<()> {
+    if o.dtype != dtype {
+        return Err(BackendError::dtype(format!("{}: {name} is {}, expected {dtype}", op.name(), o.dtype)));
+    }
+    Ok(())
+}
+
+/// The shape of `o` as an array, or `ShapeMismatch` unless its rank is `R`.
+pub fn dims<const R: usize>(op: &Op, name: &str, o: &Operand) -> Result<[usize; R]> {
+    <[usize; R]>::try_from(o.shape.as_slice())
+        .map_err(|_| BackendError::shape(format!("{}: {name} must have rank {R}, got shape {:?}", op.name(), o.shape)))
+}
+
+/// Blocks for a grid-stride kernel over `work` items: enough to fill every SM `per_sm` times.
+pub fn grid(device: &CudaDevice, work: u64, per_sm: u32) -> u32 {
+    work.min(device.facts.sm_count as u64 * per_sm as u64).min(i32::MAX as u64) as u32
+}
+
+/// The compute type of a float element type: f32 for f16, bf16 and f32, f64 for f64.
+pub fn compute_dtype(dtype: DType) -> DType {
+    if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+/// Scratch buffers of one op, freed together (stream order makes freeing while the op is
+/// queued safe).
+#[derive(Default)]
+pub struct Scratch(Vec<BufferId>);
+
+impl Scratch {
+    /// A dense row-major scratch operand of `shape` and `dtype`.
+    pub fn dense(&mut self, device: &CudaDevice, dtype: DType, shape: &[usize]) -> Result<Operand> {
+        let bytes = shape.iter().product::<usize>().max(1) * dtype.size_in_bytes();
+        let (id, ptr) = device.scratch(bytes)?;
+        self.0.push(id);
+        Ok(Operand { ptr, dtype, shape: shape.to_vec(), strides: contiguous_strides(shape) })
+    }
+
+    /// `x` itself when it is dense row-major, else a dense copy of it (with the elementwise
+    /// module's strided copy kernel).
+    pub fn contiguous(&mut self, device: &CudaDevice, op: &Op, x: &Operand) -> Result<Operand> {
+        if x.strides == contiguous_strides(&x.shape) || x.numel() <= 1 {
+            return Ok(x.clone());
+        }
+        let y = self.dense(device, x.dtype, &x.shape)?;
+        copy(device, op, x, &y)?;
+        Ok(y)
+    }
+
+    /// Free every buffer; the first error wins.
+    pub fn free(self, device: &CudaDevice) -> Result<()> {
+        let mut result = Ok(());
+        for id in self.0 {
+            let r = device.free_scratch(id);
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        result
+    }
+}
+
+/// `y = x` elementwise (same shape and dtype, any strides) with the strided copy kernel.
+pub fn copy(device: &CudaDevice, op: &Op, x: &Operand, y: &Operand) -> Result<()> {
+    let mut args = Args::default();
+    set_geometry(&mut args, &[x, y]);
+    device.launch(&op.name(), x.dtype, "copy_s", &mut args, 1)
+}
+
+/// Zero `bytes` bytes at `ptr` on the device's stream.
+pub fn zero(device: &CudaDevice, ptr: u64, bytes: usize) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    // SAFETY: the callers pass ranges inside buffers they own; ordered on our stream.
+    unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, bytes, device.stream()) }
+        .map_err(|e| crate::device::driver_error("cuMemsetD8Async", e))
+}
+
+/// Launch on a 1-D grid of 1-D blocks: `(blocks, threads, shared bytes)`, the geometry the
+/// attention, convolution and pooling kernels use.
+pub fn launch_1d<P: Copy>(
+    device: &CudaDevice,
+    op: &str,
+    module: &'static str,
+    dtype: DType,
+    name: &str,
+    params: &mut P,
+    (blocks, threads, smem): (u32, u32, u32),
+) -> Result<()> {
+    device.launch_grid(op, module, dtype, name, params, (blocks, 1), (threads, 1), smem)
+}

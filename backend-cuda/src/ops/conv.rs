@@ -1,0 +1,587 @@
+//! 2-D convolution (stride, zero padding, dilation, groups, optional bias) and its two backward
+//! ops: im2col / col2im kernels (`kernels/conv.cu`) around cuBLAS strided-batched products,
+//! one product per chunk of samples with the groups as its batch. Also the window geometry
+//! ([`Axis`]) and argument block ([`ConvArgs`]) that pooling shares.
+//!
+//! Dtype rules are the CPU backend's: products read T and accumulate in the compute type (f32
+//! for f16/bf16 — cuBLAS writes an f32 C — f64 for f64); every result is rounded to T once,
+//! after the bias is added. f32 products are IEEE unless `GENESIS_CUDA_ALLOW_TF32=1`, as for
+//! matmul. x, dy, y, dx, bias and dbias are used through their strides; the weight is copied
+//! dense when it is not (cuBLAS needs one leading dimension).
+
+use super::checks::{compute_dtype, dims, expect_dtype, expect_shape, grid, launch_1d, zero, Scratch};
+use crate::blas::{compute, data_type, Blas, Gemm};
+use crate::device::CudaDevice;
+use crate::kernels::Operand;
+use genesis_backend_api::{contiguous_strides, BackendError, DType, Op, OpKind, Result, TensorDesc, Window2d};
+
+const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+
+/// Bytes of scratch one chunk of samples may use (column matrix plus product); a single
+/// sample always goes, whatever its size.
+const CHUNK_BYTES: usize = 256 << 20;
+
+/// What this family runs.
+pub fn claims() -> Vec<(OpKind, DType)> {
+    let (window, groups) = (Window2d::default(), 1);
+    let ops = [
+        Op::Conv2d { window, groups },
+        Op::Conv2dBackwardInput { window, groups },
+        Op::Conv2dBackwardWeight { window, groups },
+    ];
+    ops.iter().flat_map(|op| DTYPES.iter().map(move |&d| (op.kind(), d))).collect()
+}
+
+/// One spatial axis of a sliding window: input length, taps, output length from
+/// `out = (in + 2p - d(k-1) - 1)/s + 1`, and the window attributes.
+#[derive(Debug, Clone, Copy)]
+pub struct Axis {
+    /// Input length.
+    pub input: usize,
+    /// Number of taps.
+    pub kernel: usize,
+    /// Output length.
+    pub output: usize,
+    /// Step between windows.
+    pub stride: i64,
+    /// Padding on each side.
+    pub pad: i64,
+    /// Spacing between taps.
+    pub dilation: i64,
+}
+
+impl Axis {
+    /// Validate one axis of a window, with the CPU backend's errors. `name` is "height" or
+    /// "width" for messages.
+    pub fn new(op: &Op, name: &str, input: usize, kernel: i64, stride: i64, pad: i64, dilation: i64) -> Result<Axis> {
+        let bad = |what: &str, v: i64| {
+            let bound = if what == "padding" { ">= 0" } else { ">= 1" };
+            Err(BackendError::invalid(format!("{}: {name} {what} must be {bound}, got {v}", op.name())))
+        };
+        if kernel < 1 {
+            return bad("kernel size", kernel);
+        }
+        if stride < 1 {
+            return bad("stride", stride);
+        }
+        if pad < 0 {
+            return bad("padding", pad);
+        }
+        if dilation < 1 {
+            return bad("dilation", dilation);
+        }
+        // i128: every term fits, so hostile attributes cannot overflow here.
+        let span = dilation as i128 * (kernel as i128 - 1) + 1;
+        let room = input as i128 + 2 * pad as i128 - span;
+        if room < 0 {
+            return Err(BackendError::invalid(format!(
+                "{}: the {name} window spans {span} positions but the padded input has {}",
+                op.name(),
+                input as i128 + 2 * pad as i128
+            )));
+        }
+        let output = room / stride as i128 + 1;
+        // The kernels compute tap coordinates `o*s + k*d - p` in i64.
+        let reach = (output - 1) * stride as i128 + span;
+        if reach > i64::MAX as i128 || output > isize::MAX as i128 {
+            return Err(BackendError::invalid(format!("{}: the {name} window geometry overflows", op.name())));
+        }
+        Ok(Axis { input, kernel: kernel as usize, output: output as usize, stride, pad, dilation })
+    }
+
+    /// The input coordinate of tap `k` of output `o`, `None` in the padding.
+    pub fn tap(&self, o: usize, k: usize) -> Option<usize> {
+        let x = o as i64 * self.stride + k as i64 * self.dilation - self.pad;
+        (x >= 0 && (x as usize) < self.input).then_some(x as usize)
+    }
+}
+
+/// Mirror of `struct ConvArgs` in conv.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ConvArgs {
+    /// Operand addresses (per kernel, see conv.cu and pool.cu).
+    pub p: [u64; 4],
+    /// Strides of x / dx (or of dweight in `conv_store`).
+    pub xs: [i64; 4],
+    /// Strides of y / dy.
+    pub ys: [i64; 4],
+    /// Strides of the third operand (bias, argmax).
+    pub zs: [i64; 4],
+    /// First sample of the chunk.
+    pub n0: i64,
+    /// Samples in the chunk.
+    pub nc: i64,
+    /// Input channels, height, width; output channels, groups, output height, width; taps.
+    pub c: i64,
+    /// See `c`.
+    pub h: i64,
+    /// See `c`.
+    pub w: i64,
+    /// See `c`.
+    pub o: i64,
+    /// See `c`.
+    pub g: i64,
+    /// See `c`.
+    pub oh: i64,
+    /// See `c`.
+    pub ow: i64,
+    /// See `c`.
+    pub kh: i64,
+    /// See `c`.
+    pub kw: i64,
+    /// Strides, paddings, dilations (height, width).
+    pub sh: i64,
+    /// See `sh`.
+    pub sw: i64,
+    /// See `sh`.
+    pub ph: i64,
+    /// See `sh`.
+    pub pw: i64,
+    /// See `sh`.
+    pub dh: i64,
+    /// See `sh`.
+    pub dw: i64,
+}
+
+/// Element strides of a rank-4 operand (or of a rank-1 one in slot 0).
+pub fn strides(o: &Operand) -> [i64; 4] {
+    let mut st = [0i64; 4];
+    for (d, &s) in st.iter_mut().zip(&o.strides) {
+        *d = s as i64;
+    }
+    st
+}
+
+impl ConvArgs {
+    /// The geometry of a window over `n` samples of `c` planes.
+    pub fn window(n: usize, c: usize, rows: &Axis, cols: &Axis) -> ConvArgs {
+        ConvArgs {
+            nc: n as i64,
+            c: c as i64,
+            h: rows.input as i64,
+            w: cols.input as i64,
+            oh: rows.output as i64,
+            ow: cols.output as i64,
+            kh: rows.kernel as i64,
+            kw: cols.kernel as i64,
+            sh: rows.stride,
+            sw: cols.stride,
+            ph: rows.pad,
+            pw: cols.pad,
+            dh: rows.dilation,
+            dw: cols.dilation,
+            ..ConvArgs::default()
+        }
+    }
+}
+
+/// Launch `name` of the window module (conv.cu + pool.cu) over `work` elements.
+pub fn launch(device: &CudaDevice, op: &Op, dtype: DType, name: &str, a: &mut ConvArgs, work: u64) -> Result<()> {
+    let blocks = grid(device, work.div_ceil(256), 32);
+    launch_1d(device, &op.name(), "window", dtype, name, a, (blocks, 256, 0))
+}
+
+/// The geometry of one convolution.
+struct Geom {
+    n: usize,
+    c: usize,
+    o: usize,
+    groups: usize,
+    rows: Axis,
+    cols: Axis,
+}
+
+impl Geom {
+    fn cg(&self) -> usize {
+        self.c / self.groups
+    }
+    fn og(&self) -> usize {
+        self.o / self.groups
+    }
+    /// Rows of one group's column matrix: (channel, kernel row, kernel column).
+    fn ck(&self) -> usize {
+        self.cg() * self.rows.kernel * self.cols.kernel
+    }
+    /// Output positions per plane.
+    fn l(&self) -> usize {
+        self.rows.output * self.cols.output
+    }
+    fn y_shape(&self) -> [usize; 4] {
+        [self.n, self.o, self.rows.output, self.cols.output]
+    }
+    fn args(&self) -> ConvArgs {
+        let mut a = ConvArgs::window(self.n, self.c, &self.rows, &self.cols);
+        a.o = self.o as i64;
+        a.g = self.groups as i64;
+        a
+    }
+    /// Samples per chunk when one sample needs `per_sample` bytes of scratch.
+    fn chunk(&self, per_sample: usize) -> usize {
+        (CHUNK_BYTES / per_sample.max(1)).clamp(1, self.n.max(1))
+    }
+}
+
+/// Validate the window and channels; `x` is (n, c, h, w) and `w` is (o, c/groups, kh, kw).
+fn geometry(op: &Op, window: &Window2d, groups: u32, x: &Operand, w: &Operand) -> Result<Geom> {
+    let [n, c, h, wd] = dims::<4>(op, "x (n, c, h, w)", x)?;
+    let [o, cg, kh, kw] = dims::<4>(op, "weight (o, c/groups, kh, kw)", w)?;
+    let groups = groups as usize;
+    if groups == 0 || c % groups != 0 || o % groups != 0 {
+        return Err(BackendError::invalid(format!(
+            "{}: groups ({groups}) must be >= 1 and divide the input channels ({c}) and the output channels ({o})",
+            op.name()
+        )));
+    }
+    if cg * groups != c {
+        return Err(BackendError::shape(format!(
+            "{}: weight {:?} has {cg} input channels per group, expected {} (x {:?}, groups {groups})",
+            op.name(),
+            w.shape,
+            c / groups,
+            x.shape
+        )));
+    }
+    let to_i64 = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+    let rows = Axis::new(op, "height", h, to_i64(kh), window.stride[0], window.padding[0], window.dilation[0])?;
+    let cols = Axis::new(op, "width", wd, to_i64(kw), window.stride[1], window.padding[1], window.dilation[1])?;
+    Ok(Geom { n, c, o, groups, rows, cols })
+}
+
+/// Run one convolution op.
+pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+    let arity = |expected: &str| BackendError::invalid(format!("{}: expected {expected}", op.name()));
+    let ins = inputs.iter().map(|d| device.operand(d)).collect::<Result<Vec<_>>>()?;
+    let outs = outputs.iter().map(|d| device.operand(d)).collect::<Result<Vec<_>>>()?;
+    let mut scratch = Scratch::default();
+    let result = match *op {
+        Op::Conv2d { window, groups } => {
+            let (x, w, bias, y) = match (&ins[..], &outs[..]) {
+                ([x, w], [y]) => (x, w, None, y),
+                ([x, w, b], [y]) => (x, w, Some(b), y),
+                _ => return Err(arity("2 or 3 inputs (x, weight[, bias]) and 1 output")),
+            };
+            let g = geometry(op, &window, groups, x, w)?;
+            expect_dtype(op, "weight", w, x.dtype)?;
+            expect_shape(op, "y", y, &g.y_shape())?;
+            expect_dtype(op, "y", y, x.dtype)?;
+            if let Some(b) = bias {
+                expect_shape(op, "bias", b, &[g.o])?;
+                expect_dtype(op, "bias", b, x.dtype)?;
+            }
+            forward(device, op, &g, x, w, bias, y, &mut scratch)
+        }
+        Op::Conv2dBackwardInput { window, groups } => {
+            let ([dy, w], [dx]) = (&ins[..], &outs[..]) else {
+                return Err(arity("2 inputs (dy, weight) and 1 output (dx)"));
+            };
+            let g = geometry(op, &window, groups, dx, w)?;
+            expect_shape(op, "dy", dy, &g.y_shape())?;
+            for (name, t) in [("weight", w), ("dx", dx)] {
+                expect_dtype(op, name, t, dy.dtype)?;
+            }
+            backward_input(device, op, &g, dy, w, dx, &mut scratch)
+        }
+        Op::Conv2dBackwardWeight { window, groups } => {
+            let (dy, x, dw, db) = match (&ins[..], &outs[..]) {
+                ([dy, x], [dw]) => (dy, x, dw, None),
+                ([dy, x], [dw, db]) => (dy, x, dw, Some(db)),
+                _ => return Err(arity("2 inputs (dy, x) and 1 or 2 outputs (dweight[, dbias])")),
+            };
+            let g = geometry(op, &window, groups, x, dw)?;
+            expect_shape(op, "dy", dy, &g.y_shape())?;
+            for (name, t) in [("x", x), ("dweight", dw)] {
+                expect_dtype(op, name, t, dy.dtype)?;
+            }
+            if let Some(db) = db {
+                expect_shape(op, "dbias", db, &[g.o])?;
+                expect_dtype(op, "dbias", db, dy.dtype)?;
+            }
+            backward_weight(device, op, &g, dy, x, dw, db, &mut scratch)
+        }
+        _ => Err(BackendError::unsupported(format!("cuda: {} is not a convolution", op.name()))),
+    };
+    let freed = scratch.free(device);
+    result.and(freed)
+}
+
+fn blas(device: &CudaDevice) -> Result<&Blas> {
+    device.blas.get_or_init(|| Blas::open(device.stream() as *mut _)).as_ref().map_err(Clone::clone)
+}
+
+/// cuBLAS data type of T, and the compute type of its products.
+fn gemm_types(dtype: DType) -> Result<(i32, i32)> {
+    Ok(match dtype {
+        DType::F32 if std::env::var_os("GENESIS_CUDA_ALLOW_TF32").is_some_and(|v| v != "0") => {
+            (data_type::R_32F, compute::F32_FAST_TF32)
+        }
+        DType::F32 => (data_type::R_32F, compute::F32),
+        DType::F64 => (data_type::R_64F, compute::F64),
+        DType::F16 => (data_type::R_16F, compute::F32),
+        DType::BF16 => (data_type::R_16BF, compute::F32),
+        other => return Err(BackendError::unsupported(format!("cuda: convolution is not implemented for {other}"))),
+    })
+}
+
+/// cuBLAS data type of the compute type of `dtype` (the accumulators' C).
+fn acc_type(dtype: DType) -> i32 {
+    if dtype == DType::F64 {
+        data_type::R_64F
+    } else {
+        data_type::R_32F
+    }
+}
+
+/// One strided-batched product over the groups, in cuBLAS's column-major terms: `(op, addr,
+/// ld, batch stride)` for A and B, `(addr, ld, stride)` for C (of the compute type). A zero
+/// inner dimension writes zeros (unless accumulating) rather than asking cuBLAS.
+#[allow(clippy::too_many_arguments)]
+fn product(
+    device: &CudaDevice,
+    dtype: DType,
+    groups: usize,
+    (m, n, k): (usize, usize, usize),
+    a: (i32, u64, usize, usize),
+    b: (i32, u64, usize, usize),
+    c: (u64, usize, usize),
+    accumulate: bool,
+) -> Result<()> {
+    if m == 0 || n == 0 || groups == 0 {
+        return Ok(());
+    }
+    let acc_bytes = compute_dtype(dtype).size_in_bytes();
+    if k == 0 {
+        return if accumulate { Ok(()) } else { zero(device, c.0, groups * c.2 * acc_bytes) };
+    }
+    let fits = |v: usize| {
+        i32::try_from(v).map_err(|_| {
+            BackendError::unsupported(format!(
+                "cuda: a convolution product dimension ({v}) exceeds cuBLAS's 32-bit sizes"
+            ))
+        })
+    };
+    let (dtype_code, compute_type) = gemm_types(dtype)?;
+    let g = Gemm {
+        trans: (a.0, b.0),
+        m: fits(m)?,
+        n: fits(n)?,
+        k: fits(k)?,
+        a: (a.1, fits(a.2)?, a.3 as i64),
+        b: (b.1, fits(b.2)?, b.3 as i64),
+        c: (c.0, fits(c.1)?, c.2 as i64),
+        batch: fits(groups)?,
+        dtype: dtype_code,
+        compute: compute_type,
+    };
+    // SAFETY: the callers size every matrix from one `Geom` inside scratch buffers (or the
+    // dense weight); the handle is on this device's stream.
+    unsafe { blas(device)?.gemm_into(&g, acc_type(dtype), accumulate) }
+}
+
+/// Copy samples n0..n0+nc of dy (n, o, oh, ow) to `dst` as a dense (O, nc, OH·OW) array: one
+/// matrix per group with the chunk's positions as columns. `dst` holds a full chunk.
+fn dy_columns(device: &CudaDevice, op: &Op, g: &Geom, dy: &Operand, (n0, nc): (usize, usize), dst: u64) -> Result<()> {
+    let elem = dy.dtype.size_in_bytes() as i64;
+    let view = Operand {
+        ptr: dy.ptr.wrapping_add((n0 as i64 * dy.strides[0] as i64 * elem) as u64),
+        dtype: dy.dtype,
+        shape: vec![g.o, nc, g.rows.output, g.cols.output],
+        strides: vec![dy.strides[1], dy.strides[0], dy.strides[2], dy.strides[3]],
+    };
+    let dense =
+        Operand { ptr: dst, dtype: dy.dtype, shape: view.shape.clone(), strides: contiguous_strides(&view.shape) };
+    super::checks::copy(device, op, &view, &dense)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn forward(
+    device: &CudaDevice,
+    op: &Op,
+    g: &Geom,
+    x: &Operand,
+    w: &Operand,
+    bias: Option<&Operand>,
+    y: &Operand,
+    scratch: &mut Scratch,
+) -> Result<()> {
+    if y.numel() == 0 {
+        return Ok(());
+    }
+    let dtype = x.dtype;
+    let (elem, acc_elem) = (dtype.size_in_bytes(), compute_dtype(dtype).size_in_bytes());
+    let w = scratch.contiguous(device, op, w)?;
+    let (ck, og, l) = (g.ck(), g.og(), g.l());
+    let nc = g.chunk((g.c * g.rows.kernel * g.cols.kernel * elem + g.o * acc_elem) * l);
+    let cols = scratch.dense(device, dtype, &[g.c * g.rows.kernel * g.cols.kernel, nc * l])?;
+    let acc = scratch.dense(device, compute_dtype(dtype), &[g.o, nc, l])?;
+    let mut a = g.args();
+    a.xs = strides(x);
+    a.ys = strides(y);
+    if let Some(b) = bias {
+        a.zs[0] = b.strides[0] as i64;
+    }
+    for n0 in (0..g.n).step_by(nc) {
+        let count = nc.min(g.n - n0);
+        let k = count * l;
+        (a.n0, a.nc) = (n0 as i64, count as i64);
+        a.p = [x.ptr, cols.ptr, 0, 0];
+        launch(device, op, dtype, "conv_im2col", &mut a, (g.c * g.rows.kernel * g.cols.kernel * k) as u64)?;
+        // Y_g (og × K) = W_g (og × ck) · cols_g (ck × K); column-major: Y_gᵀ = cols_gᵀ · W_gᵀ.
+        product(
+            device,
+            dtype,
+            g.groups,
+            (k, og, ck),
+            (0, cols.ptr, k, ck * k),
+            (0, w.ptr, ck, og * ck),
+            (acc.ptr, k, og * k),
+            false,
+        )?;
+        a.p = [acc.ptr, bias.map_or(0, |b| b.ptr), y.ptr, 0];
+        launch(device, op, dtype, "conv_out", &mut a, (count * g.o * l) as u64)?;
+    }
+    Ok(())
+}
+
+fn backward_input(
+    device: &CudaDevice,
+    op: &Op,
+    g: &Geom,
+    dy: &Operand,
+    w: &Operand,
+    dx: &Operand,
+    scratch: &mut Scratch,
+) -> Result<()> {
+    if dx.numel() == 0 {
+        return Ok(());
+    }
+    let dtype = dy.dtype;
+    let (elem, acc_elem) = (dtype.size_in_bytes(), compute_dtype(dtype).size_in_bytes());
+    let w = scratch.contiguous(device, op, w)?;
+    let (ck, og, l) = (g.ck(), g.og(), g.l());
+    let rows = g.c * g.rows.kernel * g.cols.kernel;
+    let nc = g.chunk((rows * acc_elem + g.o * elem) * l);
+    let cols = scratch.dense(device, compute_dtype(dtype), &[rows, nc * l])?;
+    let dyc = scratch.dense(device, dtype, &[g.o, nc * l])?;
+    let mut a = g.args();
+    a.xs = strides(dx);
+    for n0 in (0..g.n).step_by(nc) {
+        let count = nc.min(g.n - n0);
+        let k = count * l;
+        if k > 0 {
+            dy_columns(device, op, g, dy, (n0, count), dyc.ptr)?;
+            // cols_g (ck × K) = W_gᵀ (ck × og) · dy_g (og × K); column-major:
+            // cols_gᵀ (K × ck) = dy_gᵀ (K × og) · W_g (og × ck, W read transposed).
+            product(
+                device,
+                dtype,
+                g.groups,
+                (k, ck, og),
+                (0, dyc.ptr, k, og * k),
+                (1, w.ptr, ck, og * ck),
+                (cols.ptr, k, ck * k),
+                false,
+            )?;
+        }
+        (a.n0, a.nc) = (n0 as i64, count as i64);
+        a.p = [cols.ptr, dx.ptr, 0, 0];
+        launch(device, op, dtype, "conv_col2im", &mut a, (count * g.c * g.rows.input * g.cols.input) as u64)?;
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward_weight(
+    device: &CudaDevice,
+    op: &Op,
+    g: &Geom,
+    dy: &Operand,
+    x: &Operand,
+    dw: &Operand,
+    db: Option<&Operand>,
+    scratch: &mut Scratch,
+) -> Result<()> {
+    let dtype = dy.dtype;
+    let elem = dtype.size_in_bytes();
+    let (ck, og, l) = (g.ck(), g.og(), g.l());
+    let rows = g.c * g.rows.kernel * g.cols.kernel;
+    let mut a = g.args();
+    if dw.numel() > 0 {
+        // dW accumulates over chunks in the compute type, then is rounded into dw once.
+        let acc = scratch.dense(device, compute_dtype(dtype), &[g.o, ck])?;
+        let nc = g.chunk((rows + g.o) * elem * l);
+        let cols = scratch.dense(device, dtype, &[rows, nc * l])?;
+        let dyc = scratch.dense(device, dtype, &[g.o, nc * l])?;
+        a.xs = strides(x);
+        let mut first = true;
+        for n0 in (0..g.n).step_by(nc) {
+            let count = nc.min(g.n - n0);
+            let k = count * l;
+            if k == 0 {
+                continue;
+            }
+            (a.n0, a.nc) = (n0 as i64, count as i64);
+            a.p = [x.ptr, cols.ptr, 0, 0];
+            launch(device, op, dtype, "conv_im2col", &mut a, (rows * k) as u64)?;
+            dy_columns(device, op, g, dy, (n0, count), dyc.ptr)?;
+            // dW_g (og × ck) += dy_g (og × K) · cols_gᵀ (K × ck); column-major:
+            // dW_gᵀ (ck × og) = cols_g (ck × K, read transposed) · dy_gᵀ (K × og).
+            product(
+                device,
+                dtype,
+                g.groups,
+                (ck, og, k),
+                (1, cols.ptr, k, ck * k),
+                (0, dyc.ptr, k, og * k),
+                (acc.ptr, ck, og * ck),
+                !first,
+            )?;
+            first = false;
+        }
+        if first {
+            // No sample or no output position: the gradient is an empty sum.
+            zero(device, acc.ptr, g.o * ck * compute_dtype(dtype).size_in_bytes())?;
+        }
+        let mut s = g.args();
+        s.c = g.cg() as i64;
+        s.xs = strides(dw);
+        s.p = [acc.ptr, dw.ptr, 0, 0];
+        launch(device, op, dtype, "conv_store", &mut s, (g.o * ck) as u64)?;
+    }
+    if let Some(db) = db {
+        if g.o > 0 {
+            let mut b = g.args();
+            b.ys = strides(dy);
+            b.zs[0] = db.strides[0] as i64;
+            b.p = [dy.ptr, db.ptr, 0, 0];
+            let smem = 256 * compute_dtype(dtype).size_in_bytes() as u32;
+            let blocks = grid(device, g.o as u64, 64);
+            launch_1d(device, &op.name(), "window", dtype, "conv_bias_grad", &mut b, (blocks, 256, smem))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_argument_block_has_the_c_layout() {
+        // 4 pointers, 3x4 strides, n0 and nc, 9 sizes, 6 window attributes: no padding.
+        assert_eq!(std::mem::size_of::<ConvArgs>(), 8 * 4 + 8 * 12 + 8 * 2 + 8 * 9 + 8 * 6);
+    }
+
+    #[test]
+    fn axes_follow_the_output_size_formula() {
+        let op = Op::Conv2d { window: Window2d::default(), groups: 1 };
+        // (9 + 0 - 2*(2-1) - 1)/2 + 1 = 4
+        let a = Axis::new(&op, "height", 9, 2, 2, 0, 2).unwrap();
+        assert_eq!(a.output, 4);
+        assert_eq!(a.tap(3, 1), Some(8));
+        let p = Axis::new(&op, "width", 6, 3, 2, 1, 1).unwrap();
+        assert_eq!((p.output, p.tap(0, 0), p.tap(0, 1)), (3, None, Some(0)));
+        assert!(Axis::new(&op, "height", 2, 5, 1, 0, 1).is_err());
+        assert!(Axis::new(&op, "height", 2, 1, 0, 0, 1).is_err());
+    }
+}
