@@ -2,6 +2,7 @@
 //! one character per token, then asked to write.
 //!
 //! `cargo run --release --example train_char_lm [-- --device cuda --steps N --out DIR]`
+//! (400 steps by default: about 6 minutes on two CPU cores, 6 seconds on an H100)
 //!
 //! Prints the validation loss against the unigram entropy of the text (the loss of a model
 //! that knows only character frequencies; the goal is to end well below it, at most 0.7×),
@@ -216,7 +217,7 @@ fn sample(model: &CharLm, corpus: &Corpus, prompt: &str, n: usize, temperature: 
 
 fn main() -> Result<()> {
     let mut device_name = "cpu".to_string();
-    let mut steps = 1500usize;
+    let mut steps = 400usize;
     let mut out_dir = PathBuf::from("target/train_char_lm");
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {

@@ -3,6 +3,8 @@
 #
 #   backend-cuda/scripts/gpu_run.sh package DEST   # on the build machine: build, strip, copy to DEST
 #   dist-cuda/gpu_run.sh remote                    # on the GPU machine, from the folder's parent
+#   dist-cuda/gpu_run.sh conformance [TIER]        # the conformance harness on the CUDA plugin
+#   dist-cuda/gpu_run.sh examples                  # the training examples with --device cuda
 #
 # The GPU machine has the driver, the CUDA toolkit and PyTorch but no Rust: `package` builds
 # release binaries here; `remote` runs the checker twice (the second start must compile no
@@ -14,10 +16,13 @@ package)
     dest=${2:?destination folder}
     root=$(cd "$(dirname "$0")/../.." && pwd)
     target=${CARGO_TARGET_DIR:-$root/target}
-    (cd "$root" && cargo build --release -p genesis-backend-cuda --lib && cargo build --release -p genesis-backend-cuda --example cuda_check) || exit 1
+    (cd "$root" && cargo build --release -p genesis-backend-cuda --lib --example cuda_check -p genesis-conformance \
+        && cargo build --release -p genesis-core --example train_digits --example train_char_lm) || exit 1
     mkdir -p "$dest"
-    cp "$target/release/libgenesis_backend_cuda.so" "$target/release/examples/cuda_check" "$dest/"
-    strip "$dest/libgenesis_backend_cuda.so" "$dest/cuda_check"
+    cp "$target/release/libgenesis_backend_cuda.so" "$target/release/examples/cuda_check" \
+        "$target/release/genesis-conformance" "$target/release/examples/train_digits" \
+        "$target/release/examples/train_char_lm" "$dest/"
+    (cd "$dest" && strip libgenesis_backend_cuda.so cuda_check genesis-conformance train_digits train_char_lm)
     cp "$root/backend-cuda/scripts/gpu_run.sh" "$root/backend-cuda/scripts/torch_bench.py" "$dest/"
     ls -la "$dest"
     ;;
@@ -63,8 +68,29 @@ remote)
     PYTHONUNBUFFERED=1 python3 "$dir/torch_bench.py" >"$out/torch.log" 2>&1
     cat "$out/torch.log"
     ;;
+conformance)
+    # The acceptance test of the plugin: every suite at the requested tier (default full).
+    dir=$(cd "$(dirname "$0")" && pwd)
+    out=${OUT:-/tmp/genesis-out}
+    mkdir -p "$out"
+    export GENESIS_CUDA_CACHE=${GENESIS_CUDA_CACHE:-/tmp/genesis-kernel-cache}
+    start=$SECONDS
+    "$dir/genesis-conformance" --backend "$dir/libgenesis_backend_cuda.so" --tier "${2:-full}" \
+        --json "$out/conformance-cuda.json" --junit "$out/conformance-cuda.xml" >"$out/conformance-cuda.txt" 2>&1
+    echo "conformance rc=$? in $((SECONDS - start)) s"
+    grep -E "^(FAIL|ERROR|CRASH|TIMEOUT)|Summary|Verdict|suites:" "$out/conformance-cuda.txt" | head -60
+    ;;
+examples)
+    # The plugin next to the example binaries is found by the loader's executable-directory search.
+    dir=$(cd "$(dirname "$0")" && pwd)
+    out=${OUT:-/tmp/genesis-out}
+    mkdir -p "$out"
+    export GENESIS_CUDA_CACHE=${GENESIS_CUDA_CACHE:-/tmp/genesis-kernel-cache}
+    (cd "$out" && time "$dir/train_digits" --device cuda --out digits) 2>&1 | tail -12
+    (cd "$out" && time "$dir/train_char_lm" --device cuda --out char_lm ${CHAR_LM_ARGS:-}) 2>&1 | tail -30
+    ;;
 *)
-    echo "usage: $0 package DEST | remote" >&2
+    echo "usage: $0 package DEST | remote | conformance [TIER] | examples" >&2
     exit 2
     ;;
 esac
