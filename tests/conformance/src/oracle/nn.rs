@@ -216,36 +216,72 @@ pub fn attention(q: &[f64], k: &[f64], v: &[f64], g: AttnShape, causal: bool, sc
     (o, lse)
 }
 
+/// Keys visible to query `i` (bottom-right aligned causal mask): `j < visible`.
+fn visible(g: AttnShape, causal: bool, i: usize) -> usize {
+    if causal {
+        (i + g.t + 1).saturating_sub(g.s).min(g.t)
+    } else {
+        g.t
+    }
+}
+
+/// Attention VJP `(dq, dk, dv)` from the saved `o` and `lse`, as the interface passes them
+/// (`[q, k, v, o, lse, do] -> [dq, dk, dv]`): over the visible keys
+/// `P = exp(scale·q·kᵀ - lse)`, `dv = Pᵀ·do`, `dS = P∘(do·vᵀ - rowsum(do∘o))`,
+/// `dq = scale·dS·k`, `dk = scale·dSᵀ·q`; the query heads of a group add into their kv head,
+/// and a query that sees no key contributes nothing. With the exact `o` and `lse` of
+/// [`attention`] this is its VJP (checked by finite differences below).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_vjp(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    o: &[f64],
+    lse: &[f64],
+    d_o: &[f64],
+    g: AttnShape,
+    causal: bool,
+    scale: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let AttnShape { b, hq, hk, s, t, d } = g;
+    let dot = |a: &[f64], b: &[f64]| sum(&a.iter().zip(b).map(|(x, y)| x * y).collect::<Vec<_>>());
+    // dk and dv collect their terms (from every query of the group) and sum them at the end.
+    let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![Vec::new(); k.len()], vec![Vec::new(); v.len()]);
+    for bi in 0..b {
+        for h in 0..hq {
+            let kv = bi * hk + h / (hq / hk);
+            for i in 0..s {
+                let row = ((bi * hq + h) * s + i) * d;
+                let (qi, oi, doi) = (&q[row..][..d], &o[row..][..d], &d_o[row..][..d]);
+                let l = lse[(bi * hq + h) * s + i];
+                let big_d = dot(doi, oi);
+                let mut dq_terms = vec![Vec::new(); d];
+                for j in 0..visible(g, causal, i) {
+                    let at = (kv * t + j) * d;
+                    let (kj, vj) = (&k[at..][..d], &v[at..][..d]);
+                    let p = (scale * dot(qi, kj) - l).exp();
+                    let ds = p * (dot(doi, vj) - big_d);
+                    for c in 0..d {
+                        dq_terms[c].push(scale * ds * kj[c]);
+                        dk[at + c].push(scale * ds * qi[c]);
+                        dv[at + c].push(p * doi[c]);
+                    }
+                }
+                for (c, terms) in dq_terms.iter().enumerate() {
+                    dq[row + c] = sum(terms);
+                }
+            }
+        }
+    }
+    let dk = dk.iter().map(|terms| sum(terms)).collect();
+    let dv = dv.iter().map(|terms| sum(terms)).collect();
+    (dq, dk, dv)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::values::Rng;
-
-    /// `<dy, f(x)>` differentiated by central differences in f64.
-    fn fd_vjp(f: &dyn Fn(&[f64]) -> Vec<f64>, x: &[f64], dy: &[f64]) -> Vec<f64> {
-        let h = 1e-6;
-        (0..x.len())
-            .map(|j| {
-                let (mut xp, mut xm) = (x.to_vec(), x.to_vec());
-                xp[j] += h;
-                xm[j] -= h;
-                let dot = |y: Vec<f64>| y.iter().zip(dy).map(|(a, b)| a * b).sum::<f64>();
-                (dot(f(&xp)) - dot(f(&xm))) / (2.0 * h)
-            })
-            .collect()
-    }
-
-    /// gradcheck's rule: |analytic - numeric| ≤ atol + rtol·|numeric|.
-    fn assert_close(analytic: &[f64], numeric: &[f64], what: &str) {
-        for (i, (a, n)) in analytic.iter().zip(numeric).enumerate() {
-            assert!((a - n).abs() <= 1e-5 + 1e-3 * n.abs(), "{what}[{i}]: analytic {a}, finite difference {n}");
-        }
-    }
-
-    fn data(id: &str, n: usize) -> Vec<f64> {
-        let mut r = Rng::for_id(id);
-        (0..n).map(|_| r.normal()).collect()
-    }
+    use crate::oracle::fd::{assert_close, data, fd_vjp};
 
     #[test]
     fn softmax_vjps_match_finite_differences() {
@@ -288,5 +324,24 @@ mod tests {
         let (o, lse) = attention(&[1.0, 2.0, 3.0, 4.0], &[0.5, 0.5], &[7.0, -1.0], g, false, 1.0);
         assert_eq!(o, vec![7.0, -1.0, 7.0, -1.0]);
         assert_eq!(lse, vec![1.5, 3.5]);
+    }
+
+    #[test]
+    fn attention_vjp_matches_finite_differences() {
+        for (g, causal) in [
+            (AttnShape { b: 1, hq: 4, hk: 2, s: 3, t: 5, d: 3 }, false),
+            (AttnShape { b: 1, hq: 4, hk: 2, s: 3, t: 5, d: 3 }, true),
+            (AttnShape { b: 2, hq: 3, hk: 1, s: 4, t: 4, d: 2 }, true),
+        ] {
+            let (nq, nk) = (g.b * g.hq * g.s * g.d, g.b * g.hk * g.t * g.d);
+            let (q, k, v, d_o) = (data("aq", nq), data("ak", nk), data("av", nk), data("ado", nq));
+            let scale = 0.7;
+            let (o, lse) = attention(&q, &k, &v, g, causal, scale);
+            let (dq, dk, dv) = attention_vjp(&q, &k, &v, &o, &lse, &d_o, g, causal, scale);
+            let what = format!("attention {g:?} causal {causal}");
+            assert_close(&dq, &fd_vjp(&|q| attention(q, &k, &v, g, causal, scale).0, &q, &d_o), &format!("{what} dq"));
+            assert_close(&dk, &fd_vjp(&|k| attention(&q, k, &v, g, causal, scale).0, &k, &d_o), &format!("{what} dk"));
+            assert_close(&dv, &fd_vjp(&|v| attention(&q, &k, v, g, causal, scale).0, &v, &d_o), &format!("{what} dv"));
+        }
     }
 }

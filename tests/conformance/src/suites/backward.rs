@@ -5,14 +5,17 @@
 use super::op_cases;
 use crate::case::{Case, OpCase, Tier};
 use crate::gen::{tensor, ValueRange};
+use crate::oracle::conv::{
+    avg_pool2d_vjp, conv2d_vjp_input, conv2d_vjp_weight, conv_out, max_pool2d, max_pool2d_vjp, out_len,
+};
 use crate::oracle::nn::{
-    cross_entropy, cross_entropy_vjp, layer_norm, layer_norm_vjp, log_softmax, log_softmax_vjp, rms_norm, rms_norm_vjp,
-    softmax, softmax_vjp,
+    attention, attention_vjp, cross_entropy, cross_entropy_vjp, layer_norm, layer_norm_vjp, log_softmax,
+    log_softmax_vjp, rms_norm, rms_norm_vjp, softmax, softmax_vjp, AttnShape,
 };
 use crate::target::{Layout, Spec, Target};
 use crate::tolerance::Expected;
 use crate::values::{quantize, quantize_all, short_name, FLOATS};
-use genesis_backend_api::{DType, Op};
+use genesis_backend_api::{DType, Op, Window2d};
 
 /// Layer/RMS norm and cross-entropy save f32 statistics (mean, rstd, lse) even for f64
 /// tensors, so their f64 backward can only be as accurate as f32.
@@ -161,6 +164,225 @@ pub fn cases(t: &Target) -> Vec<Case> {
                     )
                 })
                 .collect()
+        },
+    ));
+    cases.extend(attention_cases(t));
+    cases.extend(conv_cases(t));
+    cases.extend(pool_cases(t));
+    cases
+}
+
+/// Attention backward: grouped-query and plain heads, causal with `s == t` and `t > s`
+/// (bottom-right aligned), odd sizes. The saved `o` (in the dtype) and `lse` (f32) come from
+/// the oracle's forward, rounded as a backend would store them.
+fn attention_cases(t: &Target) -> Vec<Case> {
+    let attn = |causal, scale| Op::AttentionBackward { causal, scale };
+    op_cases(
+        t,
+        "backward",
+        "attention_backward",
+        attn(false, 1.0).kind(),
+        &FLOATS,
+        &after("attention"),
+        &|dtype, rng| {
+            [
+                ("gqa", AttnShape { b: 1, hq: 4, hk: 2, s: 5, t: 7, d: 8 }, false),
+                ("gqa_causal_t_gt_s", AttnShape { b: 1, hq: 4, hk: 2, s: 5, t: 7, d: 8 }, true),
+                ("mha_causal_batched", AttnShape { b: 2, hq: 2, hk: 2, s: 6, t: 6, d: 4 }, true),
+                ("odd_gqa_causal", AttnShape { b: 1, hq: 3, hk: 1, s: 9, t: 9, d: 5 }, true),
+            ]
+            .into_iter()
+            .map(|(sample, g, causal)| {
+                let r = ValueRange::normal(1.0);
+                let q = tensor(rng, dtype, &[g.b, g.hq, g.s, g.d], Layout::Contiguous, r);
+                let k = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], Layout::Contiguous, r);
+                let v = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], Layout::Offset, r);
+                let d_o = tensor(rng, dtype, &q.shape, if causal { Layout::Strided } else { Layout::Contiguous }, r);
+                let scale = 1.0 / (g.d as f64).sqrt();
+                let (o, lse) = attention(&q.values, &k.values, &v.values, g, causal, scale);
+                let (o, lse) = (quantize_all(dtype, &o), quantize_all(DType::F32, &lse));
+                let (dq, dk, dv) =
+                    attention_vjp(&q.values, &k.values, &v.values, &o, &lse, &d_o.values, g, causal, scale);
+                // dq sums over the keys, dk and dv over the queries of the kv head's group.
+                let group_queries = g.hq / g.hk * g.s;
+                let exp = vec![
+                    Some(Expected::normalized(stats_dtype(dtype), dq, g.t, 2.0)),
+                    Some(Expected::normalized(stats_dtype(dtype), dk, group_queries, 2.0)),
+                    Some(Expected::normalized(stats_dtype(dtype), dv, group_queries, 2.0)),
+                ];
+                let outs = vec![Spec::out(dtype, &q.shape), Spec::out(dtype, &k.shape), Spec::out(dtype, &v.shape)];
+                let inputs = vec![Spec::new(dtype, &q.shape, o), Spec::new(DType::F32, &[g.b, g.hq, g.s], lse), d_o];
+                let inputs = [vec![q, k, v], inputs].concat();
+                (
+                    sample.to_string(),
+                    Tier::Core,
+                    OpCase { op: attn(causal, scale), inputs, outputs: outs, expected: exp },
+                )
+            })
+            .collect()
+        },
+    )
+}
+
+fn window(kernel: i64, stride: [i64; 2], padding: [i64; 2], dilation: [i64; 2]) -> Window2d {
+    Window2d { kernel: [kernel; 2], stride, padding, dilation }
+}
+
+/// Conv2d backward (input; weight with and without the bias gradient): padding, stride,
+/// dilation, groups, each per axis in the last geometry.
+fn conv_cases(t: &Target) -> Vec<Case> {
+    // (name, x shape, weight shape, window, groups, dy layout)
+    let geometries = [
+        (
+            "k3_pad1",
+            [2usize, 3, 7, 7],
+            [4usize, 3, 3, 3],
+            window(0, [1, 1], [1, 1], [1, 1]),
+            1usize,
+            Layout::Contiguous,
+        ),
+        ("stride2_dilation2", [2, 2, 9, 8], [3, 2, 2, 3], window(0, [2, 2], [0, 0], [2, 2]), 1, Layout::Strided),
+        ("groups2_pad1", [1, 4, 6, 6], [4, 2, 3, 3], window(0, [1, 1], [1, 1], [1, 1]), 2, Layout::Offset),
+        ("groups3_mixed", [1, 6, 8, 7], [6, 2, 3, 2], window(0, [2, 1], [1, 2], [1, 2]), 3, Layout::Contiguous),
+    ];
+    let r = ValueRange::normal(1.0);
+    let bwd_in = |window, groups: usize| Op::Conv2dBackwardInput { window, groups: groups as u32 };
+    let bwd_w = |window, groups: usize| Op::Conv2dBackwardWeight { window, groups: groups as u32 };
+    let mut cases = op_cases(
+        t,
+        "backward",
+        "conv2d_backward_input",
+        bwd_in(Window2d::default(), 1).kind(),
+        &FLOATS,
+        &after("conv2d"),
+        &|dtype, rng| {
+            geometries
+                .iter()
+                .map(|&(name, xs, ws, win, groups, dy_layout)| {
+                    let (oh, ow) = conv_out(xs, ws, &win);
+                    let dy = tensor(rng, dtype, &[xs[0], ws[0], oh, ow], dy_layout, r);
+                    let w = tensor(rng, dtype, &ws, Layout::Offset, r);
+                    let (dx, mag, k) = conv2d_vjp_input(&dy.values, &w.values, xs, ws, &win, groups);
+                    let case = OpCase {
+                        op: bwd_in(win, groups),
+                        inputs: vec![dy, w],
+                        outputs: vec![Spec::out(dtype, &xs)],
+                        expected: vec![Some(Expected::accumulated(dtype, dx, &mag, k, 1.0))],
+                    };
+                    (name.to_string(), Tier::Core, case)
+                })
+                .collect()
+        },
+    );
+    cases.extend(op_cases(
+        t,
+        "backward",
+        "conv2d_backward_weight",
+        bwd_w(Window2d::default(), 1).kind(),
+        &FLOATS,
+        &after("conv2d"),
+        &|dtype, rng| {
+            geometries
+                .iter()
+                .flat_map(|&g| [(g, false), (g, true)])
+                .map(|((name, xs, ws, win, groups, dy_layout), with_bias)| {
+                    let (oh, ow) = conv_out(xs, ws, &win);
+                    let dy = tensor(rng, dtype, &[xs[0], ws[0], oh, ow], dy_layout, r);
+                    let x = tensor(rng, dtype, &xs, Layout::Contiguous, r);
+                    let ((dw, mag_w, kw), (db, mag_b, kb)) =
+                        conv2d_vjp_weight(&dy.values, &x.values, xs, ws, &win, groups);
+                    let mut outputs = vec![Spec::out(dtype, &ws)];
+                    let mut expected = vec![Some(Expected::accumulated(dtype, dw, &mag_w, kw, 1.0))];
+                    if with_bias {
+                        outputs.push(Spec::out(dtype, &[ws[0]]));
+                        expected.push(Some(Expected::accumulated(dtype, db, &mag_b, kb, 1.0)));
+                    }
+                    let case = OpCase { op: bwd_w(win, groups), inputs: vec![dy, x], outputs, expected };
+                    let sample = if with_bias { format!("{name}_dbias") } else { name.to_string() };
+                    (sample, Tier::Core, case)
+                })
+                .collect()
+        },
+    ));
+    cases
+}
+
+/// Max pooling backward (the argmax of the oracle's forward, with ties and overlapping
+/// windows that pick one element several times) and average pooling backward (zero padding
+/// counted in the divisor).
+fn pool_cases(t: &Target) -> Vec<Case> {
+    let xs = [2usize, 3, 7, 6];
+    let out_shape = |win: &Window2d| {
+        let (kh, kw) = (win.kernel[0] as usize, win.kernel[1] as usize);
+        [
+            xs[0],
+            xs[1],
+            out_len(xs[2], kh, win.stride[0], win.padding[0], 1),
+            out_len(xs[3], kw, win.stride[1], win.padding[1], 1),
+        ]
+    };
+    let r = ValueRange::normal(1.0);
+    let mut cases = op_cases(
+        t,
+        "backward",
+        "max_pool2d_backward",
+        Op::MaxPool2dBackward { window: Window2d::default() }.kind(),
+        &FLOATS,
+        &after("max_pool2d"),
+        &|dtype, rng| {
+            [
+                ("k2s2", window(2, [2, 2], [0, 0], [1, 1]), false),
+                ("k3s2_pad1_ties", window(3, [2, 2], [1, 1], [1, 1]), true),
+                ("k3s1_pad1_ties", window(3, [1, 1], [1, 1], [1, 1]), true),
+            ]
+            .into_iter()
+            .map(|(name, win, ties)| {
+                let mut x = tensor(rng, dtype, &xs, Layout::Contiguous, r);
+                if ties {
+                    // Half-integers: most windows hold equal maxima (the first one wins).
+                    x.values.iter_mut().for_each(|v| *v = (*v * 2.0).round() / 2.0);
+                }
+                let (_, argmax) = max_pool2d(&x.values, xs, &win);
+                let ys = out_shape(&win);
+                let dy = tensor(rng, dtype, &ys, if ties { Layout::Strided } else { Layout::Contiguous }, r);
+                let (dx, mag, k) = max_pool2d_vjp(&dy.values, &argmax, xs);
+                let case = OpCase {
+                    op: Op::MaxPool2dBackward { window: win },
+                    inputs: vec![dy, Spec::new(DType::I64, &ys, argmax)],
+                    outputs: vec![Spec::out(dtype, &xs)],
+                    expected: vec![Some(Expected::accumulated(dtype, dx, &mag, k, 1.0))],
+                };
+                (name.to_string(), Tier::Core, case)
+            })
+            .collect()
+        },
+    );
+    cases.extend(op_cases(
+        t,
+        "backward",
+        "avg_pool2d_backward",
+        Op::AvgPool2dBackward { window: Window2d::default() }.kind(),
+        &FLOATS,
+        &after("avg_pool2d"),
+        &|dtype, rng| {
+            [
+                ("k2s2", window(2, [2, 2], [0, 0], [1, 1])),
+                ("k3s2_pad1", window(3, [2, 2], [1, 1], [1, 1])),
+                ("k3s1_pad1", window(3, [1, 1], [1, 1], [1, 1])),
+            ]
+            .into_iter()
+            .map(|(name, win)| {
+                let dy = tensor(rng, dtype, &out_shape(&win), Layout::Offset, r);
+                let (dx, mag, k) = avg_pool2d_vjp(&dy.values, xs, &win);
+                let case = OpCase {
+                    op: Op::AvgPool2dBackward { window: win },
+                    inputs: vec![dy],
+                    outputs: vec![Spec::out(dtype, &xs)],
+                    expected: vec![Some(Expected::accumulated(dtype, dx, &mag, k, 1.0))],
+                };
+                (name.to_string(), Tier::Core, case)
+            })
+            .collect()
         },
     ));
     cases
