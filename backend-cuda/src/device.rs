@@ -74,6 +74,17 @@ pub struct Facts {
     pub driver: i32,
 }
 
+/// The launch shape of [`CudaDevice::launch_module`].
+#[derive(Debug, Clone, Copy)]
+pub struct LaunchDims {
+    /// Blocks in x, y, z (nothing is launched when any is zero).
+    pub grid: (u32, u32, u32),
+    /// Threads per block (one-dimensional).
+    pub block: u32,
+    /// Dynamic shared memory in bytes.
+    pub smem: u32,
+}
+
 /// An opened CUDA device.
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
@@ -189,6 +200,11 @@ impl CudaDevice {
             match modules.get(&(module, dtype)) {
                 Some(&m) => m,
                 None => {
+                    if !kernels::module_dtypes(module).contains(&dtype) {
+                        return Err(BackendError::internal(format!(
+                            "cuda: kernel module {module} has no {dtype} build"
+                        )));
+                    }
                     let sources = kernels::MODULES
                         .iter()
                         .find(|(n, _)| *n == module)
@@ -252,6 +268,35 @@ impl CudaDevice {
         unsafe {
             // 16 bytes of shared memory per thread: the widest (value, index) state.
             result::launch_kernel(f, (blocks, 1, 1), (threads, 1, 1), 256 * 16, self.stream, &mut params)
+                .map_err(|e| driver_error(&format!("{op}: launching {name}"), e))?;
+        }
+        Ok(())
+    }
+
+    /// Launch kernel `name` of kernel module `module` (compiled for `dtype` on first use) with
+    /// the grid of `dims`, passing `args` by value as the kernel's single parameter; `op` names
+    /// the op in errors. The fused-op families use this with argument blocks of their own.
+    ///
+    /// # Safety
+    /// `A` must be the `#[repr(C)]` mirror of the kernel's parameter type, and every address
+    /// in `args` must be valid for the accesses the kernel makes with the sizes in `args`.
+    pub unsafe fn launch_module<A>(
+        &self,
+        op: &str,
+        module: &'static str,
+        dtype: DType,
+        name: &str,
+        dims: LaunchDims,
+        args: &mut A,
+    ) -> Result<()> {
+        if dims.grid.0 == 0 || dims.grid.1 == 0 || dims.grid.2 == 0 {
+            return Ok(());
+        }
+        let f = self.function(module, dtype, name)?;
+        let mut params = [args as *mut A as *mut c_void];
+        // SAFETY: the caller vouches for the parameter layout and the addresses.
+        unsafe {
+            result::launch_kernel(f, dims.grid, (dims.block, 1, 1), dims.smem, self.stream, &mut params)
                 .map_err(|e| driver_error(&format!("{op}: launching {name}"), e))?;
         }
         Ok(())

@@ -205,9 +205,8 @@ fn store(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::{fnv1a, Compiler};
-    use genesis_backend_api::DType;
 
-    /// Every kernel module compiles for every element type (Hopper and Ampere), where NVRTC
+    /// Every kernel module compiles for each element type it serves (Hopper and Ampere), where NVRTC
     /// can be found (it needs no GPU: `GENESIS_CUDA_LIB_DIR` may point at a wheel's `lib`).
     // Ignored rather than silently passing where NVRTC is absent (CI): run with
     // `GENESIS_CUDA_LIB_DIR=<nvrtc lib dir> cargo test -p genesis-backend-cuda -- --ignored`.
@@ -217,7 +216,7 @@ mod tests {
         let mut compiler = Compiler::open().expect("NVRTC opens");
         compiler.cache_dir = None;
         for (name, sources) in crate::kernels::MODULES {
-            for dtype in DType::ALL {
+            for &dtype in crate::kernels::module_dtypes(name) {
                 for arch in [80, 90] {
                     let defines = crate::kernels::defines(dtype);
                     let cubin = compiler.cubin(name, &sources.concat(), &defines, arch, 0);

@@ -2,10 +2,13 @@
 //! runs (`claims`) and runs them (`run`); the capability list is the union of the claims, and
 //! an op outside them is refused with `Unsupported` before anything is launched.
 
+mod adamw;
 mod elementwise;
 mod matmul;
+mod norm;
 mod random;
 mod reduce;
+mod rotary;
 
 use crate::device::CudaDevice;
 use genesis_backend_api::sdk::expect_no_overlap;
@@ -21,6 +24,9 @@ const FAMILIES: &[(Claims, Run)] = &[
     (random::claims, random::run),
     (matmul::claims, matmul::run),
     (reduce::claims, reduce::run),
+    (norm::claims, norm::run),
+    (rotary::claims, rotary::run),
+    (adamw::claims, adamw::run),
 ];
 
 fn claimed() -> &'static HashSet<(OpKind, DType)> {
@@ -63,7 +69,10 @@ pub fn execute(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[T
         op,
         Op::Unary(_) | Op::Binary(_) | Op::BinaryScalar { .. } | Op::Clamp { .. } | Op::Where | Op::Copy | Op::Cast
     );
-    expect_no_overlap(op, inputs, outputs, elementwise)?;
+    // AdamW checks its (in-place, many-tensor) operands itself, in n log n.
+    if !matches!(op, Op::AdamW { .. }) {
+        expect_no_overlap(op, inputs, outputs, elementwise)?;
+    }
     run(device, op, inputs, outputs)
 }
 
