@@ -74,6 +74,17 @@ pub struct Facts {
     pub driver: i32,
 }
 
+/// The launch shape of [`CudaDevice::launch_module`].
+#[derive(Debug, Clone, Copy)]
+pub struct LaunchDims {
+    /// Blocks in x, y, z (nothing is launched when any is zero).
+    pub grid: (u32, u32, u32),
+    /// Threads per block (one-dimensional).
+    pub block: u32,
+    /// Dynamic shared memory in bytes.
+    pub smem: u32,
+}
+
 /// An opened CUDA device.
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
@@ -317,6 +328,29 @@ impl CudaDevice {
                 .map_err(|e| driver_error(&format!("{op}: launching {name}"), e))?;
         }
         Ok(())
+    }
+
+    /// Launch kernel `name` of kernel module `module` (compiled for `dtype` on first use) with
+    /// the geometry of `dims` (one-dimensional blocks, `grid.2` must be 1), passing `args` by
+    /// value as the kernel's single parameter; `op` names the op in errors. The norm, rotary
+    /// and AdamW families use this with argument blocks of their own.
+    ///
+    /// # Safety
+    /// `A` must be the `#[repr(C)]` mirror of the kernel's parameter type, and every address
+    /// in `args` must be valid for the accesses the kernel makes with the sizes in `args`.
+    pub unsafe fn launch_module<A: Copy>(
+        &self,
+        op: &str,
+        module: &'static str,
+        dtype: DType,
+        name: &str,
+        dims: LaunchDims,
+        args: &mut A,
+    ) -> Result<()> {
+        if dims.grid.2 != 1 {
+            return Err(BackendError::internal(format!("{op}: {name} launched with a 3-D grid {:?}", dims.grid)));
+        }
+        self.launch_grid(op, module, dtype, name, args, (dims.grid.0, dims.grid.1), (dims.block, 1), dims.smem)
     }
 
     /// Note an issued op; with `GENESIS_CUDA_SYNC=1`, also wait for it.

@@ -31,6 +31,15 @@ pub const ATTENTION: &[&str] = &[include_str!("common.cuh"), include_str!("atten
 /// im2col/col2im for convolution, and 2-D pooling (float element types only).
 pub const WINDOW: &[&str] = &[include_str!("common.cuh"), include_str!("conv.cu"), include_str!("pool.cu")];
 
+/// Layer norm and RMS norm, forward and backward (float dtypes only).
+pub const NORM: &[&str] = &[include_str!("common.cuh"), include_str!("norm.cu")];
+
+/// Rotary position embedding (float dtypes only).
+pub const ROTARY: &[&str] = &[include_str!("common.cuh"), include_str!("rotary.cu")];
+
+/// Multi-tensor AdamW, compiled per parameter dtype (float dtypes only).
+pub const ADAMW: &[&str] = &[include_str!("common.cuh"), include_str!("adamw.cu")];
+
 /// Every module source with its name, for the compile-everything test and the cache warm-up.
 pub const MODULES: &[(&str, &[&str])] = &[
     ("elementwise", ELEMENTWISE),
@@ -38,6 +47,9 @@ pub const MODULES: &[(&str, &[&str])] = &[
     ("softmax", SOFTMAX),
     ("attention", ATTENTION),
     ("window", WINDOW),
+    ("norm", NORM),
+    ("rotary", ROTARY),
+    ("adamw", ADAMW),
 ];
 
 /// The dtypes module `name` is compiled for. Modules are compiled lazily, per dtype, on first
@@ -46,7 +58,7 @@ pub const MODULES: &[(&str, &[&str])] = &[
 pub fn module_dtypes(name: &str) -> &'static [DType] {
     const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
     match name {
-        "softmax" | "attention" | "window" => FLOATS,
+        "softmax" | "attention" | "window" | "norm" | "rotary" | "adamw" => FLOATS,
         _ => &DType::ALL,
     }
 }

@@ -2,6 +2,7 @@
 //! runs (`claims`) and runs them (`run`); the capability list is the union of the claims, and
 //! an op outside them is refused with `Unsupported` before anything is launched.
 
+mod adamw;
 mod attention;
 mod checks;
 mod conv;
@@ -9,9 +10,11 @@ mod cross_entropy;
 mod elementwise;
 mod index;
 mod matmul;
+mod norm;
 mod pool;
 mod random;
 mod reduce;
+mod rotary;
 mod rows;
 mod softmax;
 
@@ -35,6 +38,9 @@ const FAMILIES: &[(Claims, Run)] = &[
     (attention::claims, attention::run),
     (conv::claims, conv::run),
     (pool::claims, pool::run),
+    (norm::claims, norm::run),
+    (rotary::claims, rotary::run),
+    (adamw::claims, adamw::run),
 ];
 
 fn claimed() -> &'static HashSet<(OpKind, DType)> {
@@ -77,7 +83,10 @@ pub fn execute(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[T
         op,
         Op::Unary(_) | Op::Binary(_) | Op::BinaryScalar { .. } | Op::Clamp { .. } | Op::Where | Op::Copy | Op::Cast
     );
-    expect_no_overlap(op, inputs, outputs, elementwise)?;
+    // AdamW checks its (in-place, many-tensor) operands itself, in n log n.
+    if !matches!(op, Op::AdamW { .. }) {
+        expect_no_overlap(op, inputs, outputs, elementwise)?;
+    }
     run(device, op, inputs, outputs)
 }
 

@@ -1,0 +1,354 @@
+// Layer norm and RMS norm over the last dim, forward and backward, for float type T.
+//
+// Work split: a group of G threads (a power of two, 32..1024) owns one row at a time; a block
+// holds blockDim/G groups and strides over the rows. Each thread keeps its share of the row
+// (at most NE elements) in registers, so the forward reads x once: the mean, the variance
+// (two-pass, from the registered values) and the output all come from registers. Rows longer
+// than NE*1024 elements take the "big" path (flag bit 1), which re-reads the row from memory
+// for each pass.
+//
+// Statistics and accumulations are in the compute type C (f32 for f32/f16/bf16, f64 for f64),
+// as the CPU reference computes them; mean and rstd are stored as f32.
+//
+// Weight gradients are deterministic: the backward kernel has each group add its rows'
+// contributions for the columns its threads own in registers, and writes one partial row per
+// group into a scratch buffer; `norm_colsum` then sums the partial rows of each column in a
+// fixed order. No float atomics anywhere.
+
+typedef ELEM T;
+typedef Ty<T> TT;
+typedef typename TT::C C;
+
+// Elements per 16-byte pack, and registered elements per thread (f64 keeps fewer: its values
+// take two registers each).
+#define NV (16 / (int)sizeof(T))
+#define NE ((int)sizeof(T) == 8 ? 8 : 16)
+#define NK (NE / NV)
+
+// Operand slots of `RowArgs::p`.
+#define S_X 0     // x
+#define S_Y 1     // y (forward) or dx (backward)
+#define S_MEAN 2  // mean (f32)
+#define S_RSTD 3  // rstd (f32)
+#define S_W 4     // weight
+#define S_B 5     // bias
+#define S_DY 6    // dy
+#define S_PART 7  // backward partial sums, dense [parts][nout][d] of C
+
+// Mirror of `RowArgs` in ops/norm.rs.
+struct RowArgs {
+    char* p[8];          // operand addresses (element zero), by slot
+    i64 rows;            // rows (product of the leading dims)
+    i64 d;               // row length
+    double eps;          // added to the variance / mean square
+    int flag;            // bit 0: vectorized (see ops/norm.rs), bit 1: big rows
+    int ndim;            // merged leading dims
+    int group;           // threads per row
+    int parts;           // backward: partial rows (= groups in the grid); colsum: outputs
+    i64 shape[MAXD];     // merged leading shape
+    i64 st[8][MAXD];     // strides of each slot over the leading dims (0 for unused slots)
+    i64 cs[8];           // stride of each slot along the row
+};
+
+__device__ __forceinline__ float csqrt(float v) { return sqrtf(v); }
+__device__ __forceinline__ double csqrt(double v) { return sqrt(v); }
+
+// Element offsets of row `row` for every slot.
+__device__ __forceinline__ void row_offsets(const RowArgs& a, i64 row, i64* off) {
+#pragma unroll
+    for (int s = 0; s < 8; ++s) off[s] = 0;
+    u64 r = (u64)row;
+    for (int dd = a.ndim - 1; dd >= 0; --dd) {
+        u64 sz = (u64)a.shape[dd];
+        u64 q = r / sz;
+        i64 c = (i64)(r - q * sz);
+        r = q;
+#pragma unroll
+        for (int s = 0; s < 8; ++s) off[s] += c * a.st[s][dd];
+    }
+}
+
+// The column of register slot (k, i) of thread t. Vectorized: thread t holds packs k*G + t;
+// otherwise element (k*NV + i)*G + t (consecutive threads read consecutive elements either way).
+__device__ __forceinline__ i64 col_of(bool vec, int G, int t, int k, int i) {
+    return vec ? (i64)(k * G + t) * NV + i : (i64)(k * NV + i) * G + t;
+}
+
+// Load this thread's share of a row (zeros past its end).
+__device__ __forceinline__ void load_row(const RowArgs& a, int slot, i64 off, bool vec, int G, int t, C* r) {
+    const T* base = (const T*)a.p[slot] + off;
+    if (vec) {
+#pragma unroll
+        for (int k = 0; k < NK; ++k) {
+            i64 c = (i64)(k * G + t) * NV;
+            if (c < a.d) {
+                Pack<T, NV> pk = *(const Pack<T, NV>*)(base + c);
+#pragma unroll
+                for (int i = 0; i < NV; ++i) r[k * NV + i] = TT::load(pk.v[i]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < NV; ++i) r[k * NV + i] = (C)0;
+            }
+        }
+    } else {
+        i64 cs = a.cs[slot];
+#pragma unroll
+        for (int k = 0; k < NK; ++k)
+#pragma unroll
+            for (int i = 0; i < NV; ++i) {
+                i64 c = col_of(false, G, t, k, i);
+                r[k * NV + i] = c < a.d ? TT::load(base[c * cs]) : (C)0;
+            }
+    }
+}
+
+// Store this thread's share of a row.
+__device__ __forceinline__ void store_row(const RowArgs& a, int slot, i64 off, bool vec, int G, int t, const C* r) {
+    T* base = (T*)a.p[slot] + off;
+    if (vec) {
+#pragma unroll
+        for (int k = 0; k < NK; ++k) {
+            i64 c = (i64)(k * G + t) * NV;
+            if (c < a.d) {
+                Pack<T, NV> pk;
+#pragma unroll
+                for (int i = 0; i < NV; ++i) pk.v[i] = TT::store(r[k * NV + i]);
+                *(Pack<T, NV>*)(base + c) = pk;
+            }
+        }
+    } else {
+        i64 cs = a.cs[slot];
+#pragma unroll
+        for (int k = 0; k < NK; ++k)
+#pragma unroll
+            for (int i = 0; i < NV; ++i) {
+                i64 c = col_of(false, G, t, k, i);
+                if (c < a.d) base[c * cs] = TT::store(r[k * NV + i]);
+            }
+    }
+}
+
+// Sum of v over the G threads of this thread's group (G uniform over the block, so the
+// barriers are reached by every thread). Warps combine by shuffles, then the group's warps
+// in a fixed order, so the result does not depend on timing.
+__device__ __forceinline__ C group_sum(C v, int G, C* red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (G <= 32) return v;
+    int warp = threadIdx.x >> 5;
+    __syncthreads();  // the previous sum's readers are done with `red`
+    if ((threadIdx.x & 31) == 0) red[warp] = v;
+    __syncthreads();
+    int wpg = G >> 5, first = (warp / wpg) * wpg;
+    C s = (C)0;
+    for (int w = 0; w < wpg; ++w) s += red[first + w];
+    return s;
+}
+
+__device__ __forceinline__ C load_el(const RowArgs& a, int slot, i64 off, i64 c) {
+    return TT::load(((const T*)a.p[slot])[off + c * a.cs[slot]]);
+}
+
+// ---- forward -------------------------------------------------------------------------------
+
+// LN: y = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps), biased variance.
+// RMS: y = x * rstd * w, rstd = 1/sqrt(mean(x²) + eps).
+// An empty row (d = 0) gives 0/0 = NaN statistics, as PyTorch and the CPU reference do.
+template <bool LN> __device__ void norm_fwd(const RowArgs& a) {
+    __shared__ C red[32];
+    const int G = a.group, t = threadIdx.x % G, rpb = blockDim.x / G;
+    const i64 row0 = (i64)(threadIdx.x / G);
+    const bool vec = a.flag & 1, big = a.flag & 2;
+    const i64 d = a.d;
+    const C n = (C)d, eps = (C)a.eps;
+    C w[NE], b[NE], x[NE];
+    if (!big) {
+        load_row(a, S_W, 0, vec, G, t, w);
+        if (LN) load_row(a, S_B, 0, vec, G, t, b);
+    }
+    for (i64 base = (i64)blockIdx.x * rpb; base < a.rows; base += (i64)gridDim.x * rpb) {
+        const i64 row = base + row0;
+        const bool active = row < a.rows;
+        i64 off[8];
+        row_offsets(a, active ? row : 0, off);
+        C mu = (C)0, q = (C)0;
+        if (!big) {
+            if (active) load_row(a, S_X, off[S_X], vec, G, t, x);
+            else
+#pragma unroll
+                for (int e = 0; e < NE; ++e) x[e] = (C)0;
+            if (LN) {
+                C s = (C)0;
+#pragma unroll
+                for (int e = 0; e < NE; ++e) s += x[e];
+                mu = group_sum(s, G, red) / n;
+            }
+#pragma unroll
+            for (int k = 0; k < NK; ++k)
+#pragma unroll
+                for (int i = 0; i < NV; ++i) {
+                    C c = x[k * NV + i] - mu;
+                    if (col_of(vec, G, t, k, i) < d) q += c * c;
+                }
+        } else {
+            if (LN) {
+                C s = (C)0;
+                if (active)
+                    for (i64 c = t; c < d; c += G) s += load_el(a, S_X, off[S_X], c);
+                mu = group_sum(s, G, red) / n;
+            }
+            if (active)
+                for (i64 c = t; c < d; c += G) {
+                    C v = load_el(a, S_X, off[S_X], c) - mu;
+                    q += v * v;
+                }
+        }
+        const C r = (C)1 / csqrt(group_sum(q, G, red) / n + eps);
+        if (!active) continue;
+        if (!big) {
+#pragma unroll
+            for (int e = 0; e < NE; ++e) x[e] = LN ? (x[e] - mu) * r * w[e] + b[e] : x[e] * r * w[e];
+            store_row(a, S_Y, off[S_Y], vec, G, t, x);
+        } else {
+            T* y = (T*)a.p[S_Y] + off[S_Y];
+            for (i64 c = t; c < d; c += G) {
+                C v = load_el(a, S_X, off[S_X], c), wv = load_el(a, S_W, 0, c);
+                C o = LN ? (v - mu) * r * wv + load_el(a, S_B, 0, c) : v * r * wv;
+                y[c * a.cs[S_Y]] = TT::store(o);
+            }
+        }
+        if (t == 0) {
+            if (LN) ((float*)a.p[S_MEAN])[off[S_MEAN]] = (float)mu;
+            ((float*)a.p[S_RSTD])[off[S_RSTD]] = (float)r;
+        }
+    }
+}
+
+// ---- backward ------------------------------------------------------------------------------
+
+// With g = dy * w and xhat = (x - mean) * rstd (mean = 0 for RMS):
+//   LN:  dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), dw += dy * xhat, db += dy
+//   RMS: dx = rstd * (g - xhat * mean(g * xhat)),           dw += dy * xhat
+// Group p (of `parts`, numbered blockIdx.x * rpb + group) writes its column sums to partial
+// row p; `norm_colsum` adds the partial rows.
+template <bool LN> __device__ void norm_bwd(const RowArgs& a) {
+    __shared__ C red[32];
+    const int G = a.group, t = threadIdx.x % G, rpb = blockDim.x / G;
+    const i64 row0 = (i64)(threadIdx.x / G);
+    const bool vec = a.flag & 1, big = a.flag & 2;
+    const i64 d = a.d;
+    const int nout = LN ? 2 : 1;
+    const C n = (C)d;
+    C* part = (C*)a.p[S_PART] + ((i64)blockIdx.x * rpb + row0) * nout * d;
+    C w[NE], x[NE], dy[NE], gw[NE], gb[NE];
+#pragma unroll
+    for (int e = 0; e < NE; ++e) gw[e] = gb[e] = (C)0;
+    if (!big) {
+        load_row(a, S_W, 0, vec, G, t, w);
+    } else {
+        // Big rows keep their column sums in the partial row itself (this thread owns the
+        // same columns on every row, so no other thread touches them).
+        for (i64 c = t; c < d; c += G) {
+            part[c] = (C)0;
+            if (LN) part[d + c] = (C)0;
+        }
+    }
+    for (i64 base = (i64)blockIdx.x * rpb; base < a.rows; base += (i64)gridDim.x * rpb) {
+        const i64 row = base + row0;
+        const bool active = row < a.rows;
+        i64 off[8];
+        row_offsets(a, active ? row : 0, off);
+        C mu = (C)0, r = (C)0;
+        if (active) {
+            if (LN) mu = (C)((const float*)a.p[S_MEAN])[off[S_MEAN]];
+            r = (C)((const float*)a.p[S_RSTD])[off[S_RSTD]];
+        }
+        C sg = (C)0, sgx = (C)0;
+        if (!big) {
+            if (active) {
+                load_row(a, S_X, off[S_X], vec, G, t, x);
+                load_row(a, S_DY, off[S_DY], vec, G, t, dy);
+            } else {
+#pragma unroll
+                for (int e = 0; e < NE; ++e) x[e] = dy[e] = (C)0;
+            }
+            // Past the row's end dy = w = 0 and xhat is set to 0 (not -mean*rstd, which
+            // could be inf and turn 0 terms into NaN), so those slots add nothing.
+#pragma unroll
+            for (int k = 0; k < NK; ++k)
+#pragma unroll
+                for (int i = 0; i < NV; ++i) {
+                    const int e = k * NV + i;
+                    x[e] = col_of(vec, G, t, k, i) < d ? (x[e] - mu) * r : (C)0;  // xhat, in place
+                    C g = dy[e] * w[e];
+                    sg += g;
+                    sgx += g * x[e];
+                    gw[e] += dy[e] * x[e];
+                    gb[e] += dy[e];
+                }
+        } else if (active) {
+            for (i64 c = t; c < d; c += G) {
+                C xh = (load_el(a, S_X, off[S_X], c) - mu) * r, dv = load_el(a, S_DY, off[S_DY], c);
+                C g = dv * load_el(a, S_W, 0, c);
+                sg += g;
+                sgx += g * xh;
+                part[c] += dv * xh;
+                if (LN) part[d + c] += dv;
+            }
+        }
+        const C mean_g = LN ? group_sum(sg, G, red) / n : (C)0;
+        const C mean_gx = group_sum(sgx, G, red) / n;
+        if (!active) continue;
+        if (!big) {
+#pragma unroll
+            for (int e = 0; e < NE; ++e) dy[e] = r * (dy[e] * w[e] - mean_g - x[e] * mean_gx);
+            store_row(a, S_Y, off[S_Y], vec, G, t, dy);
+        } else {
+            T* dx = (T*)a.p[S_Y] + off[S_Y];
+            for (i64 c = t; c < d; c += G) {
+                C xh = (load_el(a, S_X, off[S_X], c) - mu) * r;
+                C g = load_el(a, S_DY, off[S_DY], c) * load_el(a, S_W, 0, c);
+                dx[c * a.cs[S_Y]] = TT::store(r * (g - mean_g - xh * mean_gx));
+            }
+        }
+    }
+    if (!big) {
+#pragma unroll
+        for (int k = 0; k < NK; ++k)
+#pragma unroll
+            for (int i = 0; i < NV; ++i) {
+                i64 c = col_of(vec, G, t, k, i);
+                if (c < d) {
+                    part[c] = gw[k * NV + i];
+                    if (LN) part[d + c] = gb[k * NV + i];
+                }
+            }
+    }
+}
+
+// Column sums of the partial rows: out_j[c] = sum over p of part[p][j][c], for the `parts`
+// (here: nout) outputs in slots 0 and 1. Blocks of 32 columns x 16 row slices; each slice
+// sums its rows in order, then slice 0 adds the 16 slice sums in order (deterministic).
+// a.rows = partial rows, a.d = columns, blockIdx.y = output. No partial rows give zeros.
+extern "C" __global__ void norm_colsum(const RowArgs a) {
+    __shared__ C sums[16][33];
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    const int j = blockIdx.y, nout = a.parts;
+    const i64 c = (i64)blockIdx.x * 32 + tx;
+    const C* part = (const C*)a.p[S_PART];
+    C s = (C)0;
+    if (c < a.d)
+        for (i64 p = ty; p < a.rows; p += 16) s += part[(p * nout + j) * a.d + c];
+    sums[ty][tx] = s;
+    __syncthreads();
+    if (ty == 0 && c < a.d) {
+        C total = (C)0;
+        for (int k = 0; k < 16; ++k) total += sums[k][tx];
+        ((T*)a.p[j])[c * a.cs[j]] = TT::store(total);
+    }
+}
+
+extern "C" __global__ void norm_fwd_ln(const RowArgs a) { norm_fwd<true>(a); }
+extern "C" __global__ void norm_fwd_rms(const RowArgs a) { norm_fwd<false>(a); }
+extern "C" __global__ void norm_bwd_ln(const RowArgs a) { norm_bwd<true>(a); }
+extern "C" __global__ void norm_bwd_rms(const RowArgs a) { norm_bwd<false>(a); }

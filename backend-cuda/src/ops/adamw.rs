@@ -1,0 +1,208 @@
+//! Multi-tensor AdamW, in place (`kernels/adamw.cu`), with the CPU backend's checks and
+//! update rule: each (grad, param, exp_avg, exp_avg_sq) group runs in its param's compute type
+//! (f32 for f16/bf16, f64 for f64), moments stored in the param's dtype or in f32.
+//!
+//! Dense groups are batched: one launch per (param dtype, moment dtype) per 64 tensors, the
+//! tensor table passed in the kernel parameter. A group with a strided operand gets a launch
+//! of its own with the strided kernel (no copies).
+
+use crate::device::{CudaDevice, LaunchDims};
+use crate::kernels::{set_geometry, Args, Operand};
+use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
+
+const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+
+/// Tensors per launch (`MAX_ENTRIES` in adamw.cu: the table fills most of the 4 KiB of kernel
+/// parameters).
+const MAX_ENTRIES: usize = 64;
+
+/// Elements per chunk (`CHUNK` in adamw.cu); a block updates one chunk at a time.
+const CHUNK: u64 = 4096;
+
+/// Mirror of `struct Entry` in adamw.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct Entry {
+    g: u64,
+    p: u64,
+    m: u64,
+    v: u64,
+    n: u64,
+    chunk0: u64,
+    aligned: u64,
+}
+
+/// Mirror of `struct TableArgs` in adamw.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct TableArgs {
+    h: [f64; 8],
+    count: u64,
+    chunks: u64,
+    e: [Entry; MAX_ENTRIES],
+}
+
+/// What this family runs.
+pub fn claims() -> Vec<(OpKind, DType)> {
+    let op = Op::AdamW { lr: 0.0, beta1: 0.0, beta2: 0.0, eps: 0.0, weight_decay: 0.0, step: 1 };
+    FLOATS.iter().map(|&d| (op.kind(), d)).collect()
+}
+
+/// Run one AdamW step.
+pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+    let Op::AdamW { lr, beta1, beta2, eps, weight_decay, step } = *op else {
+        return Err(BackendError::unsupported(format!("cuda: {} is not adamw", op.name())));
+    };
+    if outputs.len() != 3 * inputs.len() {
+        return Err(BackendError::invalid(format!(
+            "adamw: {} grad(s) need {} outputs (param, exp_avg, exp_avg_sq each), got {}",
+            inputs.len(),
+            3 * inputs.len(),
+            outputs.len()
+        )));
+    }
+    if step == 0 {
+        return Err(BackendError::invalid("adamw: step counts from 1 (it is the step after this update), got 0"));
+    }
+    // A beta of 1 or more zeroes the bias correction and turns every parameter into NaN.
+    for (name, b) in [("beta1", beta1), ("beta2", beta2)] {
+        if !(0.0..1.0).contains(&b) {
+            return Err(BackendError::invalid(format!("adamw: {name} must be in [0, 1), got {b}")));
+        }
+    }
+    // Every group is checked before any is updated, so a refused call changes nothing.
+    let mut groups: Vec<[Operand; 4]> = Vec::with_capacity(inputs.len());
+    for (i, gd) in inputs.iter().enumerate() {
+        let g = device.operand(gd)?;
+        let [p, m, v] = [0, 1, 2].map(|k| device.operand(&outputs[3 * i + k]));
+        let (p, m, v) = (p?, m?, v?);
+        if !FLOATS.contains(&p.dtype) {
+            return Err(BackendError::unsupported(format!("cuda: adamw is not implemented for {}", p.dtype)));
+        }
+        if g.dtype != p.dtype {
+            return Err(BackendError::dtype(format!("adamw: grad {i} is {}, expected {}", g.dtype, p.dtype)));
+        }
+        for (name, t) in [("param", &p), ("exp_avg", &m), ("exp_avg_sq", &v)] {
+            if t.shape != g.shape {
+                return Err(BackendError::shape(format!(
+                    "adamw: {name} {i} has shape {:?}, expected {:?}",
+                    t.shape, g.shape
+                )));
+            }
+        }
+        if m.dtype != v.dtype || (m.dtype != p.dtype && m.dtype != DType::F32) {
+            return Err(BackendError::dtype(format!(
+                "adamw: moments of param {i} are {} and {}; both must be the param's dtype ({}) or float32",
+                m.dtype, v.dtype, p.dtype
+            )));
+        }
+        groups.push([g, p, m, v]);
+    }
+    check_disjoint(inputs, outputs)?;
+    // Bias corrections in f64: early on, 1 - β2^step is a small difference of numbers near 1,
+    // which f32 would get wrong in the third digit.
+    let bc1 = 1.0 - beta1.powf(step as f64);
+    let bc2 = 1.0 - beta2.powf(step as f64);
+    let (decay, step_size, bc2_sqrt) = (1.0 - lr * weight_decay, lr / bc1, bc2.sqrt());
+    let h = [decay, beta1, beta2, 1.0 - beta1, 1.0 - beta2, step_size, bc2_sqrt, eps];
+
+    // Dense groups by (param dtype, moment dtype); strided groups one by one.
+    let mut batches: Vec<((DType, DType), Vec<Entry>)> = Vec::new();
+    for [g, p, m, v] in &groups {
+        let n = g.numel() as u64;
+        if n == 0 {
+            continue;
+        }
+        let key = (p.dtype, m.dtype);
+        let kernel = if m.dtype == p.dtype { "adamw_same" } else { "adamw_f32" };
+        let mut args = Args::default();
+        if !set_geometry(&mut args, &[g, p, m, v]) {
+            args.s = [decay, beta1, beta2, eps];
+            args.u = [step_size.to_bits(), bc2_sqrt.to_bits()];
+            let grid = n.div_ceil(256).min(device.facts.sm_count as u64 * 16) as u32;
+            let dims = LaunchDims { grid: (grid, 1, 1), block: 256, smem: 0 };
+            // SAFETY: `Args` mirrors the kernel's parameter; the four operands were validated
+            // against their buffers with the geometry set above.
+            unsafe { device.launch_module("adamw", "adamw", p.dtype, &format!("{kernel}_s"), dims, &mut args)? };
+            continue;
+        }
+        let (ps, ms) = (p.dtype.size_in_bytes() as u64 * 4, m.dtype.size_in_bytes() as u64 * 4);
+        let aligned = g.ptr % ps == 0 && p.ptr % ps == 0 && m.ptr % ms == 0 && v.ptr % ms == 0;
+        let entry = Entry { g: g.ptr, p: p.ptr, m: m.ptr, v: v.ptr, n, chunk0: 0, aligned: aligned as u64 };
+        match batches.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, list)) => list.push(entry),
+            None => batches.push((key, vec![entry])),
+        }
+    }
+    for ((pd, md), list) in batches {
+        let kernel = if md == pd { "adamw_same" } else { "adamw_f32" };
+        for batch in list.chunks(MAX_ENTRIES) {
+            let mut a = TableArgs { h, count: batch.len() as u64, chunks: 0, e: [Entry::default(); MAX_ENTRIES] };
+            for (slot, e) in a.e.iter_mut().zip(batch) {
+                *slot = Entry { chunk0: a.chunks, ..*e };
+                a.chunks += e.n.div_ceil(CHUNK);
+            }
+            let grid = a.chunks.min(device.facts.sm_count as u64 * 16) as u32;
+            let dims = LaunchDims { grid: (grid, 1, 1), block: 256, smem: 0 };
+            // SAFETY: `TableArgs` mirrors the kernel's parameter; each entry's four dense
+            // operands of `n` elements were validated against their buffers.
+            unsafe { device.launch_module("adamw", "adamw", pd, kernel, dims, &mut a)? };
+        }
+    }
+    Ok(())
+}
+
+/// Outputs are updated in place: none may share a byte with another output or with a grad
+/// (grads may overlap each other; they are only read). A sweep over the views' byte extents
+/// sorted by start, so a step over hundreds of tensors costs microseconds, not the quadratic
+/// pairwise check the other families use.
+fn check_disjoint(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+    let mut spans: Vec<(u64, usize, usize, bool, usize)> = Vec::with_capacity(inputs.len() + outputs.len());
+    for (i, v) in outputs.iter().enumerate() {
+        if v.numel() > 1 && v.shape().iter().zip(v.strides()).any(|(&n, s)| n > 1 && s == 0) {
+            return Err(BackendError::invalid(format!(
+                "adamw: output {i} has a zero stride (it would overlap itself)"
+            )));
+        }
+    }
+    for (is_out, list) in [(false, inputs), (true, outputs)] {
+        for (i, v) in list.iter().enumerate() {
+            if let Some((start, end)) = v.byte_extent()? {
+                spans.push((v.buffer.0, start, end, is_out, i));
+            }
+        }
+    }
+    spans.sort_unstable();
+    let name = |is_out: bool| if is_out { "output" } else { "grad" };
+    // Per buffer, by start: a span overlaps an earlier one iff it starts before that one's
+    // end, so the largest end so far (over outputs, and over everything) decides.
+    let mut buffer = None;
+    let (mut end_out, mut end_all) = ((0usize, 0usize), (0usize, 0usize, false));
+    for &(buf, start, end, is_out, i) in &spans {
+        if buffer != Some(buf) {
+            buffer = Some(buf);
+            (end_out, end_all) = ((0, 0), (0, 0, false));
+        }
+        let clash = if start < end_out.0 {
+            Some((true, end_out.1))
+        } else if is_out && start < end_all.0 {
+            Some((end_all.2, end_all.1))
+        } else {
+            None
+        };
+        if let Some((other_out, j)) = clash {
+            return Err(BackendError::invalid(format!(
+                "adamw: {} {i} overlaps {} {j} (outputs are updated in place and must be disjoint)",
+                name(is_out),
+                name(other_out)
+            )));
+        }
+        if is_out && end > end_out.0 {
+            end_out = (end, i);
+        }
+        if end > end_all.0 {
+            end_all = (end, i, is_out);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,258 @@
+//! Layer norm and RMS norm over the last dim, forward and backward (`kernels/norm.cu`), with
+//! the CPU backend's checks and dtype rules: float tensors, f32 `mean`/`rstd`, statistics in
+//! f32 (f64 for f64).
+//!
+//! Every operand may be strided: the kernels take per-operand strides (leading dims merged
+//! across operands, plus the stride along the row), so no copies are made; the vectorized
+//! path applies when the rows are dense and 16-byte aligned. The weight gradients go through
+//! per-group partial sums in a scratch buffer and a column-sum kernel, which makes them
+//! deterministic (no float atomics).
+
+use super::arity;
+use crate::device::{CudaDevice, LaunchDims};
+use crate::kernels::{merge_dims, Operand};
+use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc, MAX_DIMS};
+
+const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+
+// Operand slots of `RowArgs::p` (the S_* defines of norm.cu).
+const S_X: usize = 0;
+const S_Y: usize = 1;
+const S_MEAN: usize = 2;
+const S_RSTD: usize = 3;
+const S_W: usize = 4;
+const S_B: usize = 5;
+const S_DY: usize = 6;
+const S_PART: usize = 7;
+
+/// An operand in its slot.
+type Slot<'a> = (usize, &'a Operand);
+
+/// Mirror of `struct RowArgs` in norm.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct RowArgs {
+    p: [u64; 8],
+    rows: i64,
+    d: i64,
+    eps: f64,
+    flag: i32,
+    ndim: i32,
+    group: i32,
+    parts: i32,
+    shape: [i64; MAX_DIMS],
+    st: [[i64; MAX_DIMS]; 8],
+    cs: [i64; 8],
+}
+
+/// What this family runs.
+pub fn claims() -> Vec<(OpKind, DType)> {
+    let ops = [Op::LayerNorm { eps: 0.0 }, Op::LayerNormBackward, Op::RmsNorm { eps: 0.0 }, Op::RmsNormBackward];
+    ops.iter().flat_map(|op| FLOATS.iter().map(move |&d| (op.kind(), d))).collect()
+}
+
+fn check_eps(op: &Op, eps: f64) -> Result<()> {
+    if eps.is_nan() || eps < 0.0 {
+        return Err(BackendError::invalid(format!("{}: eps must be >= 0, got {eps}", op.name())));
+    }
+    Ok(())
+}
+
+fn expect_dtype(op: &Op, name: &str, v: &Operand, dtype: DType) -> Result<()> {
+    if v.dtype != dtype {
+        return Err(BackendError::dtype(format!("{}: {name} is {}, expected {dtype}", op.name(), v.dtype)));
+    }
+    Ok(())
+}
+
+fn expect_shape(op: &Op, name: &str, v: &Operand, shape: &[usize]) -> Result<()> {
+    if v.shape != shape {
+        return Err(BackendError::shape(format!("{}: {name} has shape {:?}, expected {shape:?}", op.name(), v.shape)));
+    }
+    Ok(())
+}
+
+/// A per-feature tensor (weight, bias and their gradients): shape `[d]`, x's dtype.
+fn check_param(op: &Op, name: &str, v: &Operand, x: &Operand) -> Result<()> {
+    let Some(&d) = x.shape.last() else {
+        return Err(BackendError::shape(format!("{}: x must have rank >= 1, got a scalar", op.name())));
+    };
+    if v.shape != [d] {
+        return Err(BackendError::shape(format!(
+            "{}: {name} has shape {:?}, expected [{d}] (the last dim of x {:?})",
+            op.name(),
+            v.shape,
+            x.shape
+        )));
+    }
+    expect_dtype(op, name, v, x.dtype)
+}
+
+fn check_like(op: &Op, name: &str, v: &Operand, x: &Operand) -> Result<()> {
+    expect_shape(op, name, v, &x.shape)?;
+    expect_dtype(op, name, v, x.dtype)
+}
+
+/// A saved statistic: f32 with x's leading dims.
+fn check_stat(op: &Op, name: &str, v: &Operand, x: &Operand) -> Result<()> {
+    expect_shape(op, name, v, &x.shape[..x.shape.len().saturating_sub(1)])?;
+    expect_dtype(op, name, v, DType::F32)
+}
+
+/// The argument block for rows of `x`: `rows` operands (x's shape) and `stats` (its leading
+/// dims) in their slots, `params` (shape `[d]`) in theirs. Also picks the thread group per
+/// row and the vectorized and big-row paths. Returns the block and threads per block.
+fn row_args(x: &Operand, rows_ops: &[Slot], stats: &[Slot], params: &[Slot]) -> (RowArgs, u32) {
+    let r = x.shape.len();
+    let lead = &x.shape[..r - 1];
+    let d = x.shape[r - 1];
+    let mut lists: Vec<Vec<isize>> = vec![vec![0; lead.len()]; 8];
+    let mut a = RowArgs { d: d as i64, rows: lead.iter().product::<usize>() as i64, ..RowArgs::default() };
+    for &(slot, o) in rows_ops {
+        lists[slot].copy_from_slice(&o.strides[..r - 1]);
+        a.cs[slot] = o.strides[r - 1] as i64;
+        a.p[slot] = o.ptr;
+    }
+    for &(slot, o) in stats {
+        lists[slot].copy_from_slice(&o.strides);
+        a.p[slot] = o.ptr;
+    }
+    for &(slot, o) in params {
+        a.cs[slot] = o.strides[0] as i64;
+        a.p[slot] = o.ptr;
+    }
+    let refs: Vec<&[isize]> = lists.iter().map(|l| l.as_slice()).collect();
+    let (merged, merged_st) = merge_dims(lead, &refs);
+    a.ndim = merged.len() as i32;
+    for (dd, &n) in merged.iter().enumerate() {
+        a.shape[dd] = n as i64;
+        for (slot, st) in merged_st.iter().enumerate() {
+            a.st[slot][dd] = st[dd] as i64;
+        }
+    }
+    // Packs of 16 bytes when every row and parameter is dense along the row and every row
+    // starts 16-byte aligned.
+    let size = x.dtype.size_in_bytes();
+    let pack = 16 / size;
+    let vec = d % pack == 0
+        && rows_ops.iter().all(|&(slot, o)| {
+            a.cs[slot] == 1 && o.ptr % 16 == 0 && merged_st[slot].iter().all(|&s| s % pack as isize == 0)
+        })
+        && params.iter().all(|&(slot, o)| a.cs[slot] == 1 && o.ptr % 16 == 0);
+    // Threads per row: enough that each holds at most `per_thread` elements in registers.
+    let per_thread = if size == 8 { 8 } else { 16 };
+    let need = d.div_ceil(per_thread).max(1);
+    let (group, big) = if need > 1024 { (1024, true) } else { (need.next_power_of_two().max(32), false) };
+    a.group = group as i32;
+    a.flag = vec as i32 | (big as i32) << 1;
+    (a, group.max(128) as u32)
+}
+
+/// Blocks for `rows` rows with `threads` per block, `per_sm` threads resident per SM.
+fn blocks(device: &CudaDevice, a: &RowArgs, threads: u32, per_sm: u32) -> u32 {
+    let rpb = (threads / a.group as u32) as i64;
+    let wanted = (a.rows + rpb - 1) / rpb;
+    let cap = device.facts.sm_count as i64 * (per_sm / threads).max(1) as i64;
+    wanted.min(cap).max(0) as u32
+}
+
+/// Run one op of this family.
+pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+    let resolve = |descs: &[TensorDesc]| descs.iter().map(|d| device.operand(d)).collect::<Result<Vec<_>>>();
+    match *op {
+        Op::LayerNorm { eps } | Op::RmsNorm { eps } => {
+            let ln = matches!(op, Op::LayerNorm { .. });
+            let (n_in, n_out) = if ln { (3, 3) } else { (2, 2) };
+            arity(op, n_in, n_out, inputs, outputs)?;
+            let (ins, outs) = (resolve(inputs)?, resolve(outputs)?);
+            check_eps(op, eps)?;
+            let x = &ins[0];
+            check_param(op, "weight", &ins[1], x)?;
+            if ln {
+                check_param(op, "bias", &ins[2], x)?;
+            }
+            check_like(op, "y", &outs[0], x)?;
+            if ln {
+                check_stat(op, "mean", &outs[1], x)?;
+            }
+            check_stat(op, "rstd", &outs[n_out - 1], x)?;
+            let (stats, params): (Vec<Slot>, Vec<Slot>) = if ln {
+                (vec![(S_MEAN, &outs[1]), (S_RSTD, &outs[2])], vec![(S_W, &ins[1]), (S_B, &ins[2])])
+            } else {
+                (vec![(S_RSTD, &outs[1])], vec![(S_W, &ins[1])])
+            };
+            let (mut a, threads) = row_args(x, &[(S_X, x), (S_Y, &outs[0])], &stats, &params);
+            a.eps = eps;
+            let grid = blocks(device, &a, threads, 2048);
+            let name = if ln { "norm_fwd_ln" } else { "norm_fwd_rms" };
+            let dims = LaunchDims { grid: (grid, 1, 1), block: threads, smem: 0 };
+            // SAFETY: `RowArgs` mirrors the kernel's parameter; every operand was validated
+            // against its buffer with the shapes the kernel is given.
+            unsafe { device.launch_module(&op.name(), "norm", x.dtype, name, dims, &mut a) }
+        }
+        Op::LayerNormBackward | Op::RmsNormBackward => {
+            let ln = *op == Op::LayerNormBackward;
+            let (n_in, n_out) = if ln { (5, 3) } else { (4, 2) };
+            arity(op, n_in, n_out, inputs, outputs)?;
+            let (ins, outs) = (resolve(inputs)?, resolve(outputs)?);
+            let (dy, x, w) = (&ins[0], &ins[1], &ins[2]);
+            check_like(op, "dy", dy, x)?;
+            check_param(op, "weight", w, x)?;
+            if ln {
+                check_stat(op, "mean", &ins[3], x)?;
+            }
+            check_stat(op, "rstd", &ins[n_in - 1], x)?;
+            check_like(op, "dx", &outs[0], x)?;
+            check_param(op, "dweight", &outs[1], x)?;
+            if ln {
+                check_param(op, "dbias", &outs[2], x)?;
+            }
+            backward(device, op, ln, &ins, &outs)
+        }
+        _ => Err(BackendError::unsupported(format!("cuda: {} is not a norm op", op.name()))),
+    }
+}
+
+/// The backward of either norm on checked operands: dx row by row, then the weight (and
+/// bias) gradients as column sums of the per-group partial sums.
+fn backward(device: &CudaDevice, op: &Op, ln: bool, ins: &[Operand], outs: &[Operand]) -> Result<()> {
+    let (dy, x, w) = (&ins[0], &ins[1], &ins[2]);
+    let d = x.shape[x.shape.len() - 1];
+    if d == 0 {
+        return Ok(()); // dx, dweight and dbias are all empty
+    }
+    let stats: Vec<Slot> = if ln { vec![(S_MEAN, &ins[3]), (S_RSTD, &ins[4])] } else { vec![(S_RSTD, &ins[3])] };
+    let (mut a, threads) = row_args(x, &[(S_X, x), (S_DY, dy), (S_Y, &outs[0])], &stats, &[(S_W, w)]);
+    let nout = if ln { 2 } else { 1 };
+    // Fewer resident threads than the forward: the backward holds five row shares per thread.
+    let grid = blocks(device, &a, threads, 1024);
+    let parts = grid as usize * (threads / a.group as u32) as usize;
+    let acc = if x.dtype == DType::F64 { 8 } else { 4 };
+    let scratch = if parts > 0 { Some(device.scratch(parts * nout * d * acc)?) } else { None };
+    let name = &op.name();
+    let result = (|| {
+        if let Some((_, ptr)) = scratch {
+            a.p[S_PART] = ptr;
+            a.parts = parts as i32;
+            let kernel = if ln { "norm_bwd_ln" } else { "norm_bwd_rms" };
+            let dims = LaunchDims { grid: (grid, 1, 1), block: threads, smem: 0 };
+            // SAFETY: as in the forward; the scratch holds `parts` partial rows of `nout * d`.
+            unsafe { device.launch_module(name, "norm", x.dtype, kernel, dims, &mut a)? };
+        }
+        // Column sums (zeros when there are no rows).
+        let mut c = RowArgs { rows: parts as i64, d: d as i64, parts: nout as i32, ..RowArgs::default() };
+        c.p[S_PART] = a.p[S_PART];
+        for (j, o) in outs[1..].iter().enumerate() {
+            c.p[j] = o.ptr;
+            c.cs[j] = o.strides[0] as i64;
+        }
+        let dims = LaunchDims { grid: (d.div_ceil(32) as u32, nout as u32, 1), block: 512, smem: 0 };
+        // SAFETY: `RowArgs` mirrors the kernel's parameter; outputs `[d]` were validated.
+        unsafe { device.launch_module(name, "norm", x.dtype, "norm_colsum", dims, &mut c) }
+    })();
+    // Stream order keeps the scratch alive for the queued kernels.
+    if let Some((id, _)) = scratch {
+        device.free_scratch(id)?;
+    }
+    result
+}

@@ -1,0 +1,96 @@
+//! Rotary position embedding, forward and inverse (`kernels/rotary.cu`), with the CPU
+//! backend's checks: x `(b, h, s, d)` with `d` even, cos and sin `(s, d/2)`, all of x's dtype.
+//!
+//! Strided operands are handled in the kernel (per-operand strides over the merged
+//! `(b, h, s, d/2)` pair space), so no copies are made; dense, aligned operands take a
+//! vectorized kernel.
+
+use super::arity;
+use crate::device::{CudaDevice, LaunchDims};
+use crate::kernels::{merge_dims, Args, Operand};
+use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
+
+const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+
+/// What this family runs.
+pub fn claims() -> Vec<(OpKind, DType)> {
+    FLOATS.iter().map(|&d| (Op::Rotary { inverse: false }.kind(), d)).collect()
+}
+
+fn expect_shape(v: &Operand, name: &str, shape: &[usize]) -> Result<()> {
+    if v.shape != shape {
+        return Err(BackendError::shape(format!("rotary: {name} has shape {:?}, expected {shape:?}", v.shape)));
+    }
+    Ok(())
+}
+
+fn is_dense(o: &Operand) -> bool {
+    let mut expected = 1isize;
+    for (&n, &s) in o.shape.iter().zip(&o.strides).rev() {
+        if n != 1 && s != expected {
+            return false;
+        }
+        expected *= n as isize;
+    }
+    true
+}
+
+/// Run the rotation.
+pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+    let Op::Rotary { inverse } = *op else {
+        return Err(BackendError::unsupported(format!("cuda: {} is not rotary", op.name())));
+    };
+    arity(op, 3, 1, inputs, outputs)?;
+    let (x, cos, sin) = (device.operand(&inputs[0])?, device.operand(&inputs[1])?, device.operand(&inputs[2])?);
+    let y = device.operand(&outputs[0])?;
+    let &[b, h, s, d] = x.shape.as_slice() else {
+        return Err(BackendError::shape(format!("rotary: x (b, h, s, d) must have rank 4, got shape {:?}", x.shape)));
+    };
+    if d % 2 != 0 {
+        return Err(BackendError::shape(format!("rotary: the head dim of x {:?} must be even", x.shape)));
+    }
+    let half = d / 2;
+    expect_shape(&cos, "cos", &[s, half])?;
+    expect_shape(&sin, "sin", &[s, half])?;
+    expect_shape(&y, "y", &x.shape)?;
+    for (name, v) in [("cos", &cos), ("sin", &sin), ("y", &y)] {
+        if v.dtype != x.dtype {
+            return Err(BackendError::dtype(format!("rotary: {name} is {}, expected {}", v.dtype, x.dtype)));
+        }
+    }
+    let n = b * h * s * half;
+    if n == 0 {
+        return Ok(());
+    }
+    let mut args = Args { p: [x.ptr, y.ptr, cos.ptr, sin.ptr], n: n as u64, flag: inverse as i32, ..Args::default() };
+    let pack = 16 / x.dtype.size_in_bytes();
+    let operands = [&x, &y, &cos, &sin];
+    let (kernel, per_thread) = if operands.iter().all(|o| is_dense(o) && o.ptr % 16 == 0) && half % pack == 0 {
+        args.u = [half as u64, s as u64];
+        ("rotary_c", pack as u64)
+    } else {
+        // The pair space (b, h, s, d/2): cos and sin broadcast over b and h. The second half
+        // of a row is d/2 steps along the last dim.
+        let pair_shape = [b, h, s, half];
+        let (xs, ys, cs, ss) = (&x.strides, &y.strides, &cos.strides, &sin.strides);
+        let lists = [xs.to_vec(), ys.to_vec(), vec![0, 0, cs[0], cs[1]], vec![0, 0, ss[0], ss[1]]];
+        let refs: Vec<&[isize]> = lists.iter().map(|l| l.as_slice()).collect();
+        let (merged, merged_st) = merge_dims(&pair_shape, &refs);
+        args.ndim = merged.len() as i32;
+        for (dd, &m) in merged.iter().enumerate() {
+            args.shape[dd] = m as i64;
+            for (j, st) in merged_st.iter().enumerate() {
+                args.st[j][dd] = st[dd] as i64;
+            }
+        }
+        args.u = [(half as isize * xs[3]) as u64, (half as isize * ys[3]) as u64];
+        ("rotary_s", 1)
+    };
+    let threads = 256u64;
+    let wanted = (n as u64).div_ceil(threads * per_thread);
+    let grid = wanted.min(device.facts.sm_count as u64 * 32).max(1) as u32;
+    let dims = LaunchDims { grid: (grid, 1, 1), block: threads as u32, smem: 0 };
+    // SAFETY: `Args` mirrors the kernel's parameter; every operand was validated against its
+    // buffer with the shapes and strides given to the kernel.
+    unsafe { device.launch_module("rotary", "rotary", x.dtype, kernel, dims, &mut args) }
+}
