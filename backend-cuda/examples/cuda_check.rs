@@ -1,108 +1,21 @@
 //! The GPU checker: loads the CUDA plugin from its file (as the core does) and the CPU
 //! backend (linked in), runs every op the CUDA device claims on random inputs in several
 //! layouts (dense, transposed, broadcast, offset, large and aligned), compares the results
-//! with the CPU reference, checks the error paths and the allocator, and times key ops.
+//! with the CPU reference, and checks the error paths and the allocator. Timings are
+//! `cuda_bench`'s.
 //!
-//! `cuda_check <plugin.so> [--bench]`; exits non-zero when any check fails.
+//! `cuda_check <plugin.so>`; exits non-zero when any check fails.
 
-use genesis_backend_api::abi::PluginModuleRef;
+#[allow(dead_code)]
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{load_plugin, random_bytes, values, Dev, Rng, R};
 use genesis_backend_api::{
-    contiguous_strides, BackendError, BinaryOp, BufferId, DType, ErrorKind, MemoryStats, Op, OpKind, RawOp, ReduceOp,
-    TensorDesc, UnaryOp,
+    contiguous_strides, BackendError, BinaryOp, BufferId, DType, ErrorKind, Op, OpKind, ReduceOp, TensorDesc, UnaryOp,
 };
-use half::{bf16, f16};
 use std::collections::BTreeMap;
 use std::time::Instant;
-
-/// One device of a plugin, through the wire interface.
-struct Dev {
-    m: PluginModuleRef,
-}
-
-type R<T> = Result<T, BackendError>;
-
-impl Dev {
-    fn alloc(&self, bytes: usize) -> R<BufferId> {
-        (self.m.allocate())(0, bytes as u64).into_result().map_err(Into::into)
-    }
-    fn free(&self, b: BufferId) -> R<()> {
-        (self.m.free())(0, b).into_result().map_err(Into::into)
-    }
-    fn write(&self, b: BufferId, bytes: &[u8]) -> R<()> {
-        (self.m.write())(0, b, 0, bytes.into()).into_result().map_err(Into::into)
-    }
-    fn read(&self, b: BufferId, len: usize) -> R<Vec<u8>> {
-        let mut out = vec![0u8; len];
-        (self.m.read())(0, b, 0, out.as_mut_slice().into()).into_result().map_err(BackendError::from)?;
-        Ok(out)
-    }
-    fn exec(&self, op: &Op, ins: &[TensorDesc], outs: &[TensorDesc]) -> R<()> {
-        let raw: RawOp = op.encode();
-        (self.m.execute())(0, &raw, ins.into(), outs.into()).into_result().map_err(Into::into)
-    }
-    fn sync(&self) -> R<()> {
-        (self.m.synchronize())(0).into_result().map_err(Into::into)
-    }
-    fn stats(&self) -> R<MemoryStats> {
-        (self.m.memory_stats())(0).into_result().map_err(Into::into)
-    }
-    fn empty_cache(&self) -> R<()> {
-        (self.m.empty_cache())(0).into_result().map_err(Into::into)
-    }
-    fn caps(&self) -> R<Vec<(OpKind, DType)>> {
-        let caps = (self.m.capabilities())(0).into_result().map_err(BackendError::from)?;
-        Ok(caps.iter().filter_map(|c| DType::from_code(c.dtype).ok().map(|d| (c.op, d))).collect())
-    }
-}
-
-/// Deterministic pseudo-random numbers (xorshift), so a failure reproduces.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-/// Bytes of `n` random elements of `dtype`.
-fn random_bytes(rng: &mut Rng, dtype: DType, n: usize, positive: bool) -> Vec<u8> {
-    let mut out = Vec::with_capacity(n * dtype.size_in_bytes());
-    for _ in 0..n {
-        let x = if positive { 0.05 + 3.0 * rng.unit() } else { -3.0 + 6.0 * rng.unit() };
-        match dtype {
-            DType::F32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
-            DType::F64 => out.extend_from_slice(&x.to_le_bytes()),
-            DType::F16 => out.extend_from_slice(&f16::from_f64(x).to_le_bytes()),
-            DType::BF16 => out.extend_from_slice(&bf16::from_f64(x).to_le_bytes()),
-            DType::I64 => out.extend_from_slice(&((x * 15.0) as i64).to_le_bytes()),
-            DType::I32 => out.extend_from_slice(&((x * 15.0) as i32).to_le_bytes()),
-            DType::U8 => out.push(((x + 3.0) * 40.0) as u8),
-            DType::Bool => out.push((rng.next() & 1) as u8),
-        }
-    }
-    out
-}
-
-fn values(dtype: DType, bytes: &[u8]) -> Vec<f64> {
-    let s = dtype.size_in_bytes();
-    bytes
-        .chunks_exact(s)
-        .map(|c| match dtype {
-            DType::F32 => f32::from_le_bytes(c.try_into().unwrap()) as f64,
-            DType::F64 => f64::from_le_bytes(c.try_into().unwrap()),
-            DType::F16 => f16::from_le_bytes(c.try_into().unwrap()).to_f64(),
-            DType::BF16 => bf16::from_le_bytes(c.try_into().unwrap()).to_f64(),
-            DType::I64 => i64::from_le_bytes(c.try_into().unwrap()) as f64,
-            DType::I32 => i32::from_le_bytes(c.try_into().unwrap()) as f64,
-            DType::U8 | DType::Bool => c[0] as f64,
-        })
-        .collect()
-}
 
 /// An operand layout: the view's shape and strides, its buffer's element count and offset.
 #[derive(Clone, Debug)]
@@ -587,92 +500,10 @@ fn check_allocator(ck: &mut Checker) -> R<()> {
     Ok(())
 }
 
-/// Median milliseconds per call of `f`, timed with the host clock around `reps` calls
-/// followed by a synchronize (so queued work is included).
-fn time(dev: &Dev, reps: usize, mut f: impl FnMut() -> R<()>) -> R<f64> {
-    f()?;
-    dev.sync()?;
-    let mut samples = Vec::new();
-    for _ in 0..7 {
-        let t = Instant::now();
-        for _ in 0..reps {
-            f()?;
-        }
-        dev.sync()?;
-        samples.push(t.elapsed().as_secs_f64() * 1e3 / reps as f64);
-    }
-    samples.sort_by(f64::total_cmp);
-    Ok(samples[samples.len() / 2])
-}
-
-fn bench(dev: &Dev) -> R<()> {
-    let mut rng = Rng(7);
-    let mut tensor = |dtype: DType, shape: &[usize]| -> R<TensorDesc> {
-        let n: usize = shape.iter().product();
-        let b = dev.alloc(n * dtype.size_in_bytes())?;
-        dev.write(b, &random_bytes(&mut rng, dtype, n, false))?;
-        TensorDesc::contiguous(b, 0, dtype, shape)
-    };
-    let s = 4096;
-    println!("\nbench (median ms per op, host clock over back-to-back launches)");
-    println!("| work | genesis ms | GB/s or TFLOP/s |");
-    for dtype in [DType::F32, DType::BF16] {
-        let (a, b, y) = (tensor(dtype, &[s, s])?, tensor(dtype, &[s, s])?, tensor(dtype, &[s, s])?);
-        let ms = time(dev, 20, || dev.exec(&Op::Binary(BinaryOp::Add), &[a, b], &[y]))?;
-        let gbs = 3.0 * (s * s * dtype.size_in_bytes()) as f64 / ms / 1e6;
-        println!("| add {s}x{s} {dtype} | {ms:.4} | {gbs:.0} GB/s |");
-        if dtype == DType::F32 {
-            let row = tensor(dtype, &[s])?;
-            let bc = TensorDesc::new(row.buffer, 0, dtype, &[s, s], &[0, 1])?;
-            let ms = time(dev, 20, || dev.exec(&Op::Binary(BinaryOp::Add), &[a, bc], &[y]))?;
-            let gbs = 2.0 * (s * s * 4) as f64 / ms / 1e6;
-            println!("| broadcast add {s}x{s} + {s} f32 | {ms:.4} | {gbs:.0} GB/s |");
-            let ms = time(dev, 20, || dev.exec(&Op::Copy, &[a], &[y]))?;
-            println!("| copy {s}x{s} f32 (dtod) | {ms:.4} | {:.0} GB/s |", 2.0 * (s * s * 4) as f64 / ms / 1e6);
-            let at = TensorDesc::new(a.buffer, 0, dtype, &[s, s], &[1, s as isize])?;
-            let ms = time(dev, 20, || dev.exec(&Op::Copy, &[at], &[y]))?;
-            println!("| transpose copy {s}x{s} f32 | {ms:.4} | {:.0} GB/s |", 2.0 * (s * s * 4) as f64 / ms / 1e6);
-            let ms = time(dev, 20, || dev.exec(&Op::Unary(UnaryOp::Gelu), &[a], &[y]))?;
-            println!("| gelu {s}x{s} f32 | {ms:.4} | {:.0} GB/s |", 2.0 * (s * s * 4) as f64 / ms / 1e6);
-            let op = Op::RandNormal { seed: 1, offset: 0, mean: 0.0, std: 1.0 };
-            let ms = time(dev, 20, || dev.exec(&op, &[], &[y]))?;
-            println!("| rand_normal {s}x{s} f32 | {ms:.4} | {:.0} GB/s |", (s * s * 4) as f64 / ms / 1e6);
-        }
-        let row_sums = tensor(dtype, &[s, 1])?;
-        let ms = time(dev, 20, || dev.exec(&Op::Reduce(ReduceOp::Sum), &[a], &[row_sums]))?;
-        let gbs = (s * s * dtype.size_in_bytes()) as f64 / ms / 1e6;
-        println!("| sum over rows {s}x{s} -> {s} {dtype} | {ms:.4} | {gbs:.0} GB/s |");
-        let col_sums = tensor(dtype, &[1, s])?;
-        let ms = time(dev, 20, || dev.exec(&Op::Reduce(ReduceOp::Sum), &[a], &[col_sums]))?;
-        let gbs = (s * s * dtype.size_in_bytes()) as f64 / ms / 1e6;
-        println!("| sum over columns {s}x{s} -> {s} {dtype} | {ms:.4} | {gbs:.0} GB/s |");
-        dev.free(row_sums.buffer)?;
-        dev.free(col_sums.buffer)?;
-        let ms = time(dev, 5, || dev.exec(&Op::Matmul, &[a, b], &[y]))?;
-        let tflops = 2.0 * (s as f64).powi(3) / ms / 1e9;
-        println!("| matmul {s}^3 {dtype} | {ms:.4} | {tflops:.1} TFLOP/s |");
-        for t in [a, b, y] {
-            dev.free(t.buffer)?;
-        }
-    }
-    let (a, y) = (tensor(DType::F32, &[16])?, tensor(DType::F32, &[16])?);
-    let n = 20000;
-    let t = Instant::now();
-    for _ in 0..n {
-        dev.exec(&Op::Binary(BinaryOp::Add), &[a, a], &[y])?;
-    }
-    let host_us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
-    dev.sync()?;
-    println!("| small-op overhead (tiny add, host time per op) | {:.2} us | |", host_us);
-    Ok(())
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let path = args.get(1).cloned().unwrap_or_else(|| "dist-cuda/libgenesis_backend_cuda.so".into());
-    let module = abi_stable::library::lib_header_from_path(std::path::Path::new(&path))
-        .and_then(|h| h.init_root_module::<PluginModuleRef>());
-    let module = match module {
+    let module = match load_plugin(&path) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("cannot load {path}: {e}");
@@ -756,11 +587,6 @@ fn main() {
     println!("\nfailed ({}):", ck.failed.len());
     for f in &ck.failed {
         println!("  FAIL {f}");
-    }
-    if args.iter().any(|a| a == "--bench") {
-        if let Err(e) = bench(&ck.cuda) {
-            println!("bench failed: {e}");
-        }
     }
     std::process::exit(if ck.failed.is_empty() { 0 } else { 1 });
 }
