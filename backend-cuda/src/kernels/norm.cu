@@ -1,10 +1,10 @@
 // Layer norm and RMS norm over the last dim, forward and backward, for float type T.
 //
-// Work split: a group of G threads (a power of two, 32..1024) owns one row at a time; a block
+// Work split: a group of G threads (a power of two, 32..MAXG) owns one row at a time; a block
 // holds blockDim/G groups and strides over the rows. Each thread keeps its share of the row
 // (at most NE elements) in registers, so the forward reads x once: the mean, the variance
 // (two-pass, from the registered values) and the output all come from registers. Rows longer
-// than NE*1024 elements take the "big" path (flag bit 1), which re-reads the row from memory
+// than NE*MAXG elements take the "big" path (mode 2), which re-reads the row from memory
 // for each pass.
 //
 // Statistics and accumulations are in the compute type C (f32 for f32/f16/bf16, f64 for f64),
@@ -41,7 +41,7 @@ struct RowArgs {
     i64 rows;            // rows (product of the leading dims)
     i64 d;               // row length
     double eps;          // added to the variance / mean square
-    int flag;            // bit 0: vectorized (see ops/norm.rs), bit 1: big rows
+    int flag;            // mode: 0 registers, 1 registers in packs (see ops/norm.rs), 2 big rows
     int ndim;            // merged leading dims
     int group;           // threads per row
     int parts;           // backward: partial rows (= groups in the grid); colsum: outputs
@@ -129,19 +129,22 @@ __device__ __forceinline__ void store_row(const RowArgs& a, int slot, i64 off, b
 }
 
 // Sum of v over the G threads of this thread's group (G uniform over the block, so the
-// barriers are reached by every thread). Warps combine by shuffles, then the group's warps
-// in a fixed order, so the result does not depend on timing.
-__device__ __forceinline__ C group_sum(C v, int G, C* red) {
+// barrier is reached by every thread). Warps combine by shuffles, then the group's warps in a
+// fixed order, so the result does not depend on timing. `red` holds two buffers used in
+// turn (`phase` flips on each call): a thread that reaches the barrier of one sum has
+// finished reading the buffer of the sum before, so one barrier per sum suffices.
+__device__ __forceinline__ C group_sum(C v, int G, C (*red)[32], int& phase) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     if (G <= 32) return v;
     int warp = threadIdx.x >> 5;
-    __syncthreads();  // the previous sum's readers are done with `red`
-    if ((threadIdx.x & 31) == 0) red[warp] = v;
+    C* buf = red[phase];
+    phase ^= 1;
+    if ((threadIdx.x & 31) == 0) buf[warp] = v;
     __syncthreads();
     int wpg = G >> 5, first = (warp / wpg) * wpg;
     C s = (C)0;
-    for (int w = 0; w < wpg; ++w) s += red[first + w];
+    for (int w = 0; w < wpg; ++w) s += buf[first + w];
     return s;
 }
 
@@ -149,23 +152,28 @@ __device__ __forceinline__ C load_el(const RowArgs& a, int slot, i64 off, i64 c)
     return TT::load(((const T*)a.p[slot])[off + c * a.cs[slot]]);
 }
 
+// Groups and blocks are at most MAXG threads (ops/norm.rs keeps to it); the bound lets the
+// compiler budget registers for it (a 1024-thread block would not fit the register file).
+#define MAXG 512
+
 // ---- forward -------------------------------------------------------------------------------
 
 // LN: y = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps), biased variance.
 // RMS: y = x * rstd * w, rstd = 1/sqrt(mean(x²) + eps).
 // An empty row (d = 0) gives 0/0 = NaN statistics, as PyTorch and the CPU reference do.
-template <bool LN> __device__ void norm_fwd(const RowArgs& a) {
-    __shared__ C red[32];
+// MODE (flag bits): 0 registers, element by element; 1 registers, packs; 2 big rows. A
+// compile-time MODE keeps each path's register demand apart.
+template <bool LN, int MODE> __device__ void norm_fwd(const RowArgs& a) {
+    __shared__ C red[2][32];
+    int phase = 0;
     const int G = a.group, t = threadIdx.x % G, rpb = blockDim.x / G;
     const i64 row0 = (i64)(threadIdx.x / G);
-    const bool vec = a.flag & 1, big = a.flag & 2;
+    constexpr bool vec = MODE == 1, big = MODE == 2;
     const i64 d = a.d;
     const C n = (C)d, eps = (C)a.eps;
-    C w[NE], b[NE], x[NE];
-    if (!big) {
-        load_row(a, S_W, 0, vec, G, t, w);
-        if (LN) load_row(a, S_B, 0, vec, G, t, b);
-    }
+    // w and b are re-read for each row (from L1/L2) rather than held: registers decide how
+    // many rows are in flight per SM, which is what this memory-bound kernel needs.
+    C x[NE];
     for (i64 base = (i64)blockIdx.x * rpb; base < a.rows; base += (i64)gridDim.x * rpb) {
         const i64 row = base + row0;
         const bool active = row < a.rows;
@@ -181,7 +189,7 @@ template <bool LN> __device__ void norm_fwd(const RowArgs& a) {
                 C s = (C)0;
 #pragma unroll
                 for (int e = 0; e < NE; ++e) s += x[e];
-                mu = group_sum(s, G, red) / n;
+                mu = group_sum(s, G, red, phase) / n;
             }
 #pragma unroll
             for (int k = 0; k < NK; ++k)
@@ -195,7 +203,7 @@ template <bool LN> __device__ void norm_fwd(const RowArgs& a) {
                 C s = (C)0;
                 if (active)
                     for (i64 c = t; c < d; c += G) s += load_el(a, S_X, off[S_X], c);
-                mu = group_sum(s, G, red) / n;
+                mu = group_sum(s, G, red, phase) / n;
             }
             if (active)
                 for (i64 c = t; c < d; c += G) {
@@ -203,11 +211,20 @@ template <bool LN> __device__ void norm_fwd(const RowArgs& a) {
                     q += v * v;
                 }
         }
-        const C r = (C)1 / csqrt(group_sum(q, G, red) / n + eps);
+        const C r = (C)1 / csqrt(group_sum(q, G, red, phase) / n + eps);
         if (!active) continue;
         if (!big) {
+            C w[NE];
+            load_row(a, S_W, 0, vec, G, t, w);
+            if (LN) {
+                C b[NE];
+                load_row(a, S_B, 0, vec, G, t, b);
 #pragma unroll
-            for (int e = 0; e < NE; ++e) x[e] = LN ? (x[e] - mu) * r * w[e] + b[e] : x[e] * r * w[e];
+                for (int e = 0; e < NE; ++e) x[e] = (x[e] - mu) * r * w[e] + b[e];
+            } else {
+#pragma unroll
+                for (int e = 0; e < NE; ++e) x[e] = x[e] * r * w[e];
+            }
             store_row(a, S_Y, off[S_Y], vec, G, t, x);
         } else {
             T* y = (T*)a.p[S_Y] + off[S_Y];
@@ -231,11 +248,12 @@ template <bool LN> __device__ void norm_fwd(const RowArgs& a) {
 //   RMS: dx = rstd * (g - xhat * mean(g * xhat)),           dw += dy * xhat
 // Group p (of `parts`, numbered blockIdx.x * rpb + group) writes its column sums to partial
 // row p; `norm_colsum` adds the partial rows.
-template <bool LN> __device__ void norm_bwd(const RowArgs& a) {
-    __shared__ C red[32];
+template <bool LN, int MODE> __device__ void norm_bwd(const RowArgs& a) {
+    __shared__ C red[2][32];
+    int phase = 0;
     const int G = a.group, t = threadIdx.x % G, rpb = blockDim.x / G;
     const i64 row0 = (i64)(threadIdx.x / G);
-    const bool vec = a.flag & 1, big = a.flag & 2;
+    constexpr bool vec = MODE == 1, big = MODE == 2;
     const i64 d = a.d;
     const int nout = LN ? 2 : 1;
     const C n = (C)d;
@@ -296,8 +314,8 @@ template <bool LN> __device__ void norm_bwd(const RowArgs& a) {
                 if (LN) part[d + c] += dv;
             }
         }
-        const C mean_g = LN ? group_sum(sg, G, red) / n : (C)0;
-        const C mean_gx = group_sum(sgx, G, red) / n;
+        const C mean_g = LN ? group_sum(sg, G, red, phase) / n : (C)0;
+        const C mean_gx = group_sum(sgx, G, red, phase) / n;
         if (!active) continue;
         if (!big) {
 #pragma unroll
@@ -330,7 +348,7 @@ template <bool LN> __device__ void norm_bwd(const RowArgs& a) {
 // (here: nout) outputs in slots 0 and 1. Blocks of 32 columns x 16 row slices; each slice
 // sums its rows in order, then slice 0 adds the 16 slice sums in order (deterministic).
 // a.rows = partial rows, a.d = columns, blockIdx.y = output. No partial rows give zeros.
-extern "C" __global__ void norm_colsum(const RowArgs a) {
+extern "C" __global__ void __launch_bounds__(MAXG) norm_colsum(const RowArgs a) {
     __shared__ C sums[16][33];
     const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
     const int j = blockIdx.y, nout = a.parts;
@@ -348,7 +366,13 @@ extern "C" __global__ void norm_colsum(const RowArgs a) {
     }
 }
 
-extern "C" __global__ void norm_fwd_ln(const RowArgs a) { norm_fwd<true>(a); }
-extern "C" __global__ void norm_fwd_rms(const RowArgs a) { norm_fwd<false>(a); }
-extern "C" __global__ void norm_bwd_ln(const RowArgs a) { norm_bwd<true>(a); }
-extern "C" __global__ void norm_bwd_rms(const RowArgs a) { norm_bwd<false>(a); }
+// One kernel per op and MODE (suffix _0, _1, _2; ops/norm.rs picks by the flag), so that
+// each gets the register count of its own path.
+#define KERNELS(NAME, F, LN)                                                                              \
+    extern "C" __global__ void __launch_bounds__(MAXG) NAME##_0(const RowArgs a) { F<LN, 0>(a); } \
+    extern "C" __global__ void __launch_bounds__(MAXG) NAME##_1(const RowArgs a) { F<LN, 1>(a); } \
+    extern "C" __global__ void __launch_bounds__(MAXG) NAME##_2(const RowArgs a) { F<LN, 2>(a); }
+KERNELS(norm_fwd_ln, norm_fwd, true)
+KERNELS(norm_fwd_rms, norm_fwd, false)
+KERNELS(norm_bwd_ln, norm_bwd, true)
+KERNELS(norm_bwd_rms, norm_bwd, false)

@@ -15,6 +15,9 @@ use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc, M
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 
+/// Most threads per row group and per block (`MAXG` in norm.cu, the kernels' launch bound).
+const MAX_GROUP: usize = 512;
+
 // Operand slots of `RowArgs::p` (the S_* defines of norm.cu).
 const S_X: usize = 0;
 const S_Y: usize = 1;
@@ -142,9 +145,10 @@ fn row_args(x: &Operand, rows_ops: &[Slot], stats: &[Slot], params: &[Slot]) -> 
     // Threads per row: enough that each holds at most `per_thread` elements in registers.
     let per_thread = if size == 8 { 8 } else { 16 };
     let need = d.div_ceil(per_thread).max(1);
-    let (group, big) = if need > 1024 { (1024, true) } else { (need.next_power_of_two().max(32), false) };
+    let (group, big) = if need > MAX_GROUP { (MAX_GROUP, true) } else { (need.next_power_of_two().max(32), false) };
     a.group = group as i32;
-    a.flag = vec as i32 | (big as i32) << 1;
+    // The mode of norm.cu (kernel suffix): 0 registers, 1 registers in packs, 2 big rows.
+    a.flag = if big { 2 } else { vec as i32 };
     (a, group.max(128) as u32)
 }
 
@@ -184,11 +188,11 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             let (mut a, threads) = row_args(x, &[(S_X, x), (S_Y, &outs[0])], &stats, &params);
             a.eps = eps;
             let grid = blocks(device, &a, threads, 2048);
-            let name = if ln { "norm_fwd_ln" } else { "norm_fwd_rms" };
+            let name = format!("{}_{}", if ln { "norm_fwd_ln" } else { "norm_fwd_rms" }, a.flag & 3);
             let dims = LaunchDims { grid: (grid, 1, 1), block: threads, smem: 0 };
             // SAFETY: `RowArgs` mirrors the kernel's parameter; every operand was validated
             // against its buffer with the shapes the kernel is given.
-            unsafe { device.launch_module(&op.name(), "norm", x.dtype, name, dims, &mut a) }
+            unsafe { device.launch_module(&op.name(), "norm", x.dtype, &name, dims, &mut a) }
         }
         Op::LayerNormBackward | Op::RmsNormBackward => {
             let ln = *op == Op::LayerNormBackward;
@@ -234,10 +238,10 @@ fn backward(device: &CudaDevice, op: &Op, ln: bool, ins: &[Operand], outs: &[Ope
         if let Some((_, ptr)) = scratch {
             a.p[S_PART] = ptr;
             a.parts = parts as i32;
-            let kernel = if ln { "norm_bwd_ln" } else { "norm_bwd_rms" };
+            let kernel = format!("{}_{}", if ln { "norm_bwd_ln" } else { "norm_bwd_rms" }, a.flag & 3);
             let dims = LaunchDims { grid: (grid, 1, 1), block: threads, smem: 0 };
             // SAFETY: as in the forward; the scratch holds `parts` partial rows of `nout * d`.
-            unsafe { device.launch_module(name, "norm", x.dtype, kernel, dims, &mut a)? };
+            unsafe { device.launch_module(name, "norm", x.dtype, &kernel, dims, &mut a)? };
         }
         // Column sums (zeros when there are no rows).
         let mut c = RowArgs { rows: parts as i64, d: d as i64, parts: nout as i32, ..RowArgs::default() };
