@@ -102,6 +102,32 @@ fn variant(op: &Op, d: usize, dtype: DType) -> Result<usize> {
     }
 }
 
+/// Tensor-core forward (`attn_fwd_tc_*`): threads per block (4 warps), query rows per block.
+const TC_THREADS: u32 = 128;
+const TC_ROWS: usize = 64;
+
+/// The padded head dim (64 or 128) of the tensor-core forward, when it applies: f16 or bf16
+/// on sm_80 or newer, a head dim that is a multiple of 8 up to 128, q/k/v with a dense head dim
+/// and 16-byte aligned rows (cp.async moves 8 elements at a time), o with a dense head dim
+/// and 4-byte aligned pairs. Everything else takes the general kernel.
+fn tensor_core_dim(arch: u32, dm: &Dims, qkv: [&Operand; 3], o: &Operand) -> Option<usize> {
+    let half = matches!(o.dtype, DType::F16 | DType::BF16);
+    if !half || arch < 80 || dm.d == 0 || dm.d % 8 != 0 || dm.d > 128 || dm.hk == 0 {
+        return None;
+    }
+    let aligned = |x: &Operand, elems: isize| {
+        x.strides[3] == 1 && x.strides[..3].iter().all(|&s| s % elems == 0) && x.ptr % (2 * elems as u64) == 0
+    };
+    let dense = qkv.iter().all(|x| x.dtype == o.dtype && aligned(x, 8)) && aligned(o, 2);
+    dense.then_some(if dm.d <= 64 { 64 } else { 128 })
+}
+
+/// Shared memory of `attn_fwd_tc_{dpad}`: two stages of a K and a V tile of 64 rows, each row
+/// `dpad + 8` 2-byte elements.
+fn tc_smem(dpad: usize) -> u32 {
+    (2 * 2 * 64 * (dpad + 8) * 2) as u32
+}
+
 fn args(dm: &Dims, causal: bool, scale: f64) -> AttnArgs {
     AttnArgs {
         b: dm.b as i64,
@@ -138,6 +164,14 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             let mut a = args(&dm, causal, scale);
             for (slot, x) in [(0, &q), (1, &k), (2, &v), (3, &o), (4, &lse)] {
                 a.set(slot, x);
+            }
+            if let Some(tc) = tensor_core_dim(device.facts.arch, &dm, [&q, &k, &v], &o) {
+                let work = (dm.b * dm.hq * dm.s.div_ceil(TC_ROWS)) as u64;
+                if work <= i32::MAX as u64 {
+                    let shape = (work as u32, TC_THREADS, tc_smem(tc));
+                    let name = format!("attn_fwd_tc_{tc}");
+                    return launch_1d(device, &op.name(), "attention", q.dtype, &name, &mut a, shape);
+                }
             }
             let work = (dm.b * dm.hq * dm.s.div_ceil(BR)) as u64;
             let shape = (grid(device, work, 8), THREADS, smem(q.dtype, dm.d, BR + 2 * BC, 0));
@@ -216,5 +250,35 @@ mod tests {
         assert_eq!(variant(&op, 256, DType::BF16).unwrap(), 256);
         assert!(variant(&op, 129, DType::F64).is_err());
         assert!(variant(&op, 257, DType::F32).is_err());
+    }
+
+    #[test]
+    fn the_tensor_core_forward_takes_dense_half_operands() {
+        let dense = |dtype, d: usize| Operand {
+            ptr: 1 << 20,
+            dtype,
+            shape: vec![2, 4, 16, d],
+            strides: vec![(64 * d) as isize, (16 * d) as isize, d as isize, 1],
+        };
+        let dm = |d| Dims { b: 2, hq: 4, hk: 4, s: 16, t: 16, d };
+        let pick = |arch, dtype, d: usize| {
+            let x = dense(dtype, d);
+            tensor_core_dim(arch, &dm(d), [&x, &x, &x], &x)
+        };
+        assert_eq!(pick(90, DType::BF16, 64), Some(64));
+        assert_eq!(pick(80, DType::F16, 128), Some(128));
+        assert_eq!(pick(80, DType::F16, 40), Some(64));
+        assert_eq!(pick(80, DType::F16, 72), Some(128));
+        assert_eq!(pick(75, DType::F16, 64), None);
+        assert_eq!(pick(90, DType::F32, 64), None);
+        assert_eq!(pick(90, DType::BF16, 60), None);
+        assert_eq!(pick(90, DType::BF16, 256), None);
+        // A strided head dim, or rows that are not 16-byte aligned, take the general kernel.
+        let mut x = dense(DType::BF16, 64);
+        x.strides[3] = 2;
+        assert_eq!(tensor_core_dim(90, &dm(64), [&x, &x, &x], &x), None);
+        let mut x = dense(DType::BF16, 64);
+        x.ptr += 2;
+        assert_eq!(tensor_core_dim(90, &dm(64), [&x, &x, &x], &dense(DType::BF16, 64)), None);
     }
 }
