@@ -72,17 +72,8 @@ pub struct Facts {
     pub sm_count: u32,
     /// CUDA version the driver supports, as the driver encodes it (13000 for 13.0).
     pub driver: i32,
-}
-
-/// The launch shape of [`CudaDevice::launch_module`].
-#[derive(Debug, Clone, Copy)]
-pub struct LaunchDims {
-    /// Blocks in x, y, z (nothing is launched when any is zero).
-    pub grid: (u32, u32, u32),
-    /// Threads per block (one-dimensional).
-    pub block: u32,
-    /// Dynamic shared memory in bytes.
-    pub smem: u32,
+    /// The most dynamic shared memory a block may opt in to, in bytes.
+    pub max_smem_optin: u32,
 }
 
 /// An opened CUDA device.
@@ -135,6 +126,10 @@ impl CudaDevice {
         let major = attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).map_err(|e| err("attribute", e))?;
         let minor = attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR).map_err(|e| err("attribute", e))?;
         let sm_count = attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(|e| err("attribute", e))?;
+        // Read once: kernels with large tiles compare against it on every launch.
+        let max_smem_optin = attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(|e| err("attribute", e))?
+            .max(0) as u32;
         let mut driver = 0;
         // SAFETY: writes one int.
         unsafe { sys::cuDriverGetVersion(&mut driver) }.result().map_err(|e| err("cuDriverGetVersion", e))?;
@@ -147,7 +142,12 @@ impl CudaDevice {
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             pending: Mutex::new(VecDeque::new()),
-            facts: Facts { arch: (major * 10 + minor) as u32, sm_count: sm_count.max(1) as u32, driver },
+            facts: Facts {
+                arch: (major * 10 + minor) as u32,
+                sm_count: sm_count.max(1) as u32,
+                driver,
+                max_smem_optin,
+            },
             sync_each_op: std::env::var_os("GENESIS_CUDA_SYNC").is_some_and(|v| v != "0"),
             plant_fault: std::env::var("GENESIS_CUDA_PLANT_FAULT").ok().filter(|v| !v.is_empty()),
             blas: OnceLock::new(),
@@ -200,7 +200,7 @@ impl CudaDevice {
             match modules.get(&(module, dtype)) {
                 Some(&m) => m,
                 None => {
-                    if !kernels::module_dtypes(module).contains(&dtype) {
+                    if !kernels::serves(module, dtype) {
                         return Err(BackendError::internal(format!(
                             "cuda: kernel module {module} has no {dtype} build"
                         )));
@@ -293,19 +293,13 @@ impl CudaDevice {
         if grid.0 == 0 || grid.1 == 0 {
             return Ok(());
         }
-        if !kernels::serves(module, dtype) {
-            return Err(BackendError::internal(format!("{op}: kernel module {module} is not built for {dtype}")));
-        }
+        // `function` refuses a module built for other dtypes when it first loads it.
         let f = self.function(module, dtype, name)?;
         // Above 48 KiB a kernel must opt in to dynamic shared memory, up to the device limit.
         const DEFAULT_SMEM: u32 = 48 * 1024;
         if smem > DEFAULT_SMEM {
-            use sys::CUdevice_attribute as A;
-            let limit = self
-                .ctx
-                .attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-                .map_err(|e| driver_error("cuDeviceGetAttribute", e))?;
-            if smem as i64 > limit as i64 {
+            let limit = self.facts.max_smem_optin;
+            if smem > limit {
                 return Err(BackendError::unsupported(format!(
                     "{op}: {name} needs {smem} bytes of shared memory per block, the device allows {limit}"
                 )));
@@ -328,29 +322,6 @@ impl CudaDevice {
                 .map_err(|e| driver_error(&format!("{op}: launching {name}"), e))?;
         }
         Ok(())
-    }
-
-    /// Launch kernel `name` of kernel module `module` (compiled for `dtype` on first use) with
-    /// the geometry of `dims` (one-dimensional blocks, `grid.2` must be 1), passing `args` by
-    /// value as the kernel's single parameter; `op` names the op in errors. The norm, rotary
-    /// and AdamW families use this with argument blocks of their own.
-    ///
-    /// # Safety
-    /// `A` must be the `#[repr(C)]` mirror of the kernel's parameter type, and every address
-    /// in `args` must be valid for the accesses the kernel makes with the sizes in `args`.
-    pub unsafe fn launch_module<A: Copy>(
-        &self,
-        op: &str,
-        module: &'static str,
-        dtype: DType,
-        name: &str,
-        dims: LaunchDims,
-        args: &mut A,
-    ) -> Result<()> {
-        if dims.grid.2 != 1 {
-            return Err(BackendError::internal(format!("{op}: {name} launched with a 3-D grid {:?}", dims.grid)));
-        }
-        self.launch_grid(op, module, dtype, name, args, (dims.grid.0, dims.grid.1), (dims.block, 1), dims.smem)
     }
 
     /// Note an issued op; with `GENESIS_CUDA_SYNC=1`, also wait for it.

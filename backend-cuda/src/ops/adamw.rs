@@ -6,7 +6,7 @@
 //! tensor table passed in the kernel parameter. A group with a strided operand gets a launch
 //! of its own with the strided kernel (no copies).
 
-use crate::device::{CudaDevice, LaunchDims};
+use crate::device::CudaDevice;
 use crate::kernels::{set_geometry, Args, Operand};
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
@@ -120,10 +120,8 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             args.s = [decay, beta1, beta2, eps];
             args.u = [step_size.to_bits(), bc2_sqrt.to_bits()];
             let grid = n.div_ceil(256).min(device.facts.sm_count as u64 * 16) as u32;
-            let dims = LaunchDims { grid: (grid, 1, 1), block: 256, smem: 0 };
-            // SAFETY: `Args` mirrors the kernel's parameter; the four operands were validated
-            // against their buffers with the geometry set above.
-            unsafe { device.launch_module("adamw", "adamw", p.dtype, &format!("{kernel}_s"), dims, &mut args)? };
+            // The four operands were validated against their buffers with the geometry above.
+            device.launch_grid("adamw", "adamw", p.dtype, &format!("{kernel}_s"), &mut args, (grid, 1), (256, 1), 0)?;
             continue;
         }
         let (ps, ms) = (p.dtype.size_in_bytes() as u64 * 4, m.dtype.size_in_bytes() as u64 * 4);
@@ -143,10 +141,8 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
                 a.chunks += e.n.div_ceil(CHUNK);
             }
             let grid = a.chunks.min(device.facts.sm_count as u64 * 16) as u32;
-            let dims = LaunchDims { grid: (grid, 1, 1), block: 256, smem: 0 };
-            // SAFETY: `TableArgs` mirrors the kernel's parameter; each entry's four dense
-            // operands of `n` elements were validated against their buffers.
-            unsafe { device.launch_module("adamw", "adamw", pd, kernel, dims, &mut a)? };
+            // Each entry's four dense operands of `n` elements were validated against their buffers.
+            device.launch_grid("adamw", "adamw", pd, kernel, &mut a, (grid, 1), (256, 1), 0)?;
         }
     }
     Ok(())

@@ -9,7 +9,7 @@
 //! deterministic (no float atomics).
 
 use super::arity;
-use crate::device::{CudaDevice, LaunchDims};
+use crate::device::CudaDevice;
 use crate::kernels::{merge_dims, Operand};
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc, MAX_DIMS};
 
@@ -189,10 +189,8 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             a.eps = eps;
             let grid = blocks(device, &a, threads, 2048);
             let name = format!("{}_{}", if ln { "norm_fwd_ln" } else { "norm_fwd_rms" }, a.flag & 3);
-            let dims = LaunchDims { grid: (grid, 1, 1), block: threads, smem: 0 };
-            // SAFETY: `RowArgs` mirrors the kernel's parameter; every operand was validated
-            // against its buffer with the shapes the kernel is given.
-            unsafe { device.launch_module(&op.name(), "norm", x.dtype, &name, dims, &mut a) }
+            // Every operand was validated against its buffer with the shapes the kernel is given.
+            device.launch_grid(&op.name(), "norm", x.dtype, &name, &mut a, (grid, 1), (threads, 1), 0)
         }
         Op::LayerNormBackward | Op::RmsNormBackward => {
             let ln = *op == Op::LayerNormBackward;
@@ -239,9 +237,8 @@ fn backward(device: &CudaDevice, op: &Op, ln: bool, ins: &[Operand], outs: &[Ope
             a.p[S_PART] = ptr;
             a.parts = parts as i32;
             let kernel = format!("{}_{}", if ln { "norm_bwd_ln" } else { "norm_bwd_rms" }, a.flag & 3);
-            let dims = LaunchDims { grid: (grid, 1, 1), block: threads, smem: 0 };
-            // SAFETY: as in the forward; the scratch holds `parts` partial rows of `nout * d`.
-            unsafe { device.launch_module(name, "norm", x.dtype, &kernel, dims, &mut a)? };
+            // As in the forward; the scratch holds `parts` partial rows of `nout * d`.
+            device.launch_grid(name, "norm", x.dtype, &kernel, &mut a, (grid, 1), (threads, 1), 0)?;
         }
         // Column sums (zeros when there are no rows).
         let mut c = RowArgs { rows: parts as i64, d: d as i64, parts: nout as i32, ..RowArgs::default() };
@@ -250,9 +247,17 @@ fn backward(device: &CudaDevice, op: &Op, ln: bool, ins: &[Operand], outs: &[Ope
             c.p[j] = o.ptr;
             c.cs[j] = o.strides[0] as i64;
         }
-        let dims = LaunchDims { grid: (d.div_ceil(32) as u32, nout as u32, 1), block: 512, smem: 0 };
-        // SAFETY: `RowArgs` mirrors the kernel's parameter; outputs `[d]` were validated.
-        unsafe { device.launch_module(name, "norm", x.dtype, "norm_colsum", dims, &mut c) }
+        // The outputs `[d]` were validated.
+        device.launch_grid(
+            name,
+            "norm",
+            x.dtype,
+            "norm_colsum",
+            &mut c,
+            (d.div_ceil(32) as u32, nout as u32),
+            (512, 1),
+            0,
+        )
     })();
     // Stream order keeps the scratch alive for the queued kernels.
     if let Some((id, _)) = scratch {

@@ -6,7 +6,7 @@
 //! vectorized kernel.
 
 use super::arity;
-use crate::device::{CudaDevice, LaunchDims};
+use crate::device::CudaDevice;
 use crate::kernels::{merge_dims, Args, Operand};
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
@@ -89,8 +89,6 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
     let threads = 256u64;
     let wanted = (n as u64).div_ceil(threads * per_thread);
     let grid = wanted.min(device.facts.sm_count as u64 * 32).max(1) as u32;
-    let dims = LaunchDims { grid: (grid, 1, 1), block: threads as u32, smem: 0 };
-    // SAFETY: `Args` mirrors the kernel's parameter; every operand was validated against its
-    // buffer with the shapes and strides given to the kernel.
-    unsafe { device.launch_module("rotary", "rotary", x.dtype, kernel, dims, &mut args) }
+    // Every operand was validated against its buffer with the shapes and strides in `args`.
+    device.launch_grid("rotary", "rotary", x.dtype, kernel, &mut args, (grid, 1), (threads as u32, 1), 0)
 }
