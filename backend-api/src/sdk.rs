@@ -71,6 +71,65 @@ pub fn expect_no_overlap(op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc],
     Ok(())
 }
 
+/// One operand's memory for [`expect_disjoint_updates`]: a region key (the buffer id, or 0
+/// when the extents are absolute addresses) and the half-open byte range it touches.
+pub type Extent = (u64, usize, usize);
+
+/// For in-place multi-tensor updates (AdamW): no output may share a byte with another output
+/// or with an input (inputs may overlap each other; they are only read). `None` marks an
+/// empty operand. A sweep over the extents sorted by start, so a step over hundreds of
+/// tensors costs microseconds instead of the pairwise check of [`expect_no_overlap`]. The
+/// error names the operands as `input_name`/`output` and their indices.
+pub fn expect_disjoint_updates(
+    op: &Op,
+    input_name: &str,
+    inputs: &[Option<Extent>],
+    outputs: &[Option<Extent>],
+) -> Result<()> {
+    let mut spans: Vec<(u64, usize, usize, bool, usize)> = Vec::with_capacity(inputs.len() + outputs.len());
+    for (is_out, list) in [(false, inputs), (true, outputs)] {
+        for (i, e) in list.iter().enumerate() {
+            if let Some((region, start, end)) = *e {
+                spans.push((region, start, end, is_out, i));
+            }
+        }
+    }
+    spans.sort_unstable();
+    let name = |is_out: bool| if is_out { "output" } else { input_name };
+    // Per region, by start: a span overlaps an earlier one iff it starts before that one's
+    // end, so the largest end so far (over outputs, and over everything) decides.
+    let mut region = None;
+    let (mut end_out, mut end_all) = ((0usize, 0usize), (0usize, 0usize, false));
+    for &(r, start, end, is_out, i) in &spans {
+        if region != Some(r) {
+            region = Some(r);
+            (end_out, end_all) = ((0, 0), (0, 0, false));
+        }
+        let clash = if start < end_out.0 {
+            Some((true, end_out.1))
+        } else if is_out && start < end_all.0 {
+            Some((end_all.2, end_all.1))
+        } else {
+            None
+        };
+        if let Some((other_out, j)) = clash {
+            return Err(BackendError::invalid(format!(
+                "{}: {} {i} overlaps {} {j} (outputs are updated in place and must be disjoint)",
+                op.name(),
+                name(is_out),
+                name(other_out)
+            )));
+        }
+        if is_out && end > end_out.0 {
+            end_out = (end, i);
+        }
+        if end > end_all.0 {
+            end_all = (end, i, is_out);
+        }
+    }
+    Ok(())
+}
+
 /// The reduced axes of a reduction: where the output has size 1 and the input does not.
 /// Fails when ranks differ or a kept axis changes size.
 pub fn reduced_axes(op: &Op, input: &TensorDesc, output: &TensorDesc) -> Result<Vec<bool>> {

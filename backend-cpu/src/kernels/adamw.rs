@@ -9,6 +9,7 @@ use super::softmax::{
 };
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
+use genesis_backend_api::sdk::{expect_disjoint_updates, Extent};
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result};
 use rayon::prelude::*;
 
@@ -65,7 +66,7 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
             )));
         }
     }
-    check_disjoint(inputs, outputs)?;
+    check_disjoint(op, inputs, outputs)?;
     // Bias corrections in f64: early on, 1 - β2^step is a small difference of numbers near 1,
     // which f32 would get wrong in the third digit.
     let bc1 = 1.0 - beta1.powf(step as f64);
@@ -86,9 +87,8 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
 
 /// The device skips its overlap check for in-place ops, so this kernel makes its own: an
 /// output may not share a byte with any other output or with a grad (two grads may overlap;
-/// they are only read). Intervals are the views' byte extents, as in `sdk::expect_no_overlap`.
-fn check_disjoint(inputs: &[View], outputs: &[View]) -> Result<()> {
-    let mut spans: Vec<(usize, usize, bool, usize)> = Vec::with_capacity(inputs.len() + outputs.len());
+/// they are only read). Views carry absolute addresses, so they all share region 0.
+fn check_disjoint(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
     for (i, v) in outputs.iter().enumerate() {
         if v.numel() > 1 && v.shape.iter().zip(&v.strides).any(|(&n, &s)| n > 1 && s == 0) {
             return Err(BackendError::invalid(format!(
@@ -96,41 +96,10 @@ fn check_disjoint(inputs: &[View], outputs: &[View]) -> Result<()> {
             )));
         }
     }
-    for (is_out, list) in [(false, inputs), (true, outputs)] {
-        for (i, v) in list.iter().enumerate() {
-            if let Some((start, end)) = v.address_range() {
-                spans.push((start, end, is_out, i));
-            }
-        }
-    }
-    spans.sort_unstable();
-    // Sweep by start: a span overlaps an earlier one iff it starts before that one's end, so
-    // the largest end so far (over outputs, and over everything) decides.
-    let (mut end_out, mut end_all) = ((0usize, 0usize), (0usize, 0usize, false));
-    let name = |is_out: bool| if is_out { "output" } else { "grad" };
-    for &(start, end, is_out, i) in &spans {
-        let clash = if start < end_out.0 {
-            Some((true, end_out.1))
-        } else if is_out && start < end_all.0 {
-            Some((end_all.2, end_all.1))
-        } else {
-            None
-        };
-        if let Some((other_out, j)) = clash {
-            return Err(BackendError::invalid(format!(
-                "adamw: {} {i} overlaps {} {j} (outputs are updated in place and must be disjoint)",
-                name(is_out),
-                name(other_out)
-            )));
-        }
-        if is_out && end > end_out.0 {
-            end_out = (end, i);
-        }
-        if end > end_all.0 {
-            end_all = (end, i, is_out);
-        }
-    }
-    Ok(())
+    let extents = |list: &[View]| -> Vec<Option<Extent>> {
+        list.iter().map(|v| v.address_range().map(|(s, e)| (0, s, e))).collect()
+    };
+    expect_disjoint_updates(op, "grad", &extents(inputs), &extents(outputs))
 }
 
 fn update<P: Float, M: Float>(op: &Op, h: &Hyper, g: &View, p: &View, m: &View, v: &View) -> Result<()> {

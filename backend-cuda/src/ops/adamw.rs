@@ -8,6 +8,7 @@
 
 use crate::device::CudaDevice;
 use crate::kernels::{set_geometry, Args, Operand};
+use genesis_backend_api::sdk::{expect_disjoint_updates, Extent};
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
@@ -98,7 +99,7 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
         }
         groups.push([g, p, m, v]);
     }
-    check_disjoint(inputs, outputs)?;
+    check_disjoint(op, inputs, outputs)?;
     // Bias corrections in f64: early on, 1 - β2^step is a small difference of numbers near 1,
     // which f32 would get wrong in the third digit.
     let bc1 = 1.0 - beta1.powf(step as f64);
@@ -148,12 +149,8 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
     Ok(())
 }
 
-/// Outputs are updated in place: none may share a byte with another output or with a grad
-/// (grads may overlap each other; they are only read). A sweep over the views' byte extents
-/// sorted by start, so a step over hundreds of tensors costs microseconds, not the quadratic
-/// pairwise check the other families use.
-fn check_disjoint(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-    let mut spans: Vec<(u64, usize, usize, bool, usize)> = Vec::with_capacity(inputs.len() + outputs.len());
+/// Outputs are updated in place: none may share a byte with another output or with a grad.
+fn check_disjoint(op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     for (i, v) in outputs.iter().enumerate() {
         if v.numel() > 1 && v.shape().iter().zip(v.strides()).any(|(&n, s)| n > 1 && s == 0) {
             return Err(BackendError::invalid(format!(
@@ -161,44 +158,8 @@ fn check_disjoint(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
             )));
         }
     }
-    for (is_out, list) in [(false, inputs), (true, outputs)] {
-        for (i, v) in list.iter().enumerate() {
-            if let Some((start, end)) = v.byte_extent()? {
-                spans.push((v.buffer.0, start, end, is_out, i));
-            }
-        }
-    }
-    spans.sort_unstable();
-    let name = |is_out: bool| if is_out { "output" } else { "grad" };
-    // Per buffer, by start: a span overlaps an earlier one iff it starts before that one's
-    // end, so the largest end so far (over outputs, and over everything) decides.
-    let mut buffer = None;
-    let (mut end_out, mut end_all) = ((0usize, 0usize), (0usize, 0usize, false));
-    for &(buf, start, end, is_out, i) in &spans {
-        if buffer != Some(buf) {
-            buffer = Some(buf);
-            (end_out, end_all) = ((0, 0), (0, 0, false));
-        }
-        let clash = if start < end_out.0 {
-            Some((true, end_out.1))
-        } else if is_out && start < end_all.0 {
-            Some((end_all.2, end_all.1))
-        } else {
-            None
-        };
-        if let Some((other_out, j)) = clash {
-            return Err(BackendError::invalid(format!(
-                "adamw: {} {i} overlaps {} {j} (outputs are updated in place and must be disjoint)",
-                name(is_out),
-                name(other_out)
-            )));
-        }
-        if is_out && end > end_out.0 {
-            end_out = (end, i);
-        }
-        if end > end_all.0 {
-            end_all = (end, i, is_out);
-        }
-    }
-    Ok(())
+    let extents = |list: &[TensorDesc]| -> Result<Vec<Option<Extent>>> {
+        list.iter().map(|v| Ok(v.byte_extent()?.map(|(s, e)| (v.buffer.0, s, e)))).collect()
+    };
+    expect_disjoint_updates(op, "grad", &extents(inputs)?, &extents(outputs)?)
 }
