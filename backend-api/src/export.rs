@@ -10,7 +10,7 @@ use crate::error::{BackendError, ErrorKind, RawError, Result};
 use crate::info::{MemoryStats, RawBackendInfo, RawDeviceProperties, RawProbe};
 use crate::op::{Capability, CollectiveOp, Op, RawOp};
 use crate::tensor::{BufferId, TensorDesc};
-use crate::traits::{Backend, CollectiveArg, Device};
+use crate::traits::{Backend, CollectiveArg, Device, Rank};
 use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::std_types::{RErr, ROk, RSlice, RSliceMut, RVec};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -174,7 +174,21 @@ extern "C" fn collective<E: Exported>(op: u32, args: RSlice<'_, CollectiveArg>) 
     guard("collective", || {
         let op =
             CollectiveOp::from_code(op).ok_or_else(|| BackendError::unsupported(format!("unknown collective {op}")))?;
-        E::instance().backend.collective(op, args.as_slice())
+        let args = args.as_slice();
+        crate::sdk::collective::check(op, args)?;
+        let instance = E::instance();
+        let ranks = args
+            .iter()
+            .map(|arg| {
+                Ok(Rank {
+                    index: instance.index(arg.device)?,
+                    device: instance.device(arg.device)?,
+                    input: arg.input,
+                    output: arg.output,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        instance.backend.collective(op, &ranks)
     })
 }
 
@@ -203,7 +217,7 @@ pub fn module<E: Exported>() -> PluginModuleRef {
 
 // Keep the unused-import lint quiet when the optional tail is compiled out.
 #[cfg(feature = "fixture-api-1-0")]
-const _: Option<(CollectiveOp, CollectiveArg)> = None;
+const _: Option<(CollectiveOp, CollectiveArg, Rank<()>)> = None;
 
 /// Export a backend from a plugin crate.
 ///

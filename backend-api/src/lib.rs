@@ -44,7 +44,7 @@ pub use error::{BackendError, ErrorKind, RawError, Result};
 pub use info::{BackendInfo, DeviceProperties, MemoryStats, Probe, RawBackendInfo, RawDeviceProperties, RawProbe};
 pub use op::{BinaryOp, Capability, CollectiveOp, Op, OpAttrs, OpKind, RawOp, ReduceOp, UnaryOp, Window2d};
 pub use tensor::{contiguous_strides, BufferId, TensorDesc, MAX_DIMS};
-pub use traits::{Backend, CollectiveArg, Device};
+pub use traits::{Backend, CollectiveArg, Device, Rank};
 
 /// An interface version, `major.minor`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

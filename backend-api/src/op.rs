@@ -190,11 +190,23 @@ pub enum CollectiveOp {
 }
 
 impl CollectiveOp {
+    /// Every collective of this interface version, in wire-code order.
+    pub const ALL: [CollectiveOp; 4] =
+        [CollectiveOp::AllReduceSum, CollectiveOp::Broadcast, CollectiveOp::AllGather, CollectiveOp::ReduceScatterSum];
+
     /// The op for a wire code.
     pub fn from_code(code: u32) -> Option<CollectiveOp> {
-        [CollectiveOp::AllReduceSum, CollectiveOp::Broadcast, CollectiveOp::AllGather, CollectiveOp::ReduceScatterSum]
-            .get(code as usize)
-            .copied()
+        Self::ALL.get(code as usize).copied()
+    }
+
+    /// The name in messages and reports (`"all_reduce_sum"`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            CollectiveOp::AllReduceSum => "all_reduce_sum",
+            CollectiveOp::Broadcast => "broadcast",
+            CollectiveOp::AllGather => "all_gather",
+            CollectiveOp::ReduceScatterSum => "reduce_scatter_sum",
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! Helpers for backend authors: operand checks and strided iteration, so every backend
 //! validates the same way and kernels stay short.
 
+pub mod collective;
 pub mod philox;
 
 use crate::dtype::DType;

@@ -18,6 +18,18 @@ pub struct CollectiveArg {
     pub output: TensorDesc,
 }
 
+/// One participant of a collective as a backend sees it: its opened device and operands.
+pub struct Rank<'a, D> {
+    /// Device index within the backend.
+    pub index: usize,
+    /// The opened device.
+    pub device: &'a D,
+    /// What this device contributes.
+    pub input: TensorDesc,
+    /// Where this device's result goes.
+    pub output: TensorDesc,
+}
+
 /// A device backend: the entry point of a plugin.
 ///
 /// Constructing it must be cheap and must not touch device drivers; [`Backend::probe`] is
@@ -38,11 +50,15 @@ pub trait Backend: Send + Sync + 'static {
     /// Open device `index` (already checked to be in range). Called once per device.
     fn open_device(&self, index: usize) -> Result<Self::Device>;
 
-    /// Run a collective over `args` (one entry per participating device, in rank order).
-    /// Optional; the default says `Unsupported`.
-    fn collective(&self, op: CollectiveOp, args: &[CollectiveArg]) -> Result<()> {
-        let _ = args;
-        Err(BackendError::unsupported(format!("collective {op:?} is not implemented by this backend")))
+    /// Run a collective over `ranks` (one per participating device, in rank order). The
+    /// export layer has already checked them against the rules of [`crate::sdk::collective`]
+    /// (distinct devices, one dtype, contiguous, shapes that fit the op) and opened their
+    /// devices.
+    ///
+    /// Optional: the default, [`crate::sdk::collective::staged`], copies through the host.
+    /// Work may be queued asynchronously on each device, like [`Device::execute`].
+    fn collective(&self, op: CollectiveOp, ranks: &[Rank<'_, Self::Device>]) -> Result<()> {
+        crate::sdk::collective::staged(op, ranks)
     }
 }
 

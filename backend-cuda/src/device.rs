@@ -327,15 +327,23 @@ impl CudaDevice {
     /// Note an issued op; with `GENESIS_CUDA_SYNC=1`, also wait for it.
     fn issued(&self, op: &Op, inputs: &[TensorDesc]) -> Result<()> {
         let dtype = inputs.first().and_then(|d| d.dtype().ok()).map_or(String::new(), |d| format!(" ({d})"));
+        self.note_issued(format!("{}{dtype}", op.name()))
+    }
+
+    /// Note work queued on the stream by `what` (named in a later error); with
+    /// `GENESIS_CUDA_SYNC=1`, also wait for it.
+    pub fn note_issued(&self, what: String) -> Result<()> {
+        let after = self.sync_each_op.then(|| format!("after {what}"));
         {
             let mut pending = Self::lock(&self.pending);
             if pending.len() == PENDING_KEPT {
                 pending.pop_front();
             }
-            pending.push_back(format!("{}{dtype}", op.name()));
+            pending.push_back(what);
         }
-        if self.sync_each_op {
-            self.wait(&format!("after {}", op.name()))?;
+        if let Some(when) = after {
+            self.bind()?;
+            self.wait(&when)?;
         }
         Ok(())
     }

@@ -1,11 +1,11 @@
 //! # genesis-backend-cuda
 //!
 //! The CUDA backend of Genesis: NVIDIA GPUs through the CUDA driver API, kernels compiled by
-//! NVRTC and matrix products through cuBLAS, all opened at run time.
+//! NVRTC, matrix products through cuBLAS and collectives through NCCL, all opened at run time.
 //!
 //! Layout: [`allocator`] (the stream-ordered caching allocator), `device` (one opened GPU:
 //! stream, memory, modules, launches, error reporting), `nvrtc` (compilation and the disk
-//! cache of kernels), `blas` (cuBLAS), `libs` (finding the CUDA libraries), `kernels` (the
+//! cache of kernels), `blas` (cuBLAS), `nccl` (collectives), `libs` (finding the CUDA libraries), `kernels` (the
 //! CUDA C sources and their argument block) and `ops` (operand checks and dispatch per op
 //! family). [`Device::capabilities`] lists exactly the (op, dtype) pairs `ops` runs; the
 //! rest of the interface is refused with `Unsupported`.
@@ -19,6 +19,7 @@ mod blas;
 mod device;
 mod kernels;
 mod libs;
+mod nccl;
 mod nvrtc;
 mod ops;
 
@@ -26,7 +27,7 @@ pub use device::CudaDevice;
 
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 use genesis_backend_api::{
-    export_backend, Backend, BackendError, BackendInfo, DeviceProperties, ErrorKind, Probe, Result,
+    export_backend, Backend, BackendError, BackendInfo, CollectiveOp, DeviceProperties, ErrorKind, Probe, Rank, Result,
 };
 use libloading::Library;
 use std::any::Any;
@@ -44,6 +45,8 @@ const DRIVER_LIBRARY: &str = if cfg!(windows) { "nvcuda.dll" } else { "libcuda.s
 pub struct CudaBackend {
     /// The probe, run on first use: the driver's answer does not change while the process lives.
     driver: OnceLock<Driver>,
+    /// NCCL, opened on the first collective.
+    nccl: OnceLock<Result<nccl::Nccl>>,
 }
 
 /// What probing found.
@@ -58,7 +61,7 @@ struct Driver {
 impl CudaBackend {
     /// A backend that has not touched the driver yet; [`Backend::probe`] does that.
     pub fn new() -> Self {
-        CudaBackend { driver: OnceLock::new() }
+        CudaBackend { driver: OnceLock::new(), nccl: OnceLock::new() }
     }
 
     fn driver(&self) -> &Driver {
@@ -99,7 +102,7 @@ impl Backend for CudaBackend {
             name: "cuda".into(),
             vendor: "Genesis".into(),
             version: env!("CARGO_PKG_VERSION").into(),
-            description: "NVIDIA GPUs through the CUDA driver API, NVRTC and cuBLAS".into(),
+            description: "NVIDIA GPUs through the CUDA driver API, NVRTC, cuBLAS and NCCL".into(),
         }
     }
 
@@ -138,6 +141,12 @@ impl Backend for CudaBackend {
         let context = driver_call("retaining the primary context", || CudaContext::new(index))
             .map_err(|e| BackendError::new(ErrorKind::DeviceUnavailable, format!("opening cuda:{index}: {e}")))?;
         CudaDevice::open(context)
+    }
+
+    /// Through NCCL: device to device over NVLink/PCIe, never through the host.
+    fn collective(&self, op: CollectiveOp, ranks: &[Rank<'_, CudaDevice>]) -> Result<()> {
+        let nccl = self.nccl.get_or_init(nccl::Nccl::open).as_ref().map_err(Clone::clone)?;
+        nccl.run(op, ranks)
     }
 }
 

@@ -60,8 +60,14 @@ pub fn open(base: &str, subdir: &str) -> Result<Found> {
     } else {
         vec![format!("lib{base}.so.13"), format!("lib{base}.so.12"), format!("lib{base}.so")]
     };
+    open_named(base, &names, subdir)
+}
+
+/// Open the first of `names` found on the loader's path or in the search directories; a
+/// failure lists every place searched.
+pub fn open_named(base: &str, names: &[String], subdir: &str) -> Result<Found> {
     let mut tried = Vec::new();
-    for name in &names {
+    for name in names {
         // SAFETY: loading a CUDA library runs its initializers, as any CUDA program does.
         if let Ok(library) = unsafe { Library::new(name) } {
             return Ok(Found { library, path: name.clone() });
@@ -69,7 +75,7 @@ pub fn open(base: &str, subdir: &str) -> Result<Found> {
     }
     tried.push("the system library path".to_string());
     for dir in search_dirs(subdir) {
-        for name in &names {
+        for name in names {
             let path = dir.join(name);
             if path.exists() {
                 // SAFETY: as above.
@@ -88,7 +94,7 @@ pub fn open(base: &str, subdir: &str) -> Result<Found> {
         ErrorKind::DeviceUnavailable,
         format!(
             "cuda: {} not found (looked for {} in {}; set GENESIS_CUDA_LIB_DIR to its directory)",
-            names[0],
+            names.first().map_or("the library", String::as_str),
             names.join(", "),
             tried.join(", ")
         ),

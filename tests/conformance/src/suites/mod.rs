@@ -3,6 +3,7 @@
 
 mod accounting;
 mod backward;
+mod collective;
 mod conv;
 mod data;
 mod elementwise;
@@ -32,6 +33,7 @@ pub const SUITES: &[&str] = &[
     "nn",
     "backward",
     "rng",
+    "collective",
     "errors",
     "accounting",
     "threads",
@@ -49,6 +51,7 @@ pub fn all_cases(target: &Target) -> Vec<Case> {
     cases.extend(conv::cases(target));
     cases.extend(backward::cases(target));
     cases.extend(rng::cases(target));
+    cases.extend(collective::cases(target));
     cases.extend(errors::cases(target));
     cases.extend(accounting::cases(target));
     cases.extend(threads::cases(target));
