@@ -3,6 +3,7 @@
 
 pub mod collective;
 pub mod philox;
+pub mod window;
 
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};

@@ -3,8 +3,8 @@
 //!
 //! Every dtype runs the matrix products in its compute type: f32 for f16 and bf16 (their
 //! im2col buffers are widened while being gathered, so this costs nothing extra, and it is
-//! what keeps the accumulation in f32), f64 for f64. This file also defines the window
-//! geometry ([`Axis`]) that pooling shares.
+//! what keeps the accumulation in f32), f64 for f64. The window geometry is the SDK's
+//! [`Axis`], shared with pooling and the other backends.
 
 use super::softmax::{
     dense, dims, expect_dtype, expect_shape, float_claims, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS,
@@ -12,6 +12,7 @@ use super::softmax::{
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
 use gemm::Parallelism;
+use genesis_backend_api::sdk::window::Axis;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, Window2d};
 use rayon::prelude::*;
 
@@ -22,92 +23,6 @@ fn claims() -> Vec<(OpKind, DType)> {
         Op::Conv2dBackwardInput { window, groups },
         Op::Conv2dBackwardWeight { window, groups },
     ])
-}
-
-/// One spatial axis of a sliding window: input length, taps, and the output length from
-/// `out = (in + 2p - d(k-1) - 1)/s + 1`.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Axis {
-    /// Input length.
-    pub input: usize,
-    /// Number of taps.
-    pub kernel: usize,
-    /// Output length.
-    pub output: usize,
-    stride: i64,
-    pad: i64,
-    dilation: i64,
-}
-
-impl Axis {
-    /// Validate one axis of a window. `name` is "height" or "width" for messages.
-    pub(super) fn new(
-        op: &Op,
-        name: &str,
-        input: usize,
-        kernel: i64,
-        stride: i64,
-        pad: i64,
-        dilation: i64,
-    ) -> Result<Axis> {
-        let bad = |what: &str, v: i64| {
-            Err(BackendError::invalid(format!(
-                "{}: {name} {what} must be {}, got {v}",
-                op.name(),
-                match what {
-                    "padding" => ">= 0",
-                    _ => ">= 1",
-                }
-            )))
-        };
-        if kernel < 1 {
-            return bad("kernel size", kernel);
-        }
-        if stride < 1 {
-            return bad("stride", stride);
-        }
-        if pad < 0 {
-            return bad("padding", pad);
-        }
-        if dilation < 1 {
-            return bad("dilation", dilation);
-        }
-        // i128: every term fits, so hostile attributes cannot overflow here.
-        let span = dilation as i128 * (kernel as i128 - 1) + 1;
-        let room = input as i128 + 2 * pad as i128 - span;
-        if room < 0 {
-            return Err(BackendError::invalid(format!(
-                "{}: the {name} window spans {span} positions but the padded input has {}",
-                op.name(),
-                input as i128 + 2 * pad as i128
-            )));
-        }
-        let output = room / stride as i128 + 1;
-        // Tap coordinates `o*s + k*d - p` are computed in i64 by the kernels; this bound (with
-        // p >= 0) keeps every one of them in range.
-        let reach = (output - 1) * stride as i128 + span;
-        if reach > i64::MAX as i128 || output > isize::MAX as i128 {
-            return Err(BackendError::invalid(format!("{}: the {name} window geometry overflows", op.name())));
-        }
-        Ok(Axis { input, kernel: kernel as usize, output: output as usize, stride, pad, dilation })
-    }
-
-    /// Step between windows.
-    pub(super) fn stride(&self) -> usize {
-        self.stride as usize
-    }
-
-    /// Padding on each side.
-    pub(super) fn pad(&self) -> usize {
-        self.pad as usize
-    }
-
-    /// The input coordinate of tap `k` of output position `o`, `None` in the padding.
-    #[inline]
-    pub(super) fn tap(&self, o: usize, k: usize) -> Option<usize> {
-        let x = o as i64 * self.stride + k as i64 * self.dilation - self.pad;
-        (x >= 0 && (x as usize) < self.input).then_some(x as usize)
-    }
 }
 
 /// The geometry of one convolution.

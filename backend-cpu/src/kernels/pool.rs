@@ -1,11 +1,11 @@
 //! 2-D max and average pooling and their backward ops, one (batch, channel) plane per task.
 
-use super::conv::Axis;
 use super::softmax::{
     dense, dims, expect_dtype, expect_shape, float_claims, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS,
 };
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
+use genesis_backend_api::sdk::window::Axis;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, Window2d};
 use rayon::prelude::*;
 
@@ -198,8 +198,8 @@ fn max_pool_backward<T: Float>(op: &Op, g: &Geom, dy: &View, idx: &View, dx: &Vi
 /// to the padded input, as in PyTorch. With floor-mode output sizes no window leaves the padded
 /// input, so this is the kernel area; the clipping keeps the formula honest anyway.
 fn divisor(axis: &Axis, o: usize) -> usize {
-    let start = o.saturating_mul(axis.stride());
-    let end = start.saturating_add(axis.kernel).min(axis.input.saturating_add(axis.pad().saturating_mul(2)));
+    let start = o.saturating_mul(axis.stride as usize);
+    let end = start.saturating_add(axis.kernel).min(axis.input.saturating_add((axis.pad as usize).saturating_mul(2)));
     end.saturating_sub(start)
 }
 

@@ -1,7 +1,7 @@
 //! 2-D convolution (stride, zero padding, dilation, groups, optional bias) and its two backward
 //! ops: im2col / col2im kernels (`kernels/conv.cu`) around cuBLAS strided-batched products,
-//! one product per chunk of samples with the groups as its batch. Also the window geometry
-//! ([`Axis`]) and argument block ([`ConvArgs`]) that pooling shares.
+//! one product per chunk of samples with the groups as its batch. Also the argument block
+//! ([`ConvArgs`]) that pooling shares; the window geometry is the SDK's [`Axis`].
 //!
 //! Dtype rules are the CPU backend's: products read T and accumulate in the compute type (f32
 //! for f16/bf16 — cuBLAS writes an f32 C — f64 for f64); every result is rounded to T once,
@@ -13,6 +13,7 @@ use super::checks::{compute_dtype, dims, expect_dtype, expect_shape, grid, launc
 use crate::blas::{compute, data_type, Blas, Gemm};
 use crate::device::CudaDevice;
 use crate::kernels::Operand;
+use genesis_backend_api::sdk::window::Axis;
 use genesis_backend_api::{contiguous_strides, BackendError, DType, Op, OpKind, Result, TensorDesc, Window2d};
 
 const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
@@ -30,70 +31,6 @@ pub fn claims() -> Vec<(OpKind, DType)> {
         Op::Conv2dBackwardWeight { window, groups },
     ];
     ops.iter().flat_map(|op| DTYPES.iter().map(move |&d| (op.kind(), d))).collect()
-}
-
-/// One spatial axis of a sliding window: input length, taps, output length from
-/// `out = (in + 2p - d(k-1) - 1)/s + 1`, and the window attributes.
-#[derive(Debug, Clone, Copy)]
-pub struct Axis {
-    /// Input length.
-    pub input: usize,
-    /// Number of taps.
-    pub kernel: usize,
-    /// Output length.
-    pub output: usize,
-    /// Step between windows.
-    pub stride: i64,
-    /// Padding on each side.
-    pub pad: i64,
-    /// Spacing between taps.
-    pub dilation: i64,
-}
-
-impl Axis {
-    /// Validate one axis of a window, with the CPU backend's errors. `name` is "height" or
-    /// "width" for messages.
-    pub fn new(op: &Op, name: &str, input: usize, kernel: i64, stride: i64, pad: i64, dilation: i64) -> Result<Axis> {
-        let bad = |what: &str, v: i64| {
-            let bound = if what == "padding" { ">= 0" } else { ">= 1" };
-            Err(BackendError::invalid(format!("{}: {name} {what} must be {bound}, got {v}", op.name())))
-        };
-        if kernel < 1 {
-            return bad("kernel size", kernel);
-        }
-        if stride < 1 {
-            return bad("stride", stride);
-        }
-        if pad < 0 {
-            return bad("padding", pad);
-        }
-        if dilation < 1 {
-            return bad("dilation", dilation);
-        }
-        // i128: every term fits, so hostile attributes cannot overflow here.
-        let span = dilation as i128 * (kernel as i128 - 1) + 1;
-        let room = input as i128 + 2 * pad as i128 - span;
-        if room < 0 {
-            return Err(BackendError::invalid(format!(
-                "{}: the {name} window spans {span} positions but the padded input has {}",
-                op.name(),
-                input as i128 + 2 * pad as i128
-            )));
-        }
-        let output = room / stride as i128 + 1;
-        // The kernels compute tap coordinates `o*s + k*d - p` in i64.
-        let reach = (output - 1) * stride as i128 + span;
-        if reach > i64::MAX as i128 || output > isize::MAX as i128 {
-            return Err(BackendError::invalid(format!("{}: the {name} window geometry overflows", op.name())));
-        }
-        Ok(Axis { input, kernel: kernel as usize, output: output as usize, stride, pad, dilation })
-    }
-
-    /// The input coordinate of tap `k` of output `o`, `None` in the padding.
-    pub fn tap(&self, o: usize, k: usize) -> Option<usize> {
-        let x = o as i64 * self.stride + k as i64 * self.dilation - self.pad;
-        (x >= 0 && (x as usize) < self.input).then_some(x as usize)
-    }
 }
 
 /// Mirror of `struct ConvArgs` in conv.cu.
@@ -570,18 +507,5 @@ mod tests {
     fn the_argument_block_has_the_c_layout() {
         // 4 pointers, 3x4 strides, n0 and nc, 9 sizes, 6 window attributes: no padding.
         assert_eq!(std::mem::size_of::<ConvArgs>(), 8 * 4 + 8 * 12 + 8 * 2 + 8 * 9 + 8 * 6);
-    }
-
-    #[test]
-    fn axes_follow_the_output_size_formula() {
-        let op = Op::Conv2d { window: Window2d::default(), groups: 1 };
-        // (9 + 0 - 2*(2-1) - 1)/2 + 1 = 4
-        let a = Axis::new(&op, "height", 9, 2, 2, 0, 2).unwrap();
-        assert_eq!(a.output, 4);
-        assert_eq!(a.tap(3, 1), Some(8));
-        let p = Axis::new(&op, "width", 6, 3, 2, 1, 1).unwrap();
-        assert_eq!((p.output, p.tap(0, 0), p.tap(0, 1)), (3, None, Some(0)));
-        assert!(Axis::new(&op, "height", 2, 5, 1, 0, 1).is_err());
-        assert!(Axis::new(&op, "height", 2, 1, 0, 0, 1).is_err());
     }
 }

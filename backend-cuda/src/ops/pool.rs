@@ -3,9 +3,10 @@
 //! the CPU backend's checks. Every operand is used through its strides.
 
 use super::checks::{dims, expect_dtype, expect_shape};
-use super::conv::{launch, strides, Axis, ConvArgs};
+use super::conv::{launch, strides, ConvArgs};
 use crate::device::CudaDevice;
 use crate::kernels::Operand;
+use genesis_backend_api::sdk::window::Axis;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc, Window2d};
 
 const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
