@@ -259,6 +259,51 @@ template <int OP> struct Bin {
     };
 PRED(8) PRED(9) PRED(10) PRED(11) PRED(12) PRED(13) PRED(14) PRED(15)
 
+// Binary ops over a dense output of rows of N = u[0] elements where each input is dense (mode
+// 0: element i), a broadcast row (1: i % N), a broadcast column (2: i / N) or a scalar (3:
+// element 0); the modes of x and z are flag bits 2-3 and 4-5. With packs (flag bit 1, set
+// when N is a multiple of VW and the dense and row operands are aligned) a pack never
+// straddles two rows, so one division per pack serves all its elements. I is u32 when the
+// index space fits with room for the grid stride, where division is several times cheaper.
+template <class I> __device__ __forceinline__ I bcast_at(int mode, I i, I q, I r) {
+    return mode == 0 ? i : mode == 1 ? r : mode == 2 ? q : (I)0;
+}
+template <int V, class I> __device__ __forceinline__ Pack<T, V> bcast_pack(const T* p, int mode, I i, I q, I r) {
+    if (mode <= 1) return *(const Pack<T, V>*)(p + bcast_at(mode, i, q, r));
+    Pack<T, V> v;
+    const T e = p[bcast_at(mode, i, q, r)];
+#pragma unroll
+    for (int k = 0; k < V; ++k) v.v[k] = e;
+    return v;
+}
+template <int OP, class I> __device__ __forceinline__ void binary_bcast(const Args& a) {
+    typedef typename Bin<OP>::Out O;
+    const T* x = (const T*)a.p[0];
+    const T* z = (const T*)a.p[1];
+    O* y = (O*)a.p[2];
+    const int mx = (a.flag >> 2) & 3, mz = (a.flag >> 4) & 3;
+    const bool divide = mx == 1 || mx == 2 || mz == 1 || mz == 2;
+    const I N = (I)a.u[0], n = (I)a.n;
+    I done = 0;
+    if (a.flag & 2) {
+        const I packs = n / (I)VW;
+        for (I j = (I)gtid(); j < packs; j += (I)gstride()) {
+            const I i = j * (I)VW;
+            const I q = divide ? i / N : (I)0, r = i - q * N;
+            Pack<T, VW> p = bcast_pack<VW>(x, mx, i, q, r), w = bcast_pack<VW>(z, mz, i, q, r);
+            Pack<O, VW> o;
+#pragma unroll
+            for (int k = 0; k < (int)VW; ++k) o.v[k] = Bin<OP>::f(p.v[k], w.v[k]);
+            *(Pack<O, VW>*)(y + i) = o;
+        }
+        done = packs * (I)VW;
+    }
+    for (I i = done + (I)gtid(); i < n; i += (I)gstride()) {
+        const I q = divide ? i / N : (I)0, r = i - q * N;
+        y[i] = Bin<OP>::f(x[bcast_at(mx, i, q, r)], z[bcast_at(mz, i, q, r)]);
+    }
+}
+
 #define BINARY(NAME, OP)                                                                               \
     extern "C" __global__ void binary_##NAME##_c(const Args a) {                                       \
         typedef typename Bin<OP>::Out O;                                                               \
@@ -280,6 +325,9 @@ PRED(8) PRED(9) PRED(10) PRED(11) PRED(12) PRED(13) PRED(14) PRED(15)
             offsets<3>(a, i, o);                                                                       \
             ((O*)a.p[2])[o[2]] = Bin<OP>::f(((const T*)a.p[0])[o[0]], ((const T*)a.p[1])[o[1]]);       \
         }                                                                                              \
+    }                                                                                                  \
+    extern "C" __global__ void binary_##NAME##_b(const Args a) {                                       \
+        if (a.n < (1ull << 31)) binary_bcast<OP, u32>(a); else binary_bcast<OP, u64>(a);              \
     }                                                                                                  \
     template <bool FIRST> __device__ __forceinline__ typename Bin<OP>::Out scalar_##NAME(T v, T s) {   \
         return FIRST ? Bin<OP>::f(s, v) : Bin<OP>::f(v, s);                                            \

@@ -135,3 +135,246 @@ extern "C" __global__ void reduce_max(const Args a) { SMEM; extreme<true, false>
 extern "C" __global__ void reduce_min(const Args a) { SMEM; extreme<false, false>(a, smem); }
 extern "C" __global__ void reduce_argmax(const Args a) { SMEM; extreme<true, true>(a, smem); }
 extern "C" __global__ void reduce_argmin(const Args a) { SMEM; extreme<false, true>(a, smem); }
+
+// ---- fast paths ----------------------------------------------------------------------------
+//
+// The same reductions as above for the two layouts that dominate in practice, without
+// per-element index arithmetic: a contiguous innermost reduced axis (rows) and a reduced
+// outer axis with a contiguous innermost kept axis (columns). Each op is a policy class with
+// a partial state S: `add` folds one element (positions increase per thread), `merge` joins
+// two states of any split of the work and is symmetric, so the butterfly shuffles below give
+// every lane the same bits. Long reductions are cut into parts whose states go to a scratch
+// array [part][output]; `reduce_finish_*` folds them in part order, so results do not
+// depend on timing.
+
+// Shuffles for the state members (u8 states travel as int).
+__device__ __forceinline__ float shfl_x(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+__device__ __forceinline__ double shfl_x(double v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+__device__ __forceinline__ int shfl_x(int v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+__device__ __forceinline__ i64 shfl_x(i64 v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+__device__ __forceinline__ u8 shfl_x(u8 v, int m) { return (u8)__shfl_xor_sync(0xffffffffu, (int)v, m); }
+
+template <int MODE> struct SumR {
+    typedef Acc S;
+    static __device__ __forceinline__ S init() { return MODE == 2 ? (Acc)1 : (Acc)0; }
+    static __device__ __forceinline__ void add(S& s, T v, u64) { s = acc_op<MODE>(s, (Acc)TT::load(v)); }
+    static __device__ __forceinline__ S merge(S a, S b) { return acc_op<MODE>(a, b); }
+    static __device__ __forceinline__ S shfl(S s, int m) { return shfl_x(s, m); }
+    static __device__ __forceinline__ void write(char* y, i64 off, S s, u64 n_red) {
+        Acc r = s;
+#if IS_FLOAT
+        if (MODE == 1) r = r / (Acc)n_red;
+#endif
+        ((T*)y)[off] = TT::store((RC)r);
+    }
+};
+
+// i < 0: no element seen yet.
+struct ExtS {
+    RC v;
+    i64 i;
+};
+template <bool MAX, bool ARG> struct ExtR {
+    typedef ExtS S;
+    static __device__ __forceinline__ S init() {
+        S s;
+        s.v = (RC)0;
+        s.i = -1;
+        return s;
+    }
+    static __device__ __forceinline__ void add(S& s, T x, u64 j) {
+        RC v = TT::load(x);
+        if (s.i < 0 || better<MAX>(v, s.v)) {
+            s.v = v;
+            s.i = (i64)j;
+        }
+    }
+    // The earlier position wins unless the later value is strictly better (the rule of
+    // `extreme` above); both orders of the arguments give the same state.
+    static __device__ __forceinline__ S merge(S a, S b) {
+        if (b.i >= 0 && (a.i < 0 || (b.i < a.i ? !better<MAX>(a.v, b.v) : better<MAX>(b.v, a.v)))) return b;
+        return a;
+    }
+    static __device__ __forceinline__ S shfl(S s, int m) {
+        S r;
+        r.v = shfl_x(s.v, m);
+        r.i = shfl_x(s.i, m);
+        return r;
+    }
+    static __device__ __forceinline__ void write(char* y, i64 off, S s, u64) {
+        if (ARG) ((i64*)y)[off] = s.i < 0 ? 0 : s.i;
+        else ((T*)y)[off] = TT::store(s.v);
+    }
+};
+
+// Join the states of a warp, or of the whole block when `block` (which the whole block must
+// then enter, with smem for blockDim.x / 32 states); every thread of the group gets the result.
+template <class R> __device__ __forceinline__ typename R::S group_merge(typename R::S s, bool block, unsigned char* smem) {
+    typedef typename R::S S;
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) s = R::merge(s, R::shfl(s, m));
+    if (block) {
+        S* part = (S*)smem;
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+        if (lane == 0) part[warp] = s;
+        __syncthreads();
+        s = lane < warps ? part[lane] : R::init();
+        for (int m = 16; m > 0; m >>= 1) s = R::merge(s, R::shfl(s, m));
+        __syncthreads();
+    }
+    return s;
+}
+
+// Rows: the reduced axis is contiguous, u[0] = its length L. Kept dims in shape[0..ndim) with
+// input strides st[0] and output strides st[1]; n = rows. Each row is cut into u[1] parts
+// (whole 16-element multiples) and each (row, part) is folded by a group of G threads (a warp,
+// or the block when flag bit 0 is set): the unaligned head one element per thread, then
+// 16-byte packs, then the tail. G is a run-time value: one instantiation per op keeps the
+// module's NVRTC compile short.
+template <class R> __device__ void rows(const Args& a, unsigned char* smem) {
+    typedef typename R::S S;
+    const bool block = a.flag & 1;
+    const u32 G = block ? blockDim.x : 32;
+    const u64 L = a.u[0], parts = a.u[1];
+    const u64 chunk = ((L + parts - 1) / parts + 15) / 16 * 16;
+    const u64 units = a.n * parts;
+    const u32 lane = block ? threadIdx.x : threadIdx.x % 32;
+    const u64 first = block ? blockIdx.x : gtid() / 32, step = block ? gridDim.x : gstride() / 32;
+    for (u64 w = first; w < units; w += step) {
+        const u64 row = w / parts, part = w - row * parts;
+        const u64 s0 = part * chunk, s1 = s0 + chunk < L ? s0 + chunk : L;
+        S s = R::init();
+        if (s0 < s1) {
+            const T* p = (const T*)a.p[0] + offset_in(a.shape, a.st[0], a.ndim, row) + s0;
+            const u64 len = s1 - s0;
+            u64 h = ((16 - ((u64)p & 15)) & 15) / sizeof(T);
+            if (h > len) h = len;
+            if (lane < h) R::add(s, p[lane], s0 + lane);
+            const Pack<T, VW>* q = (const Pack<T, VW>*)(p + h);
+            const u64 nv = (len - h) / VW, j0 = s0 + h;
+            u64 k = lane;
+            // Four packs in flight per thread before any is folded.
+            for (; k + 3 * G < nv; k += 4 * G) {
+                Pack<T, VW> v[4];
+#pragma unroll
+                for (int r = 0; r < 4; ++r) v[r] = q[k + r * G];
+#pragma unroll
+                for (int r = 0; r < 4; ++r)
+#pragma unroll
+                    for (int e = 0; e < (int)VW; ++e) R::add(s, v[r].v[e], j0 + (k + r * G) * VW + e);
+            }
+            for (; k < nv; k += G) {
+                Pack<T, VW> v = q[k];
+#pragma unroll
+                for (int e = 0; e < (int)VW; ++e) R::add(s, v.v[e], j0 + k * VW + e);
+            }
+            for (u64 t = h + nv * VW + lane; t < len; t += G) R::add(s, p[t], s0 + t);
+        }
+        s = group_merge<R>(s, block, smem);
+        if (lane == 0) {
+            if (parts == 1) R::write(a.p[1], offset_in(a.shape, a.st[1], a.ndim, row), s, L);
+            else ((S*)a.p[2])[part * a.n + row] = s;
+        }
+    }
+}
+
+// Columns: the last kept dim (I = shape[ndim-1]) has input stride 1; one reduced axis of
+// length u[0] and input stride st[2][0]. A block is TX x TY threads (TX = 1 << (flag >> 8)):
+// TX threads side by side along I, V elements each (coalesced), TY threads interleaved over
+// the reduced positions of this block's part (blockIdx.y of u[1]), joined in shared memory.
+template <class R, int V> __device__ void cols(const Args& a, unsigned char* smem) {
+    typedef typename R::S S;
+    const int txb = a.flag >> 8, TX = 1 << txb, TY = blockDim.x >> txb;
+    const int tx = threadIdx.x & (TX - 1), ty = threadIdx.x >> txb;
+    const u64 I = (u64)a.shape[a.ndim - 1], outer = a.n / I;
+    const u64 ivec = (I + V - 1) / V, tiles = (ivec + TX - 1) / TX;
+    const u64 Rn = a.u[0], parts = a.u[1], chunk = (Rn + parts - 1) / parts;
+    const u64 j0 = blockIdx.y * chunk, j1 = j0 + chunk < Rn ? j0 + chunk : Rn;
+    const i64 rs = a.st[2][0];
+    S* sh = (S*)smem;
+    for (u64 b = blockIdx.x; b < outer * tiles; b += gridDim.x) {
+        const u64 o = b / tiles, iv = (b - o * tiles) * TX + tx;
+        const bool live = iv < ivec;
+        S s[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) s[e] = R::init();
+        if (live) {
+            const T* p = (const T*)a.p[0] + offset_in(a.shape, a.st[0], a.ndim - 1, o) + iv * V;
+            u64 j = j0 + ty;
+            for (; j + 3 * TY < j1; j += 4 * TY) {
+                Pack<T, V> v[4];
+#pragma unroll
+                for (int r = 0; r < 4; ++r) v[r] = *(const Pack<T, V>*)(p + (i64)(j + r * TY) * rs);
+#pragma unroll
+                for (int r = 0; r < 4; ++r)
+#pragma unroll
+                    for (int e = 0; e < V; ++e) R::add(s[e], v[r].v[e], j + r * TY);
+            }
+            for (; j < j1; j += TY) {
+                Pack<T, V> v = *(const Pack<T, V>*)(p + (i64)j * rs);
+#pragma unroll
+                for (int e = 0; e < V; ++e) R::add(s[e], v.v[e], j);
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+            sh[threadIdx.x] = s[e];
+            __syncthreads();
+            for (int w = TY / 2; w > 0; w >>= 1) {
+                if (ty < w) sh[ty * TX + tx] = R::merge(sh[ty * TX + tx], sh[(ty + w) * TX + tx]);
+                __syncthreads();
+            }
+            // Only thread (0, tx) writes slot tx next round, so no barrier is needed here.
+            if (ty == 0) s[e] = sh[tx];
+        }
+        __syncthreads();
+        if (ty == 0 && live) {
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                const u64 out = o * I + iv * V + e;
+                if (parts == 1) R::write(a.p[1], offset_in(a.shape, a.st[1], a.ndim, out), s[e], Rn);
+                else ((S*)a.p[2])[blockIdx.y * a.n + out] = s[e];
+            }
+        }
+    }
+}
+
+// Fold the u[1] partial states of each output in part order and write it.
+template <class R> __device__ void finish(const Args& a) {
+    typedef typename R::S S;
+    const S* part = (const S*)a.p[2];
+    for (u64 out = gtid(); out < a.n; out += gstride()) {
+        S s = part[out];
+        for (u64 k = 1; k < a.u[1]; ++k) s = R::merge(s, part[k * a.n + out]);
+        R::write(a.p[1], offset_in(a.shape, a.st[1], a.ndim, out), s, a.u[0]);
+    }
+}
+
+typedef SumR<0> RSum;
+typedef SumR<1> RMean;
+typedef SumR<2> RProd;
+typedef ExtR<true, false> RMax;
+typedef ExtR<false, false> RMin;
+typedef ExtR<true, true> RArgMax;
+typedef ExtR<false, true> RArgMin;
+
+// flag bit 0: a block (256 threads) per row part instead of a warp; bit 1: packs of VW.
+#define FAST(NAME, R)                                                                 \
+    extern "C" __global__ void reduce_rows_##NAME(const Args a) {                     \
+        SMEM;                                                                         \
+        rows<R>(a, smem);                                                             \
+    }                                                                                 \
+    extern "C" __global__ void reduce_cols_##NAME(const Args a) {                     \
+        SMEM;                                                                         \
+        if (a.flag & 2) cols<R, (int)VW>(a, smem);                                    \
+        else cols<R, 1>(a, smem);                                                     \
+    }                                                                                 \
+    extern "C" __global__ void reduce_finish_##NAME(const Args a) { finish<R>(a); }
+
+#if !IS_BOOL
+FAST(sum, RSum) FAST(prod, RProd)
+#endif
+#if IS_FLOAT
+FAST(mean, RMean)
+#endif
+FAST(max, RMax) FAST(min, RMin) FAST(argmax, RArgMax) FAST(argmin, RArgMin)

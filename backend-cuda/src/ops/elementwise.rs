@@ -94,6 +94,42 @@ fn launch(
     }
 }
 
+/// Set up the broadcast kernel (`binary_*_b`) for `args` as [`set_geometry`] left it, when
+/// the output is dense and each input is dense, a broadcast row or column of it, or a
+/// scalar: the mode bits and row length, and the pack flag when every operand that is read
+/// in packs is aligned for them. Returns elements per thread, or `None` for other layouts.
+fn broadcast(args: &mut Args, operands: &[&Operand; 3]) -> Option<u64> {
+    // As rows of n_cols: a merged 1-D geometry is a single row.
+    let (n_cols, rank) = match args.ndim {
+        1 => (args.shape[0], 1),
+        2 => (args.shape[1], 2),
+        _ => return None,
+    };
+    let strides = |j: usize| if rank == 1 { (0, args.st[j][0]) } else { (args.st[j][0], args.st[j][1]) };
+    if strides(2) != (if rank == 1 { 0 } else { n_cols }, 1) {
+        return None;
+    }
+    let mut modes = [0u32; 2];
+    for (j, mode) in modes.iter_mut().enumerate() {
+        *mode = match strides(j) {
+            (_, 1) if strides(j) == strides(2) => 0,
+            (0, 1) => 1,
+            (1, 0) => 2,
+            (0, 0) => 3,
+            _ => return None,
+        };
+    }
+    let pack = (16 / operands[0].dtype.size_in_bytes()) as i64;
+    let aligned = (0..3).all(|j| {
+        let o = operands[j];
+        (j < 2 && modes[j] >= 2) || o.ptr % (o.dtype.size_in_bytes() as u64 * pack as u64) == 0
+    });
+    let packs = aligned && (rank == 1 || n_cols % pack == 0);
+    args.u[0] = n_cols as u64;
+    args.flag = (modes[0] << 2 | modes[1] << 4) as i32 | if packs { 2 } else { 0 };
+    Some(if packs { pack as u64 } else { 1 })
+}
+
 /// Run one op of this family.
 pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     let resolve = |descs: &[TensorDesc]| descs.iter().map(|d| device.operand(d)).collect::<Result<Vec<_>>>();
@@ -112,7 +148,15 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             same_shape(op, &[&v[0], &v[1], &y])?;
             expect(op, &v[1], v[0].dtype)?;
             expect(op, &y, if b.is_predicate() { DType::Bool } else { v[0].dtype })?;
-            launch(device, op, v[0].dtype, &format!("binary_{}", b.name()), &[&v[0], &v[1], &y], Args::default(), true)
+            let base = format!("binary_{}", b.name());
+            let operands = [&v[0], &v[1], &y];
+            let mut args = Args::default();
+            if !set_geometry(&mut args, &operands) {
+                if let Some(per_thread) = broadcast(&mut args, &operands) {
+                    return device.launch(&op.name(), v[0].dtype, &format!("{base}_b"), &mut args, per_thread);
+                }
+            }
+            launch(device, op, v[0].dtype, &base, &operands, Args::default(), true)
         }
         Op::BinaryScalar { op: b, scalar, scalar_first } => {
             arity(op, 1, 1, inputs, outputs)?;

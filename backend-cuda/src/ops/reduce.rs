@@ -86,6 +86,9 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
         flag: rs.len() as i32,
         ..Args::default()
     };
+    if args.n == 0 {
+        return Ok(());
+    }
     for (d, &n) in ks.iter().enumerate() {
         args.shape[d] = n as i64;
         args.st[0][d] = kst[0][d] as i64;
@@ -95,7 +98,117 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
         args.shape[ks.len() + d] = n as i64;
         args.st[2][d] = rst[0][d] as i64;
     }
+    // One reduced axis (after merging) and no empty one: the row or column kernels when the
+    // layout fits them.
+    if rs.len() == 1 && n_red > 0 {
+        if rst[0][0] == 1 {
+            return rows(device, op, r, x.dtype, args);
+        }
+        if kst[0].last() == Some(&1) {
+            let pack = 16 / x.dtype.size_in_bytes() as i64;
+            let packs = x.ptr % 16 == 0
+                && args.shape[ks.len() - 1] % pack == 0
+                && rst[0][0] as i64 % pack == 0
+                && kst[0][..ks.len() - 1].iter().all(|&s| s as i64 % pack == 0);
+            return cols(device, op, r, x.dtype, args, packs);
+        }
+    }
     // One block per output: as many threads as the reduction can use, a power of two.
     let threads = (n_red as u32).next_power_of_two().clamp(32, 256);
     device.launch_blocks(&op.name(), x.dtype, &format!("reduce_{}", r.name()), &mut args, threads)
+}
+
+/// Threads per block of the row and column kernels, and the shared memory they get (the
+/// widest partial state is 16 bytes).
+const THREADS: u32 = 256;
+const SMEM: u32 = THREADS * 16;
+
+/// Rows (`args.u[0]` contiguous elements each, `args.n` of them): a warp per row when there
+/// are enough rows to fill the device with warps, else a block per row, and when even blocks
+/// are too few each row is cut into parts finished by a second pass.
+fn rows(device: &CudaDevice, op: &Op, r: ReduceOp, dtype: DType, mut args: Args) -> Result<()> {
+    let sms = device.facts.sm_count as u64;
+    let (n_rows, len) = (args.n, args.u[0]);
+    // Elements a block should have at least per part: four 16-byte packs per thread.
+    let min_part = THREADS as u64 * 4 * (16 / dtype.size_in_bytes() as u64);
+    let (block, parts) = if n_rows >= sms * 16 {
+        (false, 1)
+    } else if n_rows >= sms * 2 || len <= min_part {
+        (true, 1)
+    } else {
+        (true, (sms * 4).div_ceil(n_rows).min(len.div_ceil(min_part)).max(1))
+    };
+    args.u[1] = parts;
+    args.flag = block as i32;
+    let units = n_rows * parts;
+    let blocks = if block { units } else { units.div_ceil(THREADS as u64 / 32) };
+    let grid = (blocks.min(sms * 64) as u32, 1);
+    with_parts(device, op, r, dtype, args, parts, |a| {
+        device.launch_grid(
+            &op.name(),
+            "elementwise",
+            dtype,
+            &format!("reduce_rows_{}", r.name()),
+            a,
+            grid,
+            (THREADS, 1),
+            SMEM,
+        )
+    })
+}
+
+/// Columns: the last kept dim is contiguous in the input; threads lie side by side along it
+/// and the reduced axis is split over blocks (grid y) when the columns alone would leave the
+/// device idle.
+fn cols(device: &CudaDevice, op: &Op, r: ReduceOp, dtype: DType, mut args: Args, packs: bool) -> Result<()> {
+    let sms = device.facts.sm_count as u64;
+    let inner = args.shape[args.ndim as usize - 1] as u64;
+    let v = if packs { 16 / dtype.size_in_bytes() as u64 } else { 1 };
+    let vecs = inner.div_ceil(v);
+    let tx = vecs.next_power_of_two().min(32);
+    let ty = THREADS as u64 / tx;
+    let tiles = (args.n / inner) * vecs.div_ceil(tx);
+    // About eight blocks per SM in all, each thread folding at least eight reduced positions.
+    let n_red = args.u[0];
+    let wanted = (sms * 8).div_ceil(tiles).min(n_red / (ty * 8)).max(1);
+    let chunk = n_red.div_ceil(wanted);
+    let parts = n_red.div_ceil(chunk);
+    args.u[1] = parts;
+    args.flag = (tx.trailing_zeros() << 8) as i32 | if packs { 2 } else { 0 };
+    let grid = (tiles.min(sms * 64) as u32, parts as u32);
+    with_parts(device, op, r, dtype, args, parts, |a| {
+        device.launch_grid(
+            &op.name(),
+            "elementwise",
+            dtype,
+            &format!("reduce_cols_{}", r.name()),
+            a,
+            grid,
+            (THREADS, 1),
+            SMEM,
+        )
+    })
+}
+
+/// Run `main` with a scratch array for `parts` partial states per output when `parts > 1`,
+/// then fold them into the output.
+fn with_parts(
+    device: &CudaDevice,
+    op: &Op,
+    r: ReduceOp,
+    dtype: DType,
+    mut args: Args,
+    parts: u64,
+    main: impl FnOnce(&mut Args) -> Result<()>,
+) -> Result<()> {
+    if parts == 1 {
+        return main(&mut args);
+    }
+    let (id, ptr) = device.scratch(args.n as usize * parts as usize * 16)?;
+    args.p[2] = ptr;
+    let done = main(&mut args)
+        .and_then(|_| device.launch(&op.name(), dtype, &format!("reduce_finish_{}", r.name()), &mut args, 1));
+    // Stream order keeps the scratch alive for the queued kernels.
+    let freed = device.free_scratch(id);
+    done.and(freed)
 }
