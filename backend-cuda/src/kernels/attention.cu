@@ -453,8 +453,9 @@ ATTN_KERNELS(256)
 extern "C" __global__ void attn_bwd_delta_k(const AttnArgs a) { attn_bwd_delta(a); }
 
 // ---- tensor-core forward (f16 / bf16, sm_80+) ------------------------------------------------
-// FlashAttention-2 style. A block (4 warps) takes TC_BM = 64 query rows of one (batch, head);
-// warp w owns rows 16w..16w+15 and keeps their Q fragments in registers. K and V stream
+// FlashAttention-2 style. A block (4 warps) takes 64·MT query rows of one (batch, head); warp
+// w owns MT m-tiles of 16 rows (rows 16·MT·w ..) and keeps their Q fragments in registers;
+// with MT = 2 every K and V fragment read from shared memory feeds two products. K and V stream
 // through shared memory in tiles of TC_BN = 64 keys, double-buffered with cp.async. S = Q·Kᵀ
 // and O += P·V use mma.m16n8k16 (f32 accumulate); the online softmax runs in f32 (base 2) on
 // the accumulator fragments, with row max and sum reduced over the 4 lanes of a quad.
@@ -519,12 +520,12 @@ __device__ __forceinline__ u32 tc_pack(float lo, float hi) {
     return r;
 }
 
-// Rows r0.. r0+TC_BN (or TC_BM) of one head into shared `dst` (row stride D + 8 elements) with
+// Rows r0.. r0+NROWS of one head into shared `dst` (row stride D + 8 elements) with
 // cp.async; rows at or past `limit` and columns at or past d are zeros.
-template <int D>
-__device__ __forceinline__ void tc_load_tile(T* dst, const T* src, i64 base, i64 srow, i64 r0, i64 limit, int d) {
+template <int D, int NROWS>
+__device__ __forceinline__ void tc_load_rows(T* dst, const T* src, i64 base, i64 srow, i64 r0, i64 limit, int d) {
     constexpr int CH = D / 8;  // 16-byte chunks per row
-    for (int c = threadIdx.x; c < 64 * CH; c += TC_THREADS) {
+    for (int c = threadIdx.x; c < NROWS * CH; c += TC_THREADS) {
         const int r = c / CH, col = (c % CH) * 8;
         const i64 row = r0 + r;
         const bool in = row < limit && col < d;
@@ -532,35 +533,42 @@ __device__ __forceinline__ void tc_load_tile(T* dst, const T* src, i64 base, i64
         tc_cp16(tc_smem_addr(dst + r * (D + 8) + col), g, in ? 16 : 0);
     }
 }
+template <int D>
+__device__ __forceinline__ void tc_load_tile(T* dst, const T* src, i64 base, i64 srow, i64 r0, i64 limit, int d) {
+    tc_load_rows<D, 64>(dst, src, base, srow, r0, limit, d);
+}
 
-template <int D> __device__ void attn_fwd_tc(const AttnArgs& a, T* sm) {
+template <int D, int MT> __device__ void attn_fwd_tc(const AttnArgs& a, T* sm) {
 #if __CUDA_ARCH__ >= 800
     constexpr int LD = D + 8;         // shared row stride (elements): conflict-free fragments
     constexpr int TILE = TC_BN * LD;  // one K or V tile
     constexpr int NT = TC_BN / 8;     // score n-tiles per key tile
     constexpr int OT = D / 8;         // output n-tiles
+    constexpr int BM = 64 * MT;       // query rows per block: MT m-tiles of 16 per warp
     const int d = (int)a.d;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c4 = lane & 3;
-    // Shared: stage s holds K at sm + 2s·TILE and V at sm + (2s+1)·TILE; Q is first staged
-    // in stage 1's K buffer.
+    // Shared: stage s holds K at sm + 2s·TILE and V at sm + (2s+1)·TILE; Q (up to 128 rows)
+    // is first staged in stage 1.
     const T* q = (const T*)a.p[0];
     const T* k = (const T*)a.p[1];
     const T* v = (const T*)a.p[2];
     T* o = (T*)a.p[3];
     float* lse = (float*)a.p[4];
-    const i64 bhn = a.b * a.hq, qtiles = (a.s + TC_BM - 1) / TC_BM;
+    const i64 bhn = a.b * a.hq, qtiles = (a.s + BM - 1) / BM;
     // The heaviest (last, under a causal mask) query tiles first.
     const i64 w = blockIdx.x, qt = qtiles - 1 - w / bhn, bh = w % bhn, h = bh % a.hq, bi = bh / a.hq;
     const i64 kh = h / (a.hq / a.hk);
-    const i64 i0 = qt * TC_BM;
+    const i64 i0 = qt * BM;
     const i64 kbase = bi * a.st[1][0] + kh * a.st[1][1], vbase = bi * a.st[2][0] + kh * a.st[2][1];
-    const i64 last = (i0 + TC_BM < a.s ? i0 + TC_BM : a.s) - 1;
+    const i64 last = (i0 + BM < a.s ? i0 + BM : a.s) - 1;
     const i64 nkeys = visible(a, last);
     const int ntiles = (int)((nkeys + TC_BN - 1) / TC_BN);
-    // Keys every row of the block sees: tiles below this need no mask.
-    const i64 vmin = visible(a, i0);
+    // Keys every row of the warp sees: tiles below this need no mask.
+    // Row indices fit in 32 bits (the launcher checks s and t).
+    const int wi0 = (int)i0 + warp * 16 * MT;
+    const int vmin = (int)visible(a, wi0);
 
-    tc_load_tile<D>(sm + 2 * TILE, q, bi * a.st[0][0] + h * a.st[0][1], a.st[0][2], i0, a.s, d);
+    tc_load_rows<D, BM>(sm + 2 * TILE, q, bi * a.st[0][0] + h * a.st[0][1], a.st[0][2], i0, a.s, d);
     if (ntiles > 0) {
         tc_load_tile<D>(sm, k, kbase, a.st[1][2], 0, a.t, d);
         tc_load_tile<D>(sm + TILE, v, vbase, a.st[2][2], 0, a.t, d);
@@ -568,31 +576,44 @@ template <int D> __device__ void attn_fwd_tc(const AttnArgs& a, T* sm) {
     tc_commit();
     tc_wait<0>();
     __syncthreads();
-    u32 qf[D / 16][4];
-    {
-        const T* qs = sm + 2 * TILE + (warp * 16 + g) * LD + 2 * c4;
+    u32 qf[MT][D / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        const T* qs = sm + 2 * TILE + (warp * 16 * MT + 16 * mt + g) * LD + 2 * c4;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            qf[kk][0] = *(const u32*)(qs + 16 * kk);
-            qf[kk][1] = *(const u32*)(qs + 8 * LD + 16 * kk);
-            qf[kk][2] = *(const u32*)(qs + 16 * kk + 8);
-            qf[kk][3] = *(const u32*)(qs + 8 * LD + 16 * kk + 8);
+            qf[mt][kk][0] = *(const u32*)(qs + 16 * kk);
+            qf[mt][kk][1] = *(const u32*)(qs + 8 * LD + 16 * kk);
+            qf[mt][kk][2] = *(const u32*)(qs + 16 * kk + 8);
+            qf[mt][kk][3] = *(const u32*)(qs + 8 * LD + 16 * kk + 8);
         }
     }
     __syncthreads();  // stage 1 is free for the next tile
 
-    const i64 ilo = i0 + warp * 16 + g, ihi = ilo + 8;
-    const i64 vlo = visible(a, ilo), vhi = visible(a, ihi);  // rows past s: not stored
-    const float sl2 = (float)(a.scale * 1.4426950408889634);
-    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
-    float oacc[OT][4];
+    // Row of accumulator half r (0: g, 1: g + 8) of m-tile mt: wi0 + 16mt + 8r + g.
+    int vis[MT][2];
 #pragma unroll
-    for (int n = 0; n < OT; ++n) oacc[n][0] = oacc[n][1] = oacc[n][2] = oacc[n][3] = 0.f;
+    for (int mt = 0; mt < MT; ++mt) {
+        vis[mt][0] = (int)visible(a, wi0 + 16 * mt + g);  // rows past s: not stored
+        vis[mt][1] = (int)visible(a, wi0 + 16 * mt + g + 8);
+    }
+    const float sl2 = (float)(a.scale * 1.4426950408889634);
+    float m[MT][2], l[MT][2];
+    float oacc[MT][OT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        m[mt][0] = m[mt][1] = NEG_INF;
+        l[mt][0] = l[mt][1] = 0.f;
+#pragma unroll
+        for (int n = 0; n < OT; ++n) oacc[mt][n][0] = oacc[mt][n][1] = oacc[mt][n][2] = oacc[mt][n][3] = 0.f;
+    }
     // ldmatrix row addresses: lane supplies row (lane % 8) of matrix lane / 8.
     const int mi = lane >> 3, mr = lane & 7;
+    // Keys this warp's rows see; a warp whose rows all lie above the diagonal of the tile skips it.
+    const int wkeys = (int)visible(a, wi0 + 16 * MT - 1);
 
     for (int tile = 0; tile < ntiles; ++tile) {
-        const i64 j0 = (i64)tile * TC_BN;
+        const int j0 = tile * TC_BN;
         if (tile + 1 < ntiles) {
             T* st = sm + ((tile + 1) & 1) * 2 * TILE;
             tc_load_tile<D>(st, k, kbase, a.st[1][2], j0 + TC_BN, a.t, d);
@@ -603,124 +624,511 @@ template <int D> __device__ void attn_fwd_tc(const AttnArgs& a, T* sm) {
             tc_wait<0>();
         }
         __syncthreads();
-        const T* ks = sm + (tile & 1) * 2 * TILE;
-        const T* vs = ks + TILE;
-        // S = Q·Kᵀ: matrices (keys 16np + 8(mi/2) .., dims 16kk + 8(mi%2) ..) give the B
-        // fragments (b0b1, b2b3) of n-tiles 2np and 2np + 1.
-        float sacc[NT][4];
+        if (j0 < wkeys) {  // uniform over the warp
+            const T* ks = sm + (tile & 1) * 2 * TILE;
+            const T* vs = ks + TILE;
+            // S = Q·Kᵀ: matrices (keys 16np + 8(mi/2) .., dims 16kk + 8(mi%2) ..) give the B
+            // fragments (b0b1, b2b3) of n-tiles 2np and 2np + 1, shared by the warp's m-tiles.
+            float sacc[MT][NT][4];
 #pragma unroll
-        for (int n = 0; n < NT; ++n) sacc[n][0] = sacc[n][1] = sacc[n][2] = sacc[n][3] = 0.f;
-        const u32 kaddr = tc_smem_addr(ks + (mr + 8 * (mi >> 1)) * LD + 8 * (mi & 1));
+            for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-            for (int np = 0; np < NT / 2; ++np) {
-                u32 b[4];
-                tc_ldsm4(b, kaddr + (u32)((16 * np * LD + 16 * kk) * 2));
-                tc_mma(sacc[2 * np], qf[kk], b[0], b[1]);
-                tc_mma(sacc[2 * np + 1], qf[kk], b[2], b[3]);
+                for (int n = 0; n < NT; ++n) sacc[mt][n][0] = sacc[mt][n][1] = sacc[mt][n][2] = sacc[mt][n][3] = 0.f;
             }
-        }
-        // Online softmax (base 2). Element e of n-tile n: row g + 8(e/2), key j0 + 8n + 2c4 + e%2.
-        const bool mask = j0 + TC_BN > vmin;
-        float mx[2] = {NEG_INF, NEG_INF};
+            const u32 kaddr = tc_smem_addr(ks + (mr + 8 * (mi >> 1)) * LD + 8 * (mi & 1));
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
+            for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const i64 j = j0 + 8 * n + 2 * c4 + (e & 1);
-                const bool ok = !mask || j < (e < 2 ? vlo : vhi);
-                const float x = ok ? sacc[n][e] * sl2 : NEG_INF;
-                sacc[n][e] = x;
-                mx[e >> 1] = fmaxf(mx[e >> 1], x);
+                for (int np = 0; np < NT / 2; ++np) {
+                    u32 b[4];
+                    tc_ldsm4(b, kaddr + (u32)((16 * np * LD + 16 * kk) * 2));
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        tc_mma(sacc[mt][2 * np], qf[mt][kk], b[0], b[1]);
+                        tc_mma(sacc[mt][2 * np + 1], qf[mt][kk], b[2], b[3]);
+                    }
+                }
             }
-        }
-        float mu[2], corr[2];
+            // Online softmax (base 2). Element e of n-tile n: row half e/2, key
+            // j0 + 8n + 2c4 + e%2.
+            const bool mask = j0 + TC_BN > vmin;
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL, mx[r], 2));
-            const float mn = fmaxf(m[r], mx[r]);
-            // All scores -inf so far: subtract 0 instead (-inf - -inf is NaN).
-            mu[r] = mn == NEG_INF ? 0.f : mn;
-            corr[r] = exp2f(m[r] - mu[r]);
-            m[r] = mn;
-            l[r] *= corr[r];
-        }
+            for (int mt = 0; mt < MT; ++mt) {
+                float mx[2] = {NEG_INF, NEG_INF};
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
+                for (int n = 0; n < NT; ++n) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float p = exp2f(sacc[n][e] - mu[e >> 1]);
-                sacc[n][e] = p;
-                l[e >> 1] += p;
+                    for (int e = 0; e < 4; ++e) {
+                        const int j = j0 + 8 * n + 2 * c4 + (e & 1);
+                        const bool ok = !mask || j < vis[mt][e >> 1];
+                        const float x = ok ? sacc[mt][n][e] * sl2 : NEG_INF;
+                        sacc[mt][n][e] = x;
+                        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+                    }
+                }
+                float mu[2], corr[2];
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL, mx[r], 1));
+                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL, mx[r], 2));
+                    const float mn = fmaxf(m[mt][r], mx[r]);
+                    // All scores -inf so far: subtract 0 instead (-inf - -inf is NaN).
+                    mu[r] = mn == NEG_INF ? 0.f : mn;
+                    corr[r] = exp2f(m[mt][r] - mu[r]);
+                    m[mt][r] = mn;
+                    l[mt][r] *= corr[r];
+                }
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const float p = exp2f(sacc[mt][n][e] - mu[e >> 1]);
+                        sacc[mt][n][e] = p;
+                        l[mt][e >> 1] += p;
+                    }
+                }
+#pragma unroll
+                for (int n = 0; n < OT; ++n) {
+                    oacc[mt][n][0] *= corr[0];
+                    oacc[mt][n][1] *= corr[0];
+                    oacc[mt][n][2] *= corr[1];
+                    oacc[mt][n][3] *= corr[1];
+                }
             }
-        }
+            // O += P·V. P's C fragments of n-tiles 2kk, 2kk + 1 are the A fragment of key step
+            // kk; transposed matrices (keys 16kk + 8(mi%2) .., dims 16dp + 8(mi/2) ..) give the
+            // B fragments of output n-tiles 2dp and 2dp + 1.
+            const u32 vaddr = tc_smem_addr(vs + (mr + 8 * (mi & 1)) * LD + 8 * (mi >> 1));
 #pragma unroll
-        for (int n = 0; n < OT; ++n) {
-            oacc[n][0] *= corr[0];
-            oacc[n][1] *= corr[0];
-            oacc[n][2] *= corr[1];
-            oacc[n][3] *= corr[1];
-        }
-        // O += P·V. P's C fragments of n-tiles 2kk, 2kk + 1 are the A fragment of key step kk;
-        // transposed matrices (keys 16kk + 8(mi%2) .., dims 16dp + 8(mi/2) ..) give the B
-        // fragments of output n-tiles 2dp and 2dp + 1.
-        const u32 vaddr = tc_smem_addr(vs + (mr + 8 * (mi & 1)) * LD + 8 * (mi >> 1));
+            for (int kk = 0; kk < TC_BN / 16; ++kk) {
+                u32 pa[MT][4];
 #pragma unroll
-        for (int kk = 0; kk < TC_BN / 16; ++kk) {
-            u32 pa[4];
-            pa[0] = tc_pack(sacc[2 * kk][0], sacc[2 * kk][1]);
-            pa[1] = tc_pack(sacc[2 * kk][2], sacc[2 * kk][3]);
-            pa[2] = tc_pack(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]);
-            pa[3] = tc_pack(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3]);
+                for (int mt = 0; mt < MT; ++mt) {
+                    pa[mt][0] = tc_pack(sacc[mt][2 * kk][0], sacc[mt][2 * kk][1]);
+                    pa[mt][1] = tc_pack(sacc[mt][2 * kk][2], sacc[mt][2 * kk][3]);
+                    pa[mt][2] = tc_pack(sacc[mt][2 * kk + 1][0], sacc[mt][2 * kk + 1][1]);
+                    pa[mt][3] = tc_pack(sacc[mt][2 * kk + 1][2], sacc[mt][2 * kk + 1][3]);
+                }
 #pragma unroll
-            for (int dp = 0; dp < D / 16; ++dp) {
-                u32 b[4];
-                tc_ldsm4t(b, vaddr + (u32)((16 * kk * LD + 16 * dp) * 2));
-                tc_mma(oacc[2 * dp], pa, b[0], b[1]);
-                tc_mma(oacc[2 * dp + 1], pa, b[2], b[3]);
+                for (int dp = 0; dp < D / 16; ++dp) {
+                    u32 b[4];
+                    tc_ldsm4t(b, vaddr + (u32)((16 * kk * LD + 16 * dp) * 2));
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        tc_mma(oacc[mt][2 * dp], pa[mt], b[0], b[1]);
+                        tc_mma(oacc[mt][2 * dp + 1], pa[mt], b[2], b[3]);
+                    }
+                }
             }
         }
         __syncthreads();  // this stage is consumed before the next iteration refills it
     }
 
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        l[r] += __shfl_xor_sync(FULL, l[r], 1);
-        l[r] += __shfl_xor_sync(FULL, l[r], 2);
-    }
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const i64 i = r ? ihi : ilo;
-        if (i >= a.s) continue;
-        const bool dead = (r ? vhi : vlo) == 0;
-        const float inv = 1.f / l[r];
-        T* orow = o + bi * a.st[3][0] + h * a.st[3][1] + i * a.st[3][2];
+        for (int r = 0; r < 2; ++r) {
+            float lr = l[mt][r];
+            lr += __shfl_xor_sync(FULL, lr, 1);
+            lr += __shfl_xor_sync(FULL, lr, 2);
+            const int i = wi0 + 16 * mt + 8 * r + g;
+            if (i >= a.s) continue;
+            const bool dead = vis[mt][r] == 0;
+            const float inv = 1.f / lr;
+            T* orow = o + bi * a.st[3][0] + h * a.st[3][1] + (i64)i * a.st[3][2];
 #pragma unroll
-        for (int n = 0; n < OT; ++n) {
-            const int col = 8 * n + 2 * c4;
-            if (col < d) {
-                const T x0 = TT::store(dead ? QNAN : oacc[n][2 * r] * inv);
-                const T x1 = TT::store(dead ? QNAN : oacc[n][2 * r + 1] * inv);
-                *(u32*)(orow + col) = (u32)x0.x | ((u32)x1.x << 16);
+            for (int n = 0; n < OT; ++n) {
+                const int col = 8 * n + 2 * c4;
+                if (col < d) {
+                    const T x0 = TT::store(dead ? QNAN : oacc[mt][n][2 * r] * inv);
+                    const T x1 = TT::store(dead ? QNAN : oacc[mt][n][2 * r + 1] * inv);
+                    *(u32*)(orow + col) = (u32)x0.x | ((u32)x1.x << 16);
+                }
             }
-        }
-        if (c4 == 0) {
-            // m is in base 2: lse = m·ln 2 + ln l.
-            lse[bi * a.st[4][0] + h * a.st[4][1] + i * a.st[4][2]] =
-                dead ? QNAN : m[r] * 0.6931471805599453f + logf(l[r]);
+            if (c4 == 0) {
+                // m is in base 2: lse = m·ln 2 + ln l.
+                lse[bi * a.st[4][0] + h * a.st[4][1] + (i64)i * a.st[4][2]] =
+                    dead ? QNAN : m[mt][r] * 0.6931471805599453f + logf(lr);
+            }
         }
     }
 #endif
 }
 
+// d = 64: 128 query rows per block, two m-tiles per warp sharing each K and V fragment (half
+// the shared-memory reads per product); d = 128: 64 rows (the accumulators of two m-tiles
+// would not fit in registers).
 extern "C" __global__ void __launch_bounds__(TC_THREADS) attn_fwd_tc_64(const AttnArgs a) {
     ASMEM;
-    attn_fwd_tc<64>(a, (T*)smem_raw);
+    attn_fwd_tc<64, 2>(a, (T*)smem_raw);
 }
 extern "C" __global__ void __launch_bounds__(TC_THREADS) attn_fwd_tc_128(const AttnArgs a) {
     ASMEM;
-    attn_fwd_tc<128>(a, (T*)smem_raw);
+    attn_fwd_tc<128, 1>(a, (T*)smem_raw);
+}
+
+// ---- tensor-core backward (f16 / bf16, sm_80+) -----------------------------------------------
+// Two passes after D = rowsum(dO ∘ O) (attn_bwd_delta_k), each the only writer of what it
+// produces, so there are no atomics and the result is deterministic; the price is that the dQ
+// pass recomputes S and dP (7 products per score instead of 5).
+// - dK/dV (attn_bwd_dkv_tc_*): a block owns TC_BN = 64 keys of one (batch, kv head), warp w
+//   keys 16w..16w+15, and streams tiles of BM queries of every query head of the group, Q and
+//   dO double-buffered with cp.async. It computes the transposed products Sᵀ = K·Qᵀ and
+//   dPᵀ = V·dOᵀ so that keys are the rows of the accumulator fragments: Pᵀ and dSᵀ are then
+//   already the A fragments of dV += Pᵀ·dO and dK += dSᵀ·Q (as P is for P·V in the forward)
+//   and the per-query lse and D are per-column values, read from shared memory.
+// - dQ (attn_bwd_dq_tc_*): a block owns TC_BM = 64 queries, warp w rows 16w.., and streams
+//   K/V tiles as the forward does, forming dQ += dS·K.
+// P = exp2(scale·log2 e·QKᵀ - lse·log2 e) from the saved lse; P and dS are rounded to the
+// element type for the second product, as P is in the forward. Masked pairs are selected to
+// zero, never multiplied (a dead row has NaN lse and NaN o, hence NaN D).
+// The A fragments of K, V (dK/dV) and Q, dO (dQ) are re-read from shared memory with ldmatrix
+// for every tile rather than held in registers: each is reused by a whole row of n-tiles, and
+// the registers are needed by the two accumulators at d = 128.
+
+// An A fragment (16×16, row-major in shared memory) comes from ldmatrix.x4 with lane l
+// pointing at row l%8 + 8((l/8)%2), column 8(l/16) of the tile: the four matrices are then
+// a0a1, a2a3, a4a5, a6a7 of the layout above.
+#define TC_LOG2E 1.4426950408889634f
+
+template <int D, int BM> __device__ void attn_bwd_dkv_tc(const AttnArgs& a, T* sm) {
+#if __CUDA_ARCH__ >= 800
+    constexpr int LD = D + 8;
+    constexpr int NT = BM / 8;   // n-tiles of Sᵀ: queries
+    constexpr int OT = D / 8;    // n-tiles of dK, dV: dims
+    constexpr int QT = BM * LD;  // one Q or dO tile
+    T* ks = sm;
+    T* vs = ks + TC_BN * LD;
+    T* qbuf = vs + TC_BN * LD;              // stage st: Q at qbuf + 2st·QT, dO right after
+    float* fbuf = (float*)(qbuf + 4 * QT);  // stage st: lse·log2 e at fbuf + 2st·BM, D after
+    const int d = (int)a.d, s = (int)a.s, t = (int)a.t, off = t + 1 - s;
+    const bool causal = a.causal != 0;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c4 = lane & 3;
+    const int mi = lane >> 3, mr = lane & 7;
+    const T* q = (const T*)a.p[0];
+    const T* k = (const T*)a.p[1];
+    const T* v = (const T*)a.p[2];
+    const float* lse = (const float*)a.p[4];
+    const T* dout = (const T*)a.p[5];
+    T* dk = (T*)a.p[7];
+    T* dv = (T*)a.p[8];
+    const float* delta = (const float*)a.delta;
+    const i64 bhk = a.b * a.hk, group = a.hq / a.hk;
+    // Under a causal mask the first key tiles are seen by the most queries: they go first.
+    const i64 w = blockIdx.x, kt = w / bhk, bk = w % bhk, kh = bk % a.hk, bi = bk / a.hk;
+    const int j0 = (int)kt * TC_BN;
+    // Query i sees key j iff i < s, j < t and (causal) j < i + off: the first query that sees
+    // key j0 is j0 + 1 - off.
+    const int first = causal ? max(0, j0 + 1 - off) : 0;
+    const int qt0 = first / BM;
+    const int nq = first < s ? (s + BM - 1) / BM - qt0 : 0;
+    const int total = (int)group * nq;  // (query head, query tile) steps
+
+    // Stage `st` <- step `it`: Q and dO by cp.async (committed by the caller), lse and D by
+    // plain stores (visible after the barrier that precedes their use).
+    auto stage = [&](int it, int st) {
+        const i64 h = kh * group + it / nq;
+        const int i0 = (qt0 + it % nq) * BM;
+        T* qd = qbuf + 2 * st * QT;
+        tc_load_rows<D, BM>(qd, q, bi * a.st[0][0] + h * a.st[0][1], a.st[0][2], i0, s, d);
+        tc_load_rows<D, BM>(qd + QT, dout, bi * a.st[5][0] + h * a.st[5][1], a.st[5][2], i0, s, d);
+        float* fd = fbuf + 2 * st * BM;
+        for (int r = threadIdx.x; r < BM; r += TC_THREADS) {
+            const int i = i0 + r;
+            // Rows past s and rows that see no key (NaN lse and D) read as 0; all their
+            // pairs are masked.
+            const bool live = i < s && t > 0 && (!causal || i + off > 0);
+            fd[r] = live ? lse[bi * a.st[4][0] + h * a.st[4][1] + (i64)i * a.st[4][2]] * TC_LOG2E : 0.f;
+            fd[BM + r] = live ? delta[(bi * a.hq + h) * a.s + i] : 0.f;
+        }
+    };
+
+    if (total > 0) {
+        tc_load_rows<D, TC_BN>(ks, k, bi * a.st[1][0] + kh * a.st[1][1], a.st[1][2], j0, t, d);
+        tc_load_rows<D, TC_BN>(vs, v, bi * a.st[2][0] + kh * a.st[2][1], a.st[2][2], j0, t, d);
+        stage(0, 0);
+        tc_commit();
+    }
+    float dka[OT][4], dva[OT][4];
+#pragma unroll
+    for (int n = 0; n < OT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dka[n][e] = dva[n][e] = 0.f;
+    }
+    const float sl2 = (float)(a.scale * 1.4426950408889634);
+    const int jlo = j0 + 16 * warp + g, jhi = jlo + 8;
+    const u32 kA = tc_smem_addr(ks + (16 * warp + mr + 8 * (mi & 1)) * LD + 8 * (mi >> 1));
+    const u32 vA = tc_smem_addr(vs + (16 * warp + mr + 8 * (mi & 1)) * LD + 8 * (mi >> 1));
+
+    for (int it = 0; it < total; ++it) {
+        const int st = it & 1;
+        if (it + 1 < total) {
+            stage(it + 1, st ^ 1);
+            tc_commit();
+            tc_wait<1>();
+        } else {
+            tc_wait<0>();
+        }
+        __syncthreads();
+        const int i0 = (qt0 + it % nq) * BM;
+        const T* qs = qbuf + 2 * st * QT;
+        const T* dos = qs + QT;
+        const float* lsv = fbuf + 2 * st * BM;
+        const float* dlv = lsv + BM;
+        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: Q and dO rows are the n (query) index of the B operand,
+        // loaded as K is in the forward.
+        float sacc[NT][4], pacc[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sacc[n][e] = pacc[n][e] = 0.f;
+        }
+        const u32 qB = tc_smem_addr(qs + (mr + 8 * (mi >> 1)) * LD + 8 * (mi & 1));
+        const u32 dB = tc_smem_addr(dos + (mr + 8 * (mi >> 1)) * LD + 8 * (mi & 1));
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            u32 ka[4], va[4];
+            tc_ldsm4(ka, kA + 32 * kk);
+            tc_ldsm4(va, vA + 32 * kk);
+#pragma unroll
+            for (int np = 0; np < NT / 2; ++np) {
+                u32 b[4];
+                tc_ldsm4(b, qB + (u32)((16 * np * LD + 16 * kk) * 2));
+                tc_mma(sacc[2 * np], ka, b[0], b[1]);
+                tc_mma(sacc[2 * np + 1], ka, b[2], b[3]);
+                tc_ldsm4(b, dB + (u32)((16 * np * LD + 16 * kk) * 2));
+                tc_mma(pacc[2 * np], va, b[0], b[1]);
+                tc_mma(pacc[2 * np + 1], va, b[2], b[3]);
+            }
+        }
+        // Element e of n-tile n: key jlo + 8(e/2), query i0 + 8n + 2c4 + e%2. Only tiles that
+        // cross the diagonal or an edge need the mask.
+        const bool mask = i0 + BM > s || j0 + TC_BN > t || (causal && i0 + off < j0 + TC_BN);
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const int col = 8 * n + 2 * c4;
+            const float2 l2 = *(const float2*)(lsv + col);
+            const float2 dl = *(const float2*)(dlv + col);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = i0 + col + (e & 1), j = e < 2 ? jlo : jhi;
+                const bool ok = !mask || (i < s && j < t && (!causal || j - i < off));
+                const float p = ok ? exp2f(sacc[n][e] * sl2 - ((e & 1) ? l2.y : l2.x)) : 0.f;
+                pacc[n][e] = ok ? p * (pacc[n][e] - ((e & 1) ? dl.y : dl.x)) : 0.f;
+                sacc[n][e] = p;
+            }
+        }
+        // dV += Pᵀ·dO, dK += dSᵀ·Q: dO and Q rows are the k (query) index of the B operand,
+        // loaded transposed as V is in the forward.
+        const u32 dT = tc_smem_addr(dos + (mr + 8 * (mi & 1)) * LD + 8 * (mi >> 1));
+        const u32 qT = tc_smem_addr(qs + (mr + 8 * (mi & 1)) * LD + 8 * (mi >> 1));
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk) {
+            u32 pa[4], da[4];
+            pa[0] = tc_pack(sacc[2 * kk][0], sacc[2 * kk][1]);
+            pa[1] = tc_pack(sacc[2 * kk][2], sacc[2 * kk][3]);
+            pa[2] = tc_pack(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]);
+            pa[3] = tc_pack(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3]);
+            da[0] = tc_pack(pacc[2 * kk][0], pacc[2 * kk][1]);
+            da[1] = tc_pack(pacc[2 * kk][2], pacc[2 * kk][3]);
+            da[2] = tc_pack(pacc[2 * kk + 1][0], pacc[2 * kk + 1][1]);
+            da[3] = tc_pack(pacc[2 * kk + 1][2], pacc[2 * kk + 1][3]);
+#pragma unroll
+            for (int dp = 0; dp < D / 16; ++dp) {
+                u32 b[4];
+                tc_ldsm4t(b, dT + (u32)((16 * kk * LD + 16 * dp) * 2));
+                tc_mma(dva[2 * dp], pa, b[0], b[1]);
+                tc_mma(dva[2 * dp + 1], pa, b[2], b[3]);
+                tc_ldsm4t(b, qT + (u32)((16 * kk * LD + 16 * dp) * 2));
+                tc_mma(dka[2 * dp], da, b[0], b[1]);
+                tc_mma(dka[2 * dp + 1], da, b[2], b[3]);
+            }
+        }
+        __syncthreads();  // this stage is consumed before the next step refills it
+    }
+
+    // Every key of the block is written, zeros where no query sees it.
+    const float scale = (float)a.scale;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int j = r ? jhi : jlo;
+        if (j >= t) continue;
+        T* krow = dk + bi * a.st[7][0] + kh * a.st[7][1] + (i64)j * a.st[7][2];
+        T* vrow = dv + bi * a.st[8][0] + kh * a.st[8][1] + (i64)j * a.st[8][2];
+#pragma unroll
+        for (int n = 0; n < OT; ++n) {
+            const int col = 8 * n + 2 * c4;
+            if (col < d) {
+                *(u32*)(krow + col) = tc_pack(scale * dka[n][2 * r], scale * dka[n][2 * r + 1]);
+                *(u32*)(vrow + col) = tc_pack(dva[n][2 * r], dva[n][2 * r + 1]);
+            }
+        }
+    }
+#endif
+}
+
+template <int D> __device__ void attn_bwd_dq_tc(const AttnArgs& a, T* sm) {
+#if __CUDA_ARCH__ >= 800
+    constexpr int LD = D + 8;
+    constexpr int TILE = TC_BN * LD;  // one K or V tile
+    constexpr int NT = TC_BN / 8;     // n-tiles of S: keys
+    constexpr int OT = D / 8;         // n-tiles of dQ: dims
+    T* qs = sm;
+    T* dos = qs + TC_BM * LD;
+    T* kv = dos + TC_BM * LD;  // stage st: K at kv + 2st·TILE, V right after
+    const int d = (int)a.d, s = (int)a.s;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c4 = lane & 3;
+    const int mi = lane >> 3, mr = lane & 7;
+    const T* q = (const T*)a.p[0];
+    const T* k = (const T*)a.p[1];
+    const T* v = (const T*)a.p[2];
+    const float* lse = (const float*)a.p[4];
+    const T* dout = (const T*)a.p[5];
+    T* dq = (T*)a.p[6];
+    const float* delta = (const float*)a.delta;
+    const i64 bhn = a.b * a.hq, qtiles = (a.s + TC_BM - 1) / TC_BM;
+    // The heaviest (last, under a causal mask) query tiles first.
+    const i64 w = blockIdx.x, qt = qtiles - 1 - w / bhn, bh = w % bhn, h = bh % a.hq, bi = bh / a.hq;
+    const i64 kh = h / (a.hq / a.hk);
+    const int i0 = (int)qt * TC_BM;
+    const i64 kbase = bi * a.st[1][0] + kh * a.st[1][1], vbase = bi * a.st[2][0] + kh * a.st[2][1];
+    const int last = min(i0 + TC_BM, s) - 1;
+    const int nkeys = (int)visible(a, last);
+    const int ntiles = (nkeys + TC_BN - 1) / TC_BN;
+    const int vmin = (int)visible(a, i0);  // key tiles below this need no mask
+
+    tc_load_rows<D, TC_BM>(qs, q, bi * a.st[0][0] + h * a.st[0][1], a.st[0][2], i0, s, d);
+    tc_load_rows<D, TC_BM>(dos, dout, bi * a.st[5][0] + h * a.st[5][1], a.st[5][2], i0, s, d);
+    if (ntiles > 0) {
+        tc_load_rows<D, TC_BN>(kv, k, kbase, a.st[1][2], 0, a.t, d);
+        tc_load_rows<D, TC_BN>(kv + TILE, v, vbase, a.st[2][2], 0, a.t, d);
+    }
+    tc_commit();
+
+    const int ilo = i0 + 16 * warp + g, ihi = ilo + 8;
+    const int vlo = (int)visible(a, ilo), vhi = (int)visible(a, ihi);
+    float l2[2], dl[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int i = r ? ihi : ilo;
+        // Rows past s and rows that see no key (NaN lse and D): 0, and every pair masked.
+        const bool live = i < s && (r ? vhi : vlo) > 0;
+        l2[r] = live ? lse[bi * a.st[4][0] + h * a.st[4][1] + (i64)i * a.st[4][2]] * TC_LOG2E : 0.f;
+        dl[r] = live ? delta[bh * a.s + i] : 0.f;
+    }
+    const float sl2 = (float)(a.scale * 1.4426950408889634);
+    float dqa[OT][4];
+#pragma unroll
+    for (int n = 0; n < OT; ++n) dqa[n][0] = dqa[n][1] = dqa[n][2] = dqa[n][3] = 0.f;
+    const u32 qA = tc_smem_addr(qs + (16 * warp + mr + 8 * (mi & 1)) * LD + 8 * (mi >> 1));
+    const u32 dA = tc_smem_addr(dos + (16 * warp + mr + 8 * (mi & 1)) * LD + 8 * (mi >> 1));
+
+    for (int tile = 0; tile < ntiles; ++tile) {
+        const int j0 = tile * TC_BN;
+        if (tile + 1 < ntiles) {
+            T* st = kv + ((tile + 1) & 1) * 2 * TILE;
+            tc_load_rows<D, TC_BN>(st, k, kbase, a.st[1][2], j0 + TC_BN, a.t, d);
+            tc_load_rows<D, TC_BN>(st + TILE, v, vbase, a.st[2][2], j0 + TC_BN, a.t, d);
+            tc_commit();
+            tc_wait<1>();
+        } else {
+            tc_wait<0>();
+        }
+        __syncthreads();
+        const T* ks = kv + (tile & 1) * 2 * TILE;
+        const T* vs = ks + TILE;
+        // S = Q·Kᵀ, dP = dO·Vᵀ.
+        float sacc[NT][4], pacc[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sacc[n][e] = pacc[n][e] = 0.f;
+        }
+        const u32 kB = tc_smem_addr(ks + (mr + 8 * (mi >> 1)) * LD + 8 * (mi & 1));
+        const u32 vB = tc_smem_addr(vs + (mr + 8 * (mi >> 1)) * LD + 8 * (mi & 1));
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            u32 qa[4], da[4];
+            tc_ldsm4(qa, qA + 32 * kk);
+            tc_ldsm4(da, dA + 32 * kk);
+#pragma unroll
+            for (int np = 0; np < NT / 2; ++np) {
+                u32 b[4];
+                tc_ldsm4(b, kB + (u32)((16 * np * LD + 16 * kk) * 2));
+                tc_mma(sacc[2 * np], qa, b[0], b[1]);
+                tc_mma(sacc[2 * np + 1], qa, b[2], b[3]);
+                tc_ldsm4(b, vB + (u32)((16 * np * LD + 16 * kk) * 2));
+                tc_mma(pacc[2 * np], da, b[0], b[1]);
+                tc_mma(pacc[2 * np + 1], da, b[2], b[3]);
+            }
+        }
+        // Element e of n-tile n: row ilo + 8(e/2), key j0 + 8n + 2c4 + e%2.
+        const bool mask = j0 + TC_BN > vmin;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = e >> 1, j = j0 + 8 * n + 2 * c4 + (e & 1);
+                const bool ok = !mask || j < (r ? vhi : vlo);
+                const float p = ok ? exp2f(sacc[n][e] * sl2 - l2[r]) : 0.f;
+                pacc[n][e] = ok ? p * (pacc[n][e] - dl[r]) : 0.f;
+            }
+        }
+        // dQ += dS·K: K rows are the k (key) index of the B operand, loaded transposed.
+        const u32 kT = tc_smem_addr(ks + (mr + 8 * (mi & 1)) * LD + 8 * (mi >> 1));
+#pragma unroll
+        for (int kk = 0; kk < TC_BN / 16; ++kk) {
+            u32 da[4];
+            da[0] = tc_pack(pacc[2 * kk][0], pacc[2 * kk][1]);
+            da[1] = tc_pack(pacc[2 * kk][2], pacc[2 * kk][3]);
+            da[2] = tc_pack(pacc[2 * kk + 1][0], pacc[2 * kk + 1][1]);
+            da[3] = tc_pack(pacc[2 * kk + 1][2], pacc[2 * kk + 1][3]);
+#pragma unroll
+            for (int dp = 0; dp < D / 16; ++dp) {
+                u32 b[4];
+                tc_ldsm4t(b, kT + (u32)((16 * kk * LD + 16 * dp) * 2));
+                tc_mma(dqa[2 * dp], da, b[0], b[1]);
+                tc_mma(dqa[2 * dp + 1], da, b[2], b[3]);
+            }
+        }
+        __syncthreads();  // this stage is consumed before the next iteration refills it
+    }
+    tc_wait<0>();  // no copy may be in flight at exit (no key tile: Q and dO went unused)
+
+    const float scale = (float)a.scale;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int i = r ? ihi : ilo;
+        if (i >= s) continue;
+        T* row = dq + bi * a.st[6][0] + h * a.st[6][1] + (i64)i * a.st[6][2];
+#pragma unroll
+        for (int n = 0; n < OT; ++n) {
+            const int col = 8 * n + 2 * c4;
+            if (col < d) *(u32*)(row + col) = tc_pack(scale * dqa[n][2 * r], scale * dqa[n][2 * r + 1]);
+        }
+    }
+#endif
+}
+
+// The dK/dV pass streams 64 queries per step at d = 64, 32 at d = 128 (the two D-wide
+// accumulators of a warp take 128 registers there). At d = 64 both passes are capped at 168
+// registers, three blocks (12 warps) per SM: the products are latency bound at two blocks,
+// and a few spilled bytes cost less (H100 bench shape: backward 0.52 -> 0.42 ms; a 32-query
+// dK/dV step that fits without spilling measured 0.50 ms, four dQ blocks per SM 0.50 ms).
+extern "C" __global__ void __launch_bounds__(TC_THREADS, 3) attn_bwd_dkv_tc_64(const AttnArgs a) {
+    ASMEM;
+    attn_bwd_dkv_tc<64, 64>(a, (T*)smem_raw);
+}
+extern "C" __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dkv_tc_128(const AttnArgs a) {
+    ASMEM;
+    attn_bwd_dkv_tc<128, 32>(a, (T*)smem_raw);
+}
+extern "C" __global__ void __launch_bounds__(TC_THREADS, 3) attn_bwd_dq_tc_64(const AttnArgs a) {
+    ASMEM;
+    attn_bwd_dq_tc<64>(a, (T*)smem_raw);
+}
+extern "C" __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dq_tc_128(const AttnArgs a) {
+    ASMEM;
+    attn_bwd_dq_tc<128>(a, (T*)smem_raw);
 }
 #endif

@@ -102,30 +102,73 @@ fn variant(op: &Op, d: usize, dtype: DType) -> Result<usize> {
     }
 }
 
-/// Tensor-core forward (`attn_fwd_tc_*`): threads per block (4 warps), query rows per block.
+/// Tensor-core kernels (`attn_*_tc_*`): threads per block (4 warps), rows of a 64-row tile.
 const TC_THREADS: u32 = 128;
 const TC_ROWS: usize = 64;
 
-/// The padded head dim (64 or 128) of the tensor-core forward, when it applies: f16 or bf16
-/// on sm_80 or newer, a head dim that is a multiple of 8 up to 128, q/k/v with a dense head dim
-/// and 16-byte aligned rows (cp.async moves 8 elements at a time), o with a dense head dim
-/// and 4-byte aligned pairs. Everything else takes the general kernel.
-fn tensor_core_dim(arch: u32, dm: &Dims, qkv: [&Operand; 3], o: &Operand) -> Option<usize> {
-    let half = matches!(o.dtype, DType::F16 | DType::BF16);
+/// The padded head dim (64 or 128) of the tensor-core kernels, when they apply: f16 or bf16
+/// on sm_80 or newer, a head dim that is a multiple of 8 up to 128, sequence lengths that fit
+/// the kernels' 32-bit row indices, the operands they `load` (q, k, v and, backward, do) with
+/// a dense head dim and 16-byte aligned rows (cp.async moves 8 elements at a time), those
+/// they `store` (o; dq, dk, dv) with a dense head dim and 4-byte aligned pairs. Everything
+/// else takes the general kernels.
+fn tensor_core_dim(arch: u32, dm: &Dims, load: &[&Operand], store: &[&Operand]) -> Option<usize> {
+    let dtype = store.first()?.dtype;
+    let half = matches!(dtype, DType::F16 | DType::BF16);
     if !half || arch < 80 || dm.d == 0 || dm.d % 8 != 0 || dm.d > 128 || dm.hk == 0 {
         return None;
     }
+    if dm.s.max(dm.t) >= 1 << 30 {
+        return None;
+    }
     let aligned = |x: &Operand, elems: isize| {
-        x.strides[3] == 1 && x.strides[..3].iter().all(|&s| s % elems == 0) && x.ptr % (2 * elems as u64) == 0
+        x.dtype == dtype
+            && x.strides[3] == 1
+            && x.strides[..3].iter().all(|&s| s % elems == 0)
+            && x.ptr % (2 * elems as u64) == 0
     };
-    let dense = qkv.iter().all(|x| x.dtype == o.dtype && aligned(x, 8)) && aligned(o, 2);
+    let dense = load.iter().all(|x| aligned(x, 8)) && store.iter().all(|x| aligned(x, 2));
     dense.then_some(if dm.d <= 64 { 64 } else { 128 })
 }
 
-/// Shared memory of `attn_fwd_tc_{dpad}`: two stages of a K and a V tile of 64 rows, each row
+/// Query rows per block of `attn_fwd_tc_{dpad}`: at d = 64 each warp takes two 16-row m-tiles
+/// (they share every K and V fragment read from shared memory; 0.125 -> 0.113 ms on the H100
+/// bench shape), at d = 128 one (two would not fit in registers).
+fn tc_fwd_rows(dpad: usize) -> usize {
+    if dpad <= 64 {
+        2 * TC_ROWS
+    } else {
+        TC_ROWS
+    }
+}
+
+/// Shared memory of `attn_fwd_tc_{dpad}` (its Q tile, up to 128 rows, is staged in the
+/// second stage first): two stages of a K and a V tile of 64 rows, each row
 /// `dpad + 8` 2-byte elements.
 fn tc_smem(dpad: usize) -> u32 {
     (2 * 2 * 64 * (dpad + 8) * 2) as u32
+}
+
+/// Queries per step of `attn_bwd_dkv_tc_{dpad}` (`BM` in attention.cu).
+fn tc_dkv_rows(dpad: usize) -> usize {
+    if dpad <= 64 {
+        64
+    } else {
+        32
+    }
+}
+
+/// Shared memory of `attn_bwd_dkv_tc_{dpad}`: the block's K and V (64 rows each), two stages
+/// of a Q and a dO tile, and two stages of the tile's lse and D (f32).
+fn tc_dkv_smem(dpad: usize) -> u32 {
+    let bm = tc_dkv_rows(dpad);
+    ((2 * 64 + 4 * bm) * (dpad + 8) * 2 + 4 * bm * 4) as u32
+}
+
+/// Shared memory of `attn_bwd_dq_tc_{dpad}`: the block's Q and dO (64 rows each) and two
+/// stages of a K and a V tile.
+fn tc_dq_smem(dpad: usize) -> u32 {
+    ((2 * 64 + 4 * 64) * (dpad + 8) * 2) as u32
 }
 
 fn args(dm: &Dims, causal: bool, scale: f64) -> AttnArgs {
@@ -165,8 +208,9 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             for (slot, x) in [(0, &q), (1, &k), (2, &v), (3, &o), (4, &lse)] {
                 a.set(slot, x);
             }
-            if let Some(tc) = tensor_core_dim(device.facts.arch, &dm, [&q, &k, &v], &o) {
-                let work = (dm.b * dm.hq * dm.s.div_ceil(TC_ROWS)) as u64;
+            if let Some(tc) = tensor_core_dim(device.facts.arch, &dm, &[&q, &k, &v], &[&o]) {
+                let rows = tc_fwd_rows(tc);
+                let work = (dm.b * dm.hq * dm.s.div_ceil(rows)) as u64;
                 if work <= i32::MAX as u64 {
                     let shape = (work as u32, TC_THREADS, tc_smem(tc));
                     let name = format!("attn_fwd_tc_{tc}");
@@ -195,8 +239,14 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             for (slot, x) in [q, k, v, o, lse, d_o, dq, dk, dv].into_iter().enumerate() {
                 a.set(slot, x);
             }
+            // sm_86/sm_89 allow 99 KiB of shared memory per block: too little for the d = 128 dq pass.
+            let fits = |tc: &usize| tc_dq_smem(*tc).max(tc_dkv_smem(*tc)) <= device.facts.max_smem_optin;
+            let tc = tensor_core_dim(device.facts.arch, &dm, &[q, k, v, d_o], &[dq, dk, dv]).filter(fits);
             let mut scratch = Scratch::default();
-            let result = backward(device, op, &dm, dmax, q.dtype, &mut a, &mut scratch);
+            let result = match tc {
+                Some(tc) => backward_tc(device, op, &dm, tc, q.dtype, &mut a, &mut scratch),
+                None => backward(device, op, &dm, dmax, q.dtype, &mut a, &mut scratch),
+            };
             let freed = scratch.free(device);
             result.and(freed)
         }
@@ -216,11 +266,7 @@ fn backward(
     let name = op.name();
     let rows = dm.b * dm.hq * dm.s;
     if rows > 0 {
-        // D = rowsum(do ∘ o), a warp per row.
-        a.delta = scratch.dense(device, compute_dtype(dtype), &[rows])?.ptr;
-        let warps_per_block = (THREADS / 32) as u64;
-        let shape = (grid(device, (rows as u64).div_ceil(warps_per_block), 32), THREADS, 0);
-        launch_1d(device, &name, "attention", dtype, "attn_bwd_delta_k", a, shape)?;
+        delta(device, &name, rows, dtype, a, scratch)?;
         let work = (dm.b * dm.hq * dm.s.div_ceil(BR)) as u64;
         let shape = (grid(device, work, 8), THREADS, smem(dtype, dm.d, 2 * BR + 2 * BC, 0));
         launch_1d(device, &name, "attention", dtype, &format!("attn_bwd_dq_{dmax}"), a, shape)?;
@@ -229,6 +275,49 @@ fn backward(
     let work = (dm.b * dm.hk * dm.t.div_ceil(BR)) as u64;
     let shape = (grid(device, work, 8), THREADS, smem(dtype, dm.d, 2 * BR + 2 * BC, 2 * BC));
     launch_1d(device, &name, "attention", dtype, &format!("attn_bwd_dkv_{dmax}"), a, shape)
+}
+
+/// D = rowsum(do ∘ o) into scratch (`a.delta`), a warp per row.
+fn delta(
+    device: &CudaDevice,
+    name: &str,
+    rows: usize,
+    dtype: DType,
+    a: &mut AttnArgs,
+    scratch: &mut Scratch,
+) -> Result<()> {
+    a.delta = scratch.dense(device, compute_dtype(dtype), &[rows])?.ptr;
+    let warps_per_block = (THREADS / 32) as u64;
+    let shape = (grid(device, (rows as u64).div_ceil(warps_per_block), 32), THREADS, 0);
+    launch_1d(device, name, "attention", dtype, "attn_bwd_delta_k", a, shape)
+}
+
+/// The tensor-core backward: D, then dq per 64-query tile and dk, dv per 64-key tile (one
+/// block per tile: the grids are the work, heaviest tiles first).
+fn backward_tc(
+    device: &CudaDevice,
+    op: &Op,
+    dm: &Dims,
+    dpad: usize,
+    dtype: DType,
+    a: &mut AttnArgs,
+    scratch: &mut Scratch,
+) -> Result<()> {
+    let name = op.name();
+    let q_work = (dm.b * dm.hq * dm.s.div_ceil(TC_ROWS)) as u64;
+    let k_work = (dm.b * dm.hk * dm.t.div_ceil(TC_ROWS)) as u64;
+    if q_work.max(k_work) > i32::MAX as u64 {
+        return Err(BackendError::unsupported(format!("cuda: {name} has too many tiles for one launch")));
+    }
+    let rows = dm.b * dm.hq * dm.s;
+    if rows > 0 {
+        delta(device, &name, rows, dtype, a, scratch)?;
+        let shape = (q_work as u32, TC_THREADS, tc_dq_smem(dpad));
+        launch_1d(device, &name, "attention", dtype, &format!("attn_bwd_dq_tc_{dpad}"), a, shape)?;
+    }
+    // dk and dv are written for every key (zeros where no query sees it), even when s = 0.
+    let shape = (k_work as u32, TC_THREADS, tc_dkv_smem(dpad));
+    launch_1d(device, &name, "attention", dtype, &format!("attn_bwd_dkv_tc_{dpad}"), a, shape)
 }
 
 #[cfg(test)]
@@ -263,7 +352,7 @@ mod tests {
         let dm = |d| Dims { b: 2, hq: 4, hk: 4, s: 16, t: 16, d };
         let pick = |arch, dtype, d: usize| {
             let x = dense(dtype, d);
-            tensor_core_dim(arch, &dm(d), [&x, &x, &x], &x)
+            tensor_core_dim(arch, &dm(d), &[&x, &x, &x], &[&x])
         };
         assert_eq!(pick(90, DType::BF16, 64), Some(64));
         assert_eq!(pick(80, DType::F16, 128), Some(128));
@@ -276,9 +365,39 @@ mod tests {
         // A strided head dim, or rows that are not 16-byte aligned, take the general kernel.
         let mut x = dense(DType::BF16, 64);
         x.strides[3] = 2;
-        assert_eq!(tensor_core_dim(90, &dm(64), [&x, &x, &x], &x), None);
+        assert_eq!(tensor_core_dim(90, &dm(64), &[&x, &x, &x], &[&x]), None);
         let mut x = dense(DType::BF16, 64);
         x.ptr += 2;
-        assert_eq!(tensor_core_dim(90, &dm(64), [&x, &x, &x], &dense(DType::BF16, 64)), None);
+        assert_eq!(tensor_core_dim(90, &dm(64), &[&x, &x, &x], &[&dense(DType::BF16, 64)]), None);
+    }
+
+    #[test]
+    fn the_tensor_core_backward_takes_aligned_gradients_and_32_bit_rows() {
+        let x = Operand { ptr: 1 << 20, dtype: DType::F16, shape: vec![1, 2, 8, 64], strides: vec![1024, 512, 64, 1] };
+        let dm = Dims { b: 1, hq: 2, hk: 2, s: 8, t: 8, d: 64 };
+        assert_eq!(tensor_core_dim(90, &dm, &[&x, &x, &x, &x], &[&x, &x, &x]), Some(64));
+        // A gradient at a 2-byte offset cannot take 4-byte pair stores.
+        let mut odd = x.clone();
+        odd.ptr += 2;
+        assert_eq!(tensor_core_dim(90, &dm, &[&x, &x, &x, &x], &[&x, &odd, &x]), None);
+        // A gradient in another dtype.
+        let mut other = x.clone();
+        other.dtype = DType::BF16;
+        assert_eq!(tensor_core_dim(90, &dm, &[&x, &x, &x, &x], &[&x, &x, &other]), None);
+        let long = Dims { t: 1 << 30, ..dm };
+        assert_eq!(tensor_core_dim(90, &long, &[&x, &x, &x, &x], &[&x, &x, &x]), None);
+    }
+
+    #[test]
+    fn the_tensor_core_kernels_fit_in_shared_memory() {
+        // Within sm_80's opt-in limit (163 KiB); sm_86/sm_89 (99 KiB) take the general
+        // backward at d > 64 (see `run`).
+        for dpad in [64, 128] {
+            for smem in [tc_smem(dpad), tc_dkv_smem(dpad), tc_dq_smem(dpad)] {
+                assert!(smem <= 163 * 1024, "{dpad}: {smem}");
+            }
+        }
+        assert_eq!(tc_dkv_smem(64), (128 + 256) * 72 * 2 + 64 * 16);
+        assert_eq!(tc_dq_smem(128), 384 * 136 * 2);
     }
 }
