@@ -127,6 +127,12 @@ impl Nccl {
             // SAFETY: `comms` has one slot per listed device.
             let status = unsafe { (self.init_all)(comms.as_mut_ptr(), devices.len() as c_int, devices.as_ptr()) };
             self.check(&format!("ncclCommInitAll for devices {devices:?}"), status)?;
+            if crate::nvrtc::verbose() {
+                eprintln!(
+                    "genesis-cuda: NCCL {} ({}): communicators for devices {devices:?}",
+                    self.version, self.found.path
+                );
+            }
             communicators.insert(devices.clone(), comms);
         }
         let comms = &communicators[&devices];

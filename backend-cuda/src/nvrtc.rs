@@ -72,7 +72,7 @@ fn cache_dir() -> Option<PathBuf> {
     Some(base.join("genesis").join("cuda-kernels"))
 }
 
-fn verbose() -> bool {
+pub(crate) fn verbose() -> bool {
     std::env::var_os("GENESIS_CUDA_VERBOSE").is_some_and(|v| v != "0")
 }
 

@@ -196,7 +196,7 @@ pub fn attention(q: &[f64], k: &[f64], v: &[f64], g: AttnShape, causal: bool, sc
             for i in 0..s {
                 let scores: Vec<f64> = (0..t)
                     .map(|j| {
-                        if causal && j > i + t - s {
+                        if j >= visible(g, causal, i) {
                             return f64::NEG_INFINITY;
                         }
                         let qi = &q[((bi * hq + h) * s + i) * d..][..d];

@@ -185,19 +185,34 @@ fn attention_cases(t: &Target) -> Vec<Case> {
         &FLOATS,
         &after("attention"),
         &|dtype, rng| {
+            // The small shapes vary the layouts; the full tier's "tiles" shapes are dense and
+            // large enough to cross the tile edges of blocked (tensor-core) kernels, with
+            // queries that see no key (s > t) and the largest head dim such kernels take.
+            let g = |b, hq, hk, s, t, d| AttnShape { b, hq, hk, s, t, d };
             [
-                ("gqa", AttnShape { b: 1, hq: 4, hk: 2, s: 5, t: 7, d: 8 }, false),
-                ("gqa_causal_t_gt_s", AttnShape { b: 1, hq: 4, hk: 2, s: 5, t: 7, d: 8 }, true),
-                ("mha_causal_batched", AttnShape { b: 2, hq: 2, hk: 2, s: 6, t: 6, d: 4 }, true),
-                ("odd_gqa_causal", AttnShape { b: 1, hq: 3, hk: 1, s: 9, t: 9, d: 5 }, true),
+                ("gqa", g(1, 4, 2, 5, 7, 8), false, Tier::Core),
+                ("gqa_causal_t_gt_s", g(1, 4, 2, 5, 7, 8), true, Tier::Core),
+                ("mha_causal_batched", g(2, 2, 2, 6, 6, 4), true, Tier::Core),
+                ("odd_gqa_causal", g(1, 3, 1, 9, 9, 5), true, Tier::Core),
+                ("tiles_gqa_causal_t_gt_s", g(1, 4, 2, 80, 150, 64), true, Tier::Full),
+                ("tiles_causal_s_gt_t", g(1, 2, 1, 150, 80, 64), true, Tier::Full),
+                ("tiles_d128", g(2, 2, 2, 70, 70, 128), false, Tier::Full),
             ]
             .into_iter()
-            .map(|(sample, g, causal)| {
+            .map(|(sample, g, causal, tier)| {
                 let r = ValueRange::normal(1.0);
+                let tiles = tier == Tier::Full;
+                let dense_or = |layout| if tiles { Layout::Contiguous } else { layout };
                 let q = tensor(rng, dtype, &[g.b, g.hq, g.s, g.d], Layout::Contiguous, r);
                 let k = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], Layout::Contiguous, r);
-                let v = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], Layout::Offset, r);
-                let d_o = tensor(rng, dtype, &q.shape, if causal { Layout::Strided } else { Layout::Contiguous }, r);
+                let v = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], dense_or(Layout::Offset), r);
+                let d_o = tensor(
+                    rng,
+                    dtype,
+                    &q.shape,
+                    dense_or(if causal { Layout::Strided } else { Layout::Contiguous }),
+                    r,
+                );
                 let scale = 1.0 / (g.d as f64).sqrt();
                 let (o, lse) = attention(&q.values, &k.values, &v.values, g, causal, scale);
                 let (o, lse) = (quantize_all(dtype, &o), quantize_all(DType::F32, &lse));
@@ -213,11 +228,7 @@ fn attention_cases(t: &Target) -> Vec<Case> {
                 let outs = vec![Spec::out(dtype, &q.shape), Spec::out(dtype, &k.shape), Spec::out(dtype, &v.shape)];
                 let inputs = vec![Spec::new(dtype, &q.shape, o), Spec::new(DType::F32, &[g.b, g.hq, g.s], lse), d_o];
                 let inputs = [vec![q, k, v], inputs].concat();
-                (
-                    sample.to_string(),
-                    Tier::Core,
-                    OpCase { op: attn(causal, scale), inputs, outputs: outs, expected: exp },
-                )
+                (sample.to_string(), tier, OpCase { op: attn(causal, scale), inputs, outputs: outs, expected: exp })
             })
             .collect()
         },

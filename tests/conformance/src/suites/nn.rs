@@ -170,37 +170,37 @@ pub fn cases(t: &Target) -> Vec<Case> {
         &FLOATS,
         &no_deps,
         &|dtype, rng| {
-            [(false, 1usize, "gqa"), (true, 1, "gqa_causal"), (true, 2, "mha_causal_batched")]
-                .into_iter()
-                .map(|(causal, b, sample)| {
-                    let g = if b == 1 {
-                        AttnShape { b, hq: 4, hk: 2, s: 5, t: 7, d: 8 }
-                    } else {
-                        AttnShape { b, hq: 2, hk: 2, s: 6, t: 6, d: 4 }
-                    };
-                    let r = ValueRange::normal(1.0);
-                    let q = tensor(rng, dtype, &[g.b, g.hq, g.s, g.d], Layout::Contiguous, r);
-                    let k = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], Layout::Contiguous, r);
-                    let v = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], Layout::Contiguous, r);
-                    let scale = 1.0 / (g.d as f64).sqrt();
-                    let (o, lse) = attention(&q.values, &k.values, &v.values, g, causal, scale);
-                    let outs = vec![Spec::out(dtype, &q.shape), Spec::out(DType::F32, &[g.b, g.hq, g.s])];
-                    let exp = vec![
-                        Some(Expected::normalized(dtype, o, g.t, 2.0)),
-                        Some(Expected::normalized(DType::F32, lse, g.t, 2.0)),
-                    ];
-                    (
-                        sample.to_string(),
-                        Tier::Core,
-                        OpCase {
-                            op: Op::Attention { causal, scale },
-                            inputs: vec![q, k, v],
-                            outputs: outs,
-                            expected: exp,
-                        },
-                    )
-                })
-                .collect()
+            // The full tier's "tiles" shapes cross the tile edges of blocked kernels, with
+            // queries that see no key (s > t) and the largest head dim such kernels take.
+            let g = |b, hq, hk, s, t, d| AttnShape { b, hq, hk, s, t, d };
+            [
+                (false, g(1, 4, 2, 5, 7, 8), "gqa", Tier::Core),
+                (true, g(1, 4, 2, 5, 7, 8), "gqa_causal", Tier::Core),
+                (true, g(2, 2, 2, 6, 6, 4), "mha_causal_batched", Tier::Core),
+                (true, g(1, 4, 2, 80, 150, 64), "tiles_gqa_causal_t_gt_s", Tier::Full),
+                (true, g(1, 2, 1, 150, 80, 64), "tiles_causal_s_gt_t", Tier::Full),
+                (false, g(2, 2, 2, 70, 70, 128), "tiles_d128", Tier::Full),
+            ]
+            .into_iter()
+            .map(|(causal, g, sample, tier)| {
+                let r = ValueRange::normal(1.0);
+                let q = tensor(rng, dtype, &[g.b, g.hq, g.s, g.d], Layout::Contiguous, r);
+                let k = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], Layout::Contiguous, r);
+                let v = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], Layout::Contiguous, r);
+                let scale = 1.0 / (g.d as f64).sqrt();
+                let (o, lse) = attention(&q.values, &k.values, &v.values, g, causal, scale);
+                let outs = vec![Spec::out(dtype, &q.shape), Spec::out(DType::F32, &[g.b, g.hq, g.s])];
+                let exp = vec![
+                    Some(Expected::normalized(dtype, o, g.t, 2.0)),
+                    Some(Expected::normalized(DType::F32, lse, g.t, 2.0)),
+                ];
+                (
+                    sample.to_string(),
+                    tier,
+                    OpCase { op: Op::Attention { causal, scale }, inputs: vec![q, k, v], outputs: outs, expected: exp },
+                )
+            })
+            .collect()
         },
     ));
     cases
