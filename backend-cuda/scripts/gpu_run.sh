@@ -25,7 +25,8 @@ package)
         "$target/release/examples/cuda_bench" "$target/release/genesis-conformance" \
         "$target/release/examples/train_digits" "$target/release/examples/train_char_lm" "$dest/"
     (cd "$dest" && strip libgenesis_backend_cuda.so cuda_check cuda_bench genesis-conformance train_digits train_char_lm)
-    cp "$root/backend-cuda/scripts/gpu_run.sh" "$root/backend-cuda/scripts/torch_bench.py" "$dest/"
+    cp "$root/backend-cuda/scripts/gpu_run.sh" "$root/backend-cuda/scripts/torch_bench.py" \
+        "$root/tests/conformance/expectations/cuda.txt" "$dest/"
     ls -la "$dest"
     ;;
 remote)
@@ -92,6 +93,7 @@ conformance)
     export GENESIS_CUDA_CACHE=${GENESIS_CUDA_CACHE:-/tmp/genesis-kernel-cache}
     start=$SECONDS
     "$dir/genesis-conformance" --backend "$dir/libgenesis_backend_cuda.so" --tier "${2:-full}" \
+        --expectations "$dir/cuda.txt" \
         --json "$out/conformance-cuda.json" --junit "$out/conformance-cuda.xml" >"$out/conformance-cuda.txt" 2>&1
     echo "conformance rc=$? in $((SECONDS - start)) s"
     grep -E "^(FAIL|ERROR|CRASH|TIMEOUT)|Summary|Verdict|suites:" "$out/conformance-cuda.txt" | head -60
