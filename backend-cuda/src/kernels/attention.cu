@@ -791,6 +791,36 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS) attn_fwd_tc_128(const A
 // a0a1, a2a3, a4a5, a6a7 of the layout above.
 #define TC_LOG2E 1.4426950408889634f
 
+// Both backward passes form two products of one shape at once, over the head dim:
+// acc1 = A1·B1ᵀ and acc2 = A2·B2ᵀ for this warp's 16 rows and NT n-tiles of 8 columns (S and
+// dP share the B-side loop, so each A fragment is loaded once per k-step). a1/a2: ldmatrix
+// addresses of the warp's A rows; b1/b2: of the first B row this lane loads.
+template <int NT, int D, int LD>
+__device__ __forceinline__ void tc_two_products(float (&acc1)[NT][4], float (&acc2)[NT][4], u32 a1, u32 a2, u32 b1,
+                                                u32 b2) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc1[n][e] = acc2[n][e] = 0.f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        u32 x[4], y[4];
+        tc_ldsm4(x, a1 + 32 * kk);
+        tc_ldsm4(y, a2 + 32 * kk);
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+            u32 b[4];
+            tc_ldsm4(b, b1 + (u32)((16 * np * LD + 16 * kk) * 2));
+            tc_mma(acc1[2 * np], x, b[0], b[1]);
+            tc_mma(acc1[2 * np + 1], x, b[2], b[3]);
+            tc_ldsm4(b, b2 + (u32)((16 * np * LD + 16 * kk) * 2));
+            tc_mma(acc2[2 * np], y, b[0], b[1]);
+            tc_mma(acc2[2 * np + 1], y, b[2], b[3]);
+        }
+    }
+}
+
 template <int D, int BM> __device__ void attn_bwd_dkv_tc(const AttnArgs& a, T* sm) {
 #if __CUDA_ARCH__ >= 800
     constexpr int LD = D + 8;
@@ -878,29 +908,9 @@ template <int D, int BM> __device__ void attn_bwd_dkv_tc(const AttnArgs& a, T* s
         // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: Q and dO rows are the n (query) index of the B operand,
         // loaded as K is in the forward.
         float sacc[NT][4], pacc[NT][4];
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) sacc[n][e] = pacc[n][e] = 0.f;
-        }
         const u32 qB = tc_smem_addr(qs + (mr + 8 * (mi >> 1)) * LD + 8 * (mi & 1));
         const u32 dB = tc_smem_addr(dos + (mr + 8 * (mi >> 1)) * LD + 8 * (mi & 1));
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            u32 ka[4], va[4];
-            tc_ldsm4(ka, kA + 32 * kk);
-            tc_ldsm4(va, vA + 32 * kk);
-#pragma unroll
-            for (int np = 0; np < NT / 2; ++np) {
-                u32 b[4];
-                tc_ldsm4(b, qB + (u32)((16 * np * LD + 16 * kk) * 2));
-                tc_mma(sacc[2 * np], ka, b[0], b[1]);
-                tc_mma(sacc[2 * np + 1], ka, b[2], b[3]);
-                tc_ldsm4(b, dB + (u32)((16 * np * LD + 16 * kk) * 2));
-                tc_mma(pacc[2 * np], va, b[0], b[1]);
-                tc_mma(pacc[2 * np + 1], va, b[2], b[3]);
-            }
-        }
+        tc_two_products<NT, D, LD>(sacc, pacc, kA, vA, qB, dB);
         // Element e of n-tile n: key jlo + 8(e/2), query i0 + 8n + 2c4 + e%2. Only tiles that
         // cross the diagonal or an edge need the mask.
         const bool mask = i0 + BM > s || j0 + TC_BN > t || (causal && i0 + off < j0 + TC_BN);
@@ -1039,29 +1049,9 @@ template <int D> __device__ void attn_bwd_dq_tc(const AttnArgs& a, T* sm) {
         const T* vs = ks + TILE;
         // S = Q·Kᵀ, dP = dO·Vᵀ.
         float sacc[NT][4], pacc[NT][4];
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) sacc[n][e] = pacc[n][e] = 0.f;
-        }
         const u32 kB = tc_smem_addr(ks + (mr + 8 * (mi >> 1)) * LD + 8 * (mi & 1));
         const u32 vB = tc_smem_addr(vs + (mr + 8 * (mi >> 1)) * LD + 8 * (mi & 1));
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            u32 qa[4], da[4];
-            tc_ldsm4(qa, qA + 32 * kk);
-            tc_ldsm4(da, dA + 32 * kk);
-#pragma unroll
-            for (int np = 0; np < NT / 2; ++np) {
-                u32 b[4];
-                tc_ldsm4(b, kB + (u32)((16 * np * LD + 16 * kk) * 2));
-                tc_mma(sacc[2 * np], qa, b[0], b[1]);
-                tc_mma(sacc[2 * np + 1], qa, b[2], b[3]);
-                tc_ldsm4(b, vB + (u32)((16 * np * LD + 16 * kk) * 2));
-                tc_mma(pacc[2 * np], da, b[0], b[1]);
-                tc_mma(pacc[2 * np + 1], da, b[2], b[3]);
-            }
-        }
+        tc_two_products<NT, D, LD>(sacc, pacc, qA, dA, kB, vB);
         // Element e of n-tile n: row ilo + 8(e/2), key j0 + 8n + 2c4 + e%2.
         const bool mask = j0 + TC_BN > vmin;
 #pragma unroll
