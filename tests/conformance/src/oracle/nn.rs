@@ -243,10 +243,33 @@ pub fn attention_vjp(
     causal: bool,
     scale: f64,
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    attention_vjp_with_magnitudes(q, k, v, o, lse, d_o, g, causal, scale).0
+}
+
+/// `(dq, dk, dv)`, or per-element values of the same shapes.
+pub type Grads = (Vec<f64>, Vec<f64>, Vec<f64>);
+
+/// Gradients of [`attention_vjp`] and, per element, the sum of the absolute values of its
+/// terms (`Σ|scale·dS·k|`, `Σ|scale·dS·q|`, `Σ|P·do|`): the scale of the error a backend makes
+/// when it rounds P and dS to the input dtype before the products, as flash-style kernels do
+/// to feed tensor cores.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_vjp_with_magnitudes(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    o: &[f64],
+    lse: &[f64],
+    d_o: &[f64],
+    g: AttnShape,
+    causal: bool,
+    scale: f64,
+) -> (Grads, Grads) {
     let AttnShape { b, hq, hk, s, t, d } = g;
     let dot = |a: &[f64], b: &[f64]| sum(&a.iter().zip(b).map(|(x, y)| x * y).collect::<Vec<_>>());
     // dk and dv collect their terms (from every query of the group) and sum them at the end.
     let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![Vec::new(); k.len()], vec![Vec::new(); v.len()]);
+    let mut dq_magnitude = vec![0.0; q.len()];
     for bi in 0..b {
         for h in 0..hq {
             let kv = bi * hk + h / (hq / hk);
@@ -269,13 +292,16 @@ pub fn attention_vjp(
                 }
                 for (c, terms) in dq_terms.iter().enumerate() {
                     dq[row + c] = sum(terms);
+                    dq_magnitude[row + c] = terms.iter().map(|x| x.abs()).sum();
                 }
             }
         }
     }
+    let magnitude = |all: &[Vec<f64>]| all.iter().map(|terms| terms.iter().map(|x| x.abs()).sum()).collect();
+    let (dk_magnitude, dv_magnitude) = (magnitude(&dk), magnitude(&dv));
     let dk = dk.iter().map(|terms| sum(terms)).collect();
     let dv = dv.iter().map(|terms| sum(terms)).collect();
-    (dq, dk, dv)
+    ((dq, dk, dv), (dq_magnitude, dk_magnitude, dv_magnitude))
 }
 
 #[cfg(test)]

@@ -9,12 +9,12 @@ use crate::oracle::conv::{
     avg_pool2d_vjp, conv2d_vjp_input, conv2d_vjp_weight, conv_out, max_pool2d, max_pool2d_vjp, out_len,
 };
 use crate::oracle::nn::{
-    attention, attention_vjp, cross_entropy, cross_entropy_vjp, layer_norm, layer_norm_vjp, log_softmax,
-    log_softmax_vjp, rms_norm, rms_norm_vjp, softmax, softmax_vjp, AttnShape,
+    attention, attention_vjp_with_magnitudes, cross_entropy, cross_entropy_vjp, layer_norm, layer_norm_vjp,
+    log_softmax, log_softmax_vjp, rms_norm, rms_norm_vjp, softmax, softmax_vjp, AttnShape,
 };
 use crate::target::{Layout, Spec, Target};
 use crate::tolerance::Expected;
-use crate::values::{quantize, quantize_all, short_name, FLOATS};
+use crate::values::{quantize, quantize_all, short_name, unit_roundoff, FLOATS};
 use genesis_backend_api::{DType, Op, Window2d};
 
 /// Layer/RMS norm and cross-entropy save f32 statistics (mean, rstd, lse) even for f64
@@ -175,6 +175,21 @@ pub fn cases(t: &Target) -> Vec<Case> {
 /// Attention backward: grouped-query and plain heads, causal with `s == t` and `t > s`
 /// (bottom-right aligned), odd sizes. The saved `o` (in the dtype) and `lse` (f32) come from
 /// the oracle's forward, rounded as a backend would store them.
+/// For f16/bf16 the attention backward may round P and dS to the input dtype before its
+/// products (flash-style kernels do, to use tensor cores): allow, per element, that rounding's
+/// worst-case first-order error, `u·Σ|terms|`, where it exceeds the normalized tolerance.
+/// Where P is concentrated (a query that sees few keys) this bound is the larger one.
+fn rounded_intermediates(dtype: DType, mut expected: Expected, magnitude: &[f64]) -> Expected {
+    if matches!(dtype, DType::F16 | DType::BF16) {
+        let u = unit_roundoff(dtype);
+        for (allowed, m) in expected.allowed.iter_mut().zip(magnitude) {
+            *allowed = allowed.max(u * m);
+        }
+        expected.describe = format!("{}, or u·Σ|terms| (P and dS rounded to {dtype})", expected.describe);
+    }
+    expected
+}
+
 fn attention_cases(t: &Target) -> Vec<Case> {
     let attn = |causal, scale| Op::AttentionBackward { causal, scale };
     op_cases(
@@ -216,14 +231,26 @@ fn attention_cases(t: &Target) -> Vec<Case> {
                 let scale = 1.0 / (g.d as f64).sqrt();
                 let (o, lse) = attention(&q.values, &k.values, &v.values, g, causal, scale);
                 let (o, lse) = (quantize_all(dtype, &o), quantize_all(DType::F32, &lse));
-                let (dq, dk, dv) =
-                    attention_vjp(&q.values, &k.values, &v.values, &o, &lse, &d_o.values, g, causal, scale);
+                let ((dq, dk, dv), (mq, mk, mv)) = attention_vjp_with_magnitudes(
+                    &q.values,
+                    &k.values,
+                    &v.values,
+                    &o,
+                    &lse,
+                    &d_o.values,
+                    g,
+                    causal,
+                    scale,
+                );
                 // dq sums over the keys, dk and dv over the queries of the kv head's group.
                 let group_queries = g.hq / g.hk * g.s;
+                let expect = |values, n, magnitude: Vec<f64>| {
+                    rounded_intermediates(dtype, Expected::normalized(stats_dtype(dtype), values, n, 2.0), &magnitude)
+                };
                 let exp = vec![
-                    Some(Expected::normalized(stats_dtype(dtype), dq, g.t, 2.0)),
-                    Some(Expected::normalized(stats_dtype(dtype), dk, group_queries, 2.0)),
-                    Some(Expected::normalized(stats_dtype(dtype), dv, group_queries, 2.0)),
+                    Some(expect(dq, g.t, mq)),
+                    Some(expect(dk, group_queries, mk)),
+                    Some(expect(dv, group_queries, mv)),
                 ];
                 let outs = vec![Spec::out(dtype, &q.shape), Spec::out(dtype, &k.shape), Spec::out(dtype, &v.shape)];
                 let inputs = vec![Spec::new(dtype, &q.shape, o), Spec::new(DType::F32, &[g.b, g.hq, g.s], lse), d_o];
