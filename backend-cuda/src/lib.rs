@@ -5,9 +5,9 @@
 //!
 //! Layout: [`allocator`] (the stream-ordered caching allocator), `device` (one opened GPU:
 //! stream, memory, modules, launches, error reporting), `nvrtc` (compilation and the disk
-//! cache of kernels), `blas` (cuBLAS), `nccl` (collectives), `libs` (finding the CUDA libraries), `kernels` (the
-//! CUDA C sources and their argument block) and `ops` (operand checks and dispatch per op
-//! family). [`Device::capabilities`] lists exactly the (op, dtype) pairs `ops` runs; the
+//! cache of kernels), `blas` (cuBLAS), `nccl` (collectives), `libs` (finding the CUDA
+//! libraries), `kernels` (the CUDA C sources and their argument block) and `ops` (operand
+//! checks and dispatch per op family). [`Device::capabilities`] lists exactly the (op, dtype) pairs `ops` runs; the
 //! rest of the interface is refused with `Unsupported`.
 //!
 //! The plugin builds without CUDA: cudarc opens the driver library at run time. cudarc panics

@@ -34,10 +34,11 @@ fn data_type(dtype: DType) -> c_int {
     }
 }
 
-type AllReduce = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> Status;
-type Broadcast = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> Status;
-type AllGather = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm, Stream) -> Status;
-type ReduceScatter = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> Status;
+/// `(send, recv, count, type, op or root, comm, stream)`: ncclAllReduce, ncclReduceScatter
+/// (op) and ncclBroadcast (root).
+type SendRecvWith = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> Status;
+/// `(send, recv, count, type, comm, stream)`: ncclAllGather.
+type SendRecv = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm, Stream) -> Status;
 
 /// The NCCL library and the communicators made so far.
 pub struct Nccl {
@@ -45,10 +46,10 @@ pub struct Nccl {
     /// `ncclGetVersion`'s code (22703 for 2.27.3).
     version: c_int,
     init_all: unsafe extern "C" fn(*mut Comm, c_int, *const c_int) -> Status,
-    all_reduce: AllReduce,
-    broadcast: Broadcast,
-    all_gather: AllGather,
-    reduce_scatter: ReduceScatter,
+    all_reduce: SendRecvWith,
+    broadcast: SendRecvWith,
+    all_gather: SendRecv,
+    reduce_scatter: SendRecvWith,
     group_start: unsafe extern "C" fn() -> Status,
     group_end: unsafe extern "C" fn() -> Status,
     error_string: unsafe extern "C" fn(Status) -> *const c_char,

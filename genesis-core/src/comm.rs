@@ -44,21 +44,16 @@ pub fn broadcast(tensor: &Tensor, devices: &[Device]) -> Result<Vec<Tensor>> {
             tensor.device()
         )));
     };
-    // The interface's root is rank 0: put the source's device first, then restore the order.
-    let mut order: Vec<usize> = (0..devices.len()).collect();
-    order.swap(0, root);
-    let source = tensor.contiguous()?;
+    let source = no_grad(|| tensor.contiguous())?;
     let outputs: Vec<Tensor> =
-        order.iter().map(|&i| Tensor::empty(tensor.shape(), tensor.dtype(), &devices[i])).collect::<Result<_>>()?;
-    // Ranks other than the root contribute nothing: their input is their output (in place).
-    let inputs: Vec<Tensor> =
-        outputs.iter().enumerate().map(|(r, o)| if r == 0 { source.clone() } else { o.clone() }).collect();
-    run(CollectiveOp::Broadcast, &inputs, &pairs(&inputs, &outputs)?)?;
-    let mut result: Vec<Option<Tensor>> = vec![None; devices.len()];
-    for (tensor, &i) in outputs.into_iter().zip(&order) {
-        result[i] = Some(tensor);
-    }
-    Ok(result.into_iter().flatten().collect())
+        devices.iter().map(|d| Tensor::empty(tensor.shape(), tensor.dtype(), d)).collect::<Result<_>>()?;
+    // The interface's root is rank 0: the source's device goes first. The other ranks
+    // contribute nothing: their input is their output (in place).
+    let ranks = std::iter::once(root).chain((0..devices.len()).filter(|&i| i != root));
+    let (inputs, rank_outputs): (Vec<Tensor>, Vec<Tensor>) =
+        ranks.map(|i| (if i == root { source.clone() } else { outputs[i].clone() }, outputs[i].clone())).unzip();
+    run(CollectiveOp::Broadcast, &inputs, &pairs(&inputs, &rank_outputs)?)?;
+    Ok(outputs)
 }
 
 /// Every device gets all the tensors concatenated along dim 0, in rank order.

@@ -520,6 +520,16 @@ __device__ __forceinline__ u32 tc_pack(float lo, float hi) {
     return r;
 }
 
+// Two adjacent 16x8 f32 accumulator tiles as one 16x16 A fragment of T: the C layout of
+// mma.m16n8k16 matches its A layout, so a product's result (P, dS) feeds the next product
+// from registers.
+__device__ __forceinline__ void tc_acc_to_a(u32 a[4], const float c0[4], const float c1[4]) {
+    a[0] = tc_pack(c0[0], c0[1]);
+    a[1] = tc_pack(c0[2], c0[3]);
+    a[2] = tc_pack(c1[0], c1[1]);
+    a[3] = tc_pack(c1[2], c1[3]);
+}
+
 // Rows r0.. r0+NROWS of one head into shared `dst` (row stride D + 8 elements) with
 // cp.async; rows at or past `limit` and columns at or past d are zeros.
 template <int D, int NROWS>
@@ -704,10 +714,7 @@ template <int D, int MT> __device__ void attn_fwd_tc(const AttnArgs& a, T* sm) {
                 u32 pa[MT][4];
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    pa[mt][0] = tc_pack(sacc[mt][2 * kk][0], sacc[mt][2 * kk][1]);
-                    pa[mt][1] = tc_pack(sacc[mt][2 * kk][2], sacc[mt][2 * kk][3]);
-                    pa[mt][2] = tc_pack(sacc[mt][2 * kk + 1][0], sacc[mt][2 * kk + 1][1]);
-                    pa[mt][3] = tc_pack(sacc[mt][2 * kk + 1][2], sacc[mt][2 * kk + 1][3]);
+                    tc_acc_to_a(pa[mt], sacc[mt][2 * kk], sacc[mt][2 * kk + 1]);
                 }
 #pragma unroll
                 for (int dp = 0; dp < D / 16; ++dp) {
@@ -935,14 +942,8 @@ template <int D, int BM> __device__ void attn_bwd_dkv_tc(const AttnArgs& a, T* s
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) {
             u32 pa[4], da[4];
-            pa[0] = tc_pack(sacc[2 * kk][0], sacc[2 * kk][1]);
-            pa[1] = tc_pack(sacc[2 * kk][2], sacc[2 * kk][3]);
-            pa[2] = tc_pack(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]);
-            pa[3] = tc_pack(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3]);
-            da[0] = tc_pack(pacc[2 * kk][0], pacc[2 * kk][1]);
-            da[1] = tc_pack(pacc[2 * kk][2], pacc[2 * kk][3]);
-            da[2] = tc_pack(pacc[2 * kk + 1][0], pacc[2 * kk + 1][1]);
-            da[3] = tc_pack(pacc[2 * kk + 1][2], pacc[2 * kk + 1][3]);
+            tc_acc_to_a(pa, sacc[2 * kk], sacc[2 * kk + 1]);
+            tc_acc_to_a(da, pacc[2 * kk], pacc[2 * kk + 1]);
 #pragma unroll
             for (int dp = 0; dp < D / 16; ++dp) {
                 u32 b[4];
@@ -1069,10 +1070,7 @@ template <int D> __device__ void attn_bwd_dq_tc(const AttnArgs& a, T* sm) {
 #pragma unroll
         for (int kk = 0; kk < TC_BN / 16; ++kk) {
             u32 da[4];
-            da[0] = tc_pack(pacc[2 * kk][0], pacc[2 * kk][1]);
-            da[1] = tc_pack(pacc[2 * kk][2], pacc[2 * kk][3]);
-            da[2] = tc_pack(pacc[2 * kk + 1][0], pacc[2 * kk + 1][1]);
-            da[3] = tc_pack(pacc[2 * kk + 1][2], pacc[2 * kk + 1][3]);
+            tc_acc_to_a(da, pacc[2 * kk], pacc[2 * kk + 1]);
 #pragma unroll
             for (int dp = 0; dp < D / 16; ++dp) {
                 u32 b[4];

@@ -81,7 +81,20 @@ fn launch(
     has_contiguous: bool,
 ) -> Result<()> {
     let dense = set_geometry(&mut args, operands);
-    if dense && has_contiguous {
+    launch_set(device, op, dtype, base, operands, args, dense && has_contiguous)
+}
+
+/// [`launch`] with the geometry already in `args`; `contiguous` picks `base_c`.
+fn launch_set(
+    device: &CudaDevice,
+    op: &Op,
+    dtype: DType,
+    base: &str,
+    operands: &[&Operand],
+    mut args: Args,
+    contiguous: bool,
+) -> Result<()> {
+    if contiguous {
         let pack = (16 / dtype.size_in_bytes()) as u64;
         let aligned = operands.iter().all(|o| o.ptr % (o.dtype.size_in_bytes() as u64 * pack) == 0);
         if aligned {
@@ -151,12 +164,14 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             let base = format!("binary_{}", b.name());
             let operands = [&v[0], &v[1], &y];
             let mut args = Args::default();
-            if !set_geometry(&mut args, &operands) {
+            let dense = set_geometry(&mut args, &operands);
+            // `broadcast` leaves `args` as it found them when the layout does not fit it.
+            if !dense {
                 if let Some(per_thread) = broadcast(&mut args, &operands) {
                     return device.launch(&op.name(), v[0].dtype, &format!("{base}_b"), &mut args, per_thread);
                 }
             }
-            launch(device, op, v[0].dtype, &base, &operands, Args::default(), true)
+            launch_set(device, op, v[0].dtype, &base, &operands, args, dense)
         }
         Op::BinaryScalar { op: b, scalar, scalar_first } => {
             arity(op, 1, 1, inputs, outputs)?;

@@ -225,36 +225,21 @@ fn visible(g: AttnShape, causal: bool, i: usize) -> usize {
     }
 }
 
+/// `(dq, dk, dv)`, or per-element values of the same shapes.
+pub type Grads = (Vec<f64>, Vec<f64>, Vec<f64>);
+
 /// Attention VJP `(dq, dk, dv)` from the saved `o` and `lse`, as the interface passes them
 /// (`[q, k, v, o, lse, do] -> [dq, dk, dv]`): over the visible keys
 /// `P = exp(scale·q·kᵀ - lse)`, `dv = Pᵀ·do`, `dS = P∘(do·vᵀ - rowsum(do∘o))`,
 /// `dq = scale·dS·k`, `dk = scale·dSᵀ·q`; the query heads of a group add into their kv head,
 /// and a query that sees no key contributes nothing. With the exact `o` and `lse` of
 /// [`attention`] this is its VJP (checked by finite differences below).
+///
+/// Second, per element, the sum of the absolute values of its terms (`Σ|scale·dS·k|`,
+/// `Σ|scale·dS·q|`, `Σ|P·do|`): the scale of the error a backend makes when it rounds P and
+/// dS to the input dtype before the products, as flash-style kernels do to feed tensor cores.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_vjp(
-    q: &[f64],
-    k: &[f64],
-    v: &[f64],
-    o: &[f64],
-    lse: &[f64],
-    d_o: &[f64],
-    g: AttnShape,
-    causal: bool,
-    scale: f64,
-) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    attention_vjp_with_magnitudes(q, k, v, o, lse, d_o, g, causal, scale).0
-}
-
-/// `(dq, dk, dv)`, or per-element values of the same shapes.
-pub type Grads = (Vec<f64>, Vec<f64>, Vec<f64>);
-
-/// Gradients of [`attention_vjp`] and, per element, the sum of the absolute values of its
-/// terms (`Σ|scale·dS·k|`, `Σ|scale·dS·q|`, `Σ|P·do|`): the scale of the error a backend makes
-/// when it rounds P and dS to the input dtype before the products, as flash-style kernels do
-/// to feed tensor cores.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_vjp_with_magnitudes(
     q: &[f64],
     k: &[f64],
     v: &[f64],
@@ -363,7 +348,7 @@ mod tests {
             let (q, k, v, d_o) = (data("aq", nq), data("ak", nk), data("av", nk), data("ado", nq));
             let scale = 0.7;
             let (o, lse) = attention(&q, &k, &v, g, causal, scale);
-            let (dq, dk, dv) = attention_vjp(&q, &k, &v, &o, &lse, &d_o, g, causal, scale);
+            let (dq, dk, dv) = attention_vjp(&q, &k, &v, &o, &lse, &d_o, g, causal, scale).0;
             let what = format!("attention {g:?} causal {causal}");
             assert_close(&dq, &fd_vjp(&|q| attention(q, &k, &v, g, causal, scale).0, &q, &d_o), &format!("{what} dq"));
             assert_close(&dk, &fd_vjp(&|k| attention(&q, k, &v, g, causal, scale).0, &k, &d_o), &format!("{what} dk"));

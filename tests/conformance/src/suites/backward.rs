@@ -9,8 +9,8 @@ use crate::oracle::conv::{
     avg_pool2d_vjp, conv2d_vjp_input, conv2d_vjp_weight, conv_out, max_pool2d, max_pool2d_vjp, out_len,
 };
 use crate::oracle::nn::{
-    attention, attention_vjp_with_magnitudes, cross_entropy, cross_entropy_vjp, layer_norm, layer_norm_vjp,
-    log_softmax, log_softmax_vjp, rms_norm, rms_norm_vjp, softmax, softmax_vjp, AttnShape,
+    attention, attention_vjp, cross_entropy, cross_entropy_vjp, layer_norm, layer_norm_vjp, log_softmax,
+    log_softmax_vjp, rms_norm, rms_norm_vjp, softmax, softmax_vjp, AttnShape,
 };
 use crate::target::{Layout, Spec, Target};
 use crate::tolerance::Expected;
@@ -231,17 +231,8 @@ fn attention_cases(t: &Target) -> Vec<Case> {
                 let scale = 1.0 / (g.d as f64).sqrt();
                 let (o, lse) = attention(&q.values, &k.values, &v.values, g, causal, scale);
                 let (o, lse) = (quantize_all(dtype, &o), quantize_all(DType::F32, &lse));
-                let ((dq, dk, dv), (mq, mk, mv)) = attention_vjp_with_magnitudes(
-                    &q.values,
-                    &k.values,
-                    &v.values,
-                    &o,
-                    &lse,
-                    &d_o.values,
-                    g,
-                    causal,
-                    scale,
-                );
+                let ((dq, dk, dv), (mq, mk, mv)) =
+                    attention_vjp(&q.values, &k.values, &v.values, &o, &lse, &d_o.values, g, causal, scale);
                 // dq sums over the keys, dk and dv over the queries of the kv head's group.
                 let group_queries = g.hq / g.hk * g.s;
                 let expect = |values, n, magnitude: Vec<f64>| {

@@ -54,8 +54,7 @@ fn exact_values(rng: &mut Rng, dtype: DType, n: usize) -> Vec<f64> {
             DType::Bool => (rng.next_u64() & 1) as f64,
             // Near the top of the range, so that sums wrap.
             DType::U8 => (rng.below(64) + 192) as f64,
-            DType::I32 => rng.below(2001) as f64 - 1000.0,
-            DType::I64 => rng.below(2001) as f64 - 1000.0,
+            DType::I32 | DType::I64 => rng.below(2001) as f64 - 1000.0,
         })
         .collect()
 }
@@ -253,8 +252,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
         ("view_past_buffer", CollectiveOp::AllReduceSum, ErrorKind::InvalidArgument, |d, a, b| {
             vec![CollectiveArg { device: d, input: desc(a, F32, &[1000]), output: desc(b, F32, &[1000]) }]
         }),
-        ("device_out_of_range", CollectiveOp::Broadcast, ErrorKind::InvalidArgument, |d, a, b| {
-            let _ = d;
+        ("device_out_of_range", CollectiveOp::Broadcast, ErrorKind::InvalidArgument, |_, a, b| {
             vec![CollectiveArg { device: 4096, input: desc(a, F32, &[4]), output: desc(b, F32, &[4]) }]
         }),
     ];
