@@ -35,6 +35,12 @@ macro_rules! open_enum {
             pub fn name(self) -> &'static str {
                 match self { $($name::$variant => $text,)* }
             }
+            // The name of the op with a scalar operand (only binary ops have one; a static
+            // string so that naming an op never allocates on the launch path).
+            #[allow(dead_code)]
+            fn scalar_name(self) -> &'static str {
+                match self { $($name::$variant => concat!($text, "_scalar"),)* }
+            }
         }
     };
 }
@@ -545,21 +551,21 @@ impl OpKind {
     }
 
     /// A readable name (`"add"`, `"add_scalar"`, `"softmax"`); `None` for unknown codes.
-    pub fn name(self) -> Option<String> {
+    pub fn name(self) -> Option<&'static str> {
         let (fam, member) = (self.0 & !0xff, self.0 & 0xff);
         match fam {
-            family::UNARY => UnaryOp::from_code(member).map(|u| u.name().to_string()),
-            family::BINARY => BinaryOp::from_code(member).map(|b| b.name().to_string()),
-            family::BINARY_SCALAR => BinaryOp::from_code(member).map(|b| format!("{}_scalar", b.name())),
-            family::REDUCE => ReduceOp::from_code(member).map(|r| r.name().to_string()),
-            family::OTHER => OTHER_NAMES.get(member as usize).map(|s| s.to_string()),
+            family::UNARY => UnaryOp::from_code(member).map(UnaryOp::name),
+            family::BINARY => BinaryOp::from_code(member).map(BinaryOp::name),
+            family::BINARY_SCALAR => BinaryOp::from_code(member).map(BinaryOp::scalar_name),
+            family::REDUCE => ReduceOp::from_code(member).map(ReduceOp::name),
+            family::OTHER => OTHER_NAMES.get(member as usize).copied(),
             _ => None,
         }
     }
 
     /// The kind named `name`, as [`OpKind::name`] prints it.
     pub fn from_name(name: &str) -> Option<OpKind> {
-        OpKind::all().into_iter().find(|k| k.name().as_deref() == Some(name))
+        OpKind::all().into_iter().find(|k| k.name() == Some(name))
     }
 }
 
@@ -614,8 +620,8 @@ impl Op {
     }
 
     /// A readable name for messages.
-    pub fn name(&self) -> String {
-        self.kind().name().unwrap_or_else(|| "unknown".into())
+    pub fn name(&self) -> &'static str {
+        self.kind().name().unwrap_or("unknown")
     }
 
     /// The wire form.
@@ -818,9 +824,9 @@ mod tests {
     #[test]
     fn every_kind_has_a_unique_name_and_round_trips() {
         let kinds = OpKind::all();
-        let mut names: Vec<String> = kinds.iter().map(|k| k.name().expect("named")).collect();
+        let mut names: Vec<&str> = kinds.iter().map(|k| k.name().expect("named")).collect();
         for k in &kinds {
-            assert_eq!(OpKind::from_name(&k.name().unwrap()), Some(*k));
+            assert_eq!(OpKind::from_name(k.name().unwrap()), Some(*k));
         }
         names.sort();
         names.dedup();

@@ -13,6 +13,7 @@ use cudarc::driver::{result, sys, CudaContext, DriverError};
 use genesis_backend_api::{
     BackendError, BufferId, Capability, DType, Device, ErrorKind, MemoryStats, Op, Result, TensorDesc,
 };
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_void, CString};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -63,6 +64,14 @@ impl Memory for DriverMemory {
     }
 }
 
+/// "add (f32)": how an issued op is named in an error.
+fn pending_text(what: &str, dtype: Option<DType>) -> String {
+    match dtype {
+        Some(d) => format!("{what} ({d})"),
+        None => what.to_string(),
+    }
+}
+
 /// Facts about the device that kernels and launches need.
 #[derive(Debug, Clone, Copy)]
 pub struct Facts {
@@ -81,11 +90,11 @@ pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: sys::CUstream,
     memory: Mutex<CachingAllocator<DriverMemory>>,
-    /// Loaded modules by (module name, element type) and their functions by name.
-    modules: Mutex<HashMap<(&'static str, DType), sys::CUmodule>>,
-    functions: Mutex<HashMap<(&'static str, DType, String), sys::CUfunction>>,
-    /// Ops issued since the last synchronization, for error messages.
-    pending: Mutex<VecDeque<String>>,
+    /// Loaded modules by (module name, element type).
+    modules: Mutex<HashMap<(&'static str, DType), LoadedModule>>,
+    /// Ops issued since the last synchronization (name, dtype), for error messages. Names
+    /// are static for ops so that noting one costs no allocation on the launch path.
+    pending: Mutex<VecDeque<(Cow<'static, str>, Option<DType>)>>,
     /// Facts about the device.
     pub facts: Facts,
     sync_each_op: bool,
@@ -93,6 +102,13 @@ pub struct CudaDevice {
     plant_fault: Option<String>,
     /// cuBLAS, opened on the first matrix product.
     pub(crate) blas: OnceLock<Result<crate::blas::Blas>>,
+}
+
+/// A kernel module and the functions looked up in it so far. Keyed by name so that a
+/// lookup with a borrowed `&str` allocates nothing.
+struct LoadedModule {
+    handle: sys::CUmodule,
+    functions: HashMap<String, sys::CUfunction>,
 }
 
 // SAFETY: the raw CUDA handles are used under locks or are immutable after creation; the
@@ -140,7 +156,6 @@ impl CudaDevice {
             stream,
             memory: Mutex::new(CachingAllocator::new(DriverMemory { stream })),
             modules: Mutex::new(HashMap::new()),
-            functions: Mutex::new(HashMap::new()),
             pending: Mutex::new(VecDeque::new()),
             facts: Facts {
                 arch: (major * 10 + minor) as u32,
@@ -191,47 +206,39 @@ impl CudaDevice {
     }
 
     fn function(&self, module: &'static str, dtype: DType, name: &str) -> Result<sys::CUfunction> {
-        let key = (module, dtype, name.to_string());
-        if let Some(&f) = Self::lock(&self.functions).get(&key) {
-            return Ok(f);
-        }
-        let module_handle = {
-            let mut modules = Self::lock(&self.modules);
-            match modules.get(&(module, dtype)) {
-                Some(&m) => m,
-                None => {
-                    if !kernels::serves(module, dtype) {
-                        return Err(BackendError::internal(format!(
-                            "cuda: kernel module {module} has no {dtype} build"
-                        )));
-                    }
-                    let sources = kernels::MODULES
-                        .iter()
-                        .find(|(n, _)| *n == module)
-                        .map(|(_, s)| s.concat())
-                        .ok_or_else(|| BackendError::internal(format!("cuda: no kernel module {module}")))?;
-                    let name = format!("{module}_{}", dtype.name());
-                    let cubin = compiler()?.cubin(
-                        &name,
-                        &sources,
-                        &kernels::defines(dtype),
-                        self.facts.arch,
-                        self.facts.driver,
-                    )?;
-                    // SAFETY: a CUBIN NVRTC produced for this device's architecture.
-                    let m = unsafe { result::module::load_data(cubin.as_ptr() as *const c_void) }
-                        .map_err(|e| driver_error(&format!("loading kernel module {name}"), e))?;
-                    modules.insert((module, dtype), m);
-                    m
-                }
+        let mut modules = Self::lock(&self.modules);
+        let loaded = match modules.entry((module, dtype)) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(LoadedModule { handle: self.load_module(module, dtype)?, functions: HashMap::new() })
             }
         };
+        if let Some(&f) = loaded.functions.get(name) {
+            return Ok(f);
+        }
         let cname = CString::new(name).map_err(|_| BackendError::internal("kernel name with NUL"))?;
         // SAFETY: the module is loaded and never unloaded while the device lives.
-        let f = unsafe { result::module::get_function(module_handle, cname) }
+        let f = unsafe { result::module::get_function(loaded.handle, cname) }
             .map_err(|e| driver_error(&format!("kernel {name} of module {module} for {dtype}"), e))?;
-        Self::lock(&self.functions).insert(key, f);
+        loaded.functions.insert(name.to_string(), f);
         Ok(f)
+    }
+
+    /// Compile (or fetch from the disk cache) and load kernel module `module` for `dtype`.
+    fn load_module(&self, module: &'static str, dtype: DType) -> Result<sys::CUmodule> {
+        if !kernels::serves(module, dtype) {
+            return Err(BackendError::internal(format!("cuda: kernel module {module} has no {dtype} build")));
+        }
+        let sources = kernels::MODULES
+            .iter()
+            .find(|(n, _)| *n == module)
+            .map(|(_, s)| s.concat())
+            .ok_or_else(|| BackendError::internal(format!("cuda: no kernel module {module}")))?;
+        let name = format!("{module}_{}", dtype.name());
+        let cubin = compiler()?.cubin(&name, &sources, &kernels::defines(dtype), self.facts.arch, self.facts.driver)?;
+        // SAFETY: a CUBIN NVRTC produced for this device's architecture.
+        unsafe { result::module::load_data(cubin.as_ptr() as *const c_void) }
+            .map_err(|e| driver_error(&format!("loading kernel module {name}"), e))
     }
 
     /// Launch `name` of the elementwise module of `dtype` over `args.n` elements, `per_thread`
@@ -326,20 +333,24 @@ impl CudaDevice {
 
     /// Note an issued op; with `GENESIS_CUDA_SYNC=1`, also wait for it.
     fn issued(&self, op: &Op, inputs: &[TensorDesc]) -> Result<()> {
-        let dtype = inputs.first().and_then(|d| d.dtype().ok()).map_or(String::new(), |d| format!(" ({d})"));
-        self.note_issued(format!("{}{dtype}", op.name()))
+        let dtype = inputs.first().and_then(|d| d.dtype().ok());
+        self.note_pending(Cow::Borrowed(op.name()), dtype)
     }
 
     /// Note work queued on the stream by `what` (named in a later error); with
     /// `GENESIS_CUDA_SYNC=1`, also wait for it.
     pub fn note_issued(&self, what: String) -> Result<()> {
-        let after = self.sync_each_op.then(|| format!("after {what}"));
+        self.note_pending(Cow::Owned(what), None)
+    }
+
+    fn note_pending(&self, what: Cow<'static, str>, dtype: Option<DType>) -> Result<()> {
+        let after = self.sync_each_op.then(|| format!("after {}", pending_text(&what, dtype)));
         {
             let mut pending = Self::lock(&self.pending);
             if pending.len() == PENDING_KEPT {
                 pending.pop_front();
             }
-            pending.push_back(what);
+            pending.push_back((what, dtype));
         }
         if let Some(when) = after {
             self.bind()?;
@@ -352,7 +363,7 @@ impl CudaDevice {
     fn wait(&self, when: &str) -> Result<()> {
         // SAFETY: our stream.
         let r = unsafe { result::stream::synchronize(self.stream) };
-        let ops: Vec<String> = Self::lock(&self.pending).drain(..).collect();
+        let ops: Vec<String> = Self::lock(&self.pending).drain(..).map(|(what, d)| pending_text(&what, d)).collect();
         r.map_err(|e| {
             let e = driver_error("cuStreamSynchronize", e);
             BackendError::new(
@@ -444,9 +455,9 @@ impl Device for CudaDevice {
 
     fn execute(&self, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
         self.bind()?;
-        if self.plant_fault.as_deref() == Some(op.name().as_str()) {
+        if self.plant_fault.as_deref() == Some(op.name()) {
             let mut args = Args { n: 1, ..Args::default() };
-            self.launch(&op.name(), DType::F32, "plant_fault", &mut args, 1)?;
+            self.launch(op.name(), DType::F32, "plant_fault", &mut args, 1)?;
             return self.issued(op, inputs);
         }
         ops::execute(self, op, inputs, outputs)?;

@@ -173,7 +173,9 @@ impl Device {
             (self.module().execute())(self.index, raw, RSlice::from_slice(inputs), RSlice::from_slice(outputs));
         result.into_result().map_err(|e| {
             // Named only on failure: execute is the hot path of every tensor op.
-            let op = Op::decode(raw).map(|op| op.name()).unwrap_or_else(|_| format!("op kind {:#x}", raw.kind.0));
+            let op = Op::decode(raw)
+                .map(|op| op.name().to_string())
+                .unwrap_or_else(|_| format!("op kind {:#x}", raw.kind.0));
             Error::from(genesis_backend_api::BackendError::from(e)).context(format_args!("{op} on {self}"))
         })
     }

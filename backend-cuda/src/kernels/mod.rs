@@ -117,6 +117,37 @@ pub fn defines(dtype: DType) -> Vec<String> {
     defines
 }
 
+/// A kernel name composed on the stack ("binary_" + "add" + "_c"): names are chosen per
+/// launch, and the launch path of a small op should not allocate.
+pub struct KernelName {
+    len: usize,
+    bytes: [u8; 64],
+}
+
+impl KernelName {
+    /// The concatenation of `parts`; an error if it is longer than 64 bytes.
+    pub fn new(parts: &[&str]) -> Result<KernelName> {
+        let mut name = KernelName { len: 0, bytes: [0; 64] };
+        for part in parts {
+            let end = name.len + part.len();
+            let Some(dst) = name.bytes.get_mut(name.len..end) else {
+                return Err(BackendError::internal(format!("cuda: kernel name {}.. is too long", parts.concat())));
+            };
+            dst.copy_from_slice(part.as_bytes());
+            name.len = end;
+        }
+        Ok(name)
+    }
+}
+
+impl std::ops::Deref for KernelName {
+    type Target = str;
+    fn deref(&self) -> &str {
+        // Whole `&str` parts were copied, so the bytes are UTF-8.
+        std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default()
+    }
+}
+
 /// A resolved operand: a validated view with its device address.
 #[derive(Debug, Clone)]
 pub struct Operand {
@@ -150,51 +181,71 @@ impl Operand {
     }
 }
 
+/// Most stride sets [`merge_dims`] takes (operands of one launch).
+const MAX_SETS: usize = 8;
+
 /// Drop size-1 dims and merge neighbours contiguous in every stride set (row-major order is
 /// kept, so linear positions are unchanged). Returns the shape and one stride list per set.
 pub fn merge_dims(shape: &[usize], strides: &[&[isize]]) -> (Vec<usize>, Vec<Vec<isize>>) {
-    let k = strides.len();
-    let mut out_shape: Vec<usize> = Vec::new();
-    let mut out: Vec<Vec<isize>> = vec![Vec::new(); k];
-    for (d, &n) in shape.iter().enumerate() {
+    let (mut out_shape, mut out) = ([0; MAX_DIMS], [[0; MAX_DIMS]; MAX_SETS]);
+    let ndim = merge_into(shape, strides, &mut out_shape, &mut out);
+    (out_shape[..ndim].to_vec(), out[..strides.len()].iter().map(|s| s[..ndim].to_vec()).collect())
+}
+
+/// [`merge_dims`] into fixed arrays (no allocation: this runs on every elementwise launch);
+/// returns the merged rank. At most [`MAX_SETS`] stride sets, each as long as `shape`
+/// (at most `MAX_DIMS`, which descriptors guarantee).
+fn merge_into(
+    shape: &[usize],
+    strides: &[&[isize]],
+    out_shape: &mut [usize; MAX_DIMS],
+    out: &mut [[isize; MAX_DIMS]; MAX_SETS],
+) -> usize {
+    let k = strides.len().min(MAX_SETS);
+    let mut ndim = 0;
+    for (d, &n) in shape.iter().enumerate().take(MAX_DIMS) {
         if n == 1 {
             continue;
         }
-        if let Some(last) = out_shape.len().checked_sub(1) {
-            if (0..k).all(|j| out[j][last] == strides[j][d].wrapping_mul(n as isize)) {
-                out_shape[last] *= n;
-                for (j, s) in out.iter_mut().enumerate() {
-                    s[last] = strides[j][d];
-                }
-                continue;
+        if ndim > 0 && (0..k).all(|j| out[j][ndim - 1] == strides[j][d].wrapping_mul(n as isize)) {
+            out_shape[ndim - 1] *= n;
+            for j in 0..k {
+                out[j][ndim - 1] = strides[j][d];
             }
+            continue;
         }
-        out_shape.push(n);
-        for (j, s) in out.iter_mut().enumerate() {
-            s.push(strides[j][d]);
+        out_shape[ndim] = n;
+        for j in 0..k {
+            out[j][ndim] = strides[j][d];
         }
+        ndim += 1;
     }
-    (out_shape, out)
+    ndim
 }
 
-/// Fill the geometry of `args` for `operands` (all of the output's shape). Returns true when
-/// every operand is dense in row-major order (the contiguous kernels apply).
+/// Fill the geometry of `args` for `operands` (all of the output's shape, at most 4). Returns
+/// true when every operand is dense in row-major order (the contiguous kernels apply).
 pub fn set_geometry(args: &mut Args, operands: &[&Operand]) -> bool {
     let shape = &operands[operands.len() - 1].shape;
-    let strides: Vec<&[isize]> = operands.iter().map(|o| o.strides.as_slice()).collect();
-    let (merged, merged_strides) = merge_dims(shape, &strides);
+    let mut strides: [&[isize]; 4] = [&[]; 4];
+    let k = operands.len().min(4);
+    for (slot, o) in strides.iter_mut().zip(operands) {
+        *slot = &o.strides;
+    }
+    let (mut merged, mut merged_strides) = ([0; MAX_DIMS], [[0; MAX_DIMS]; MAX_SETS]);
+    let ndim = merge_into(shape, &strides[..k], &mut merged, &mut merged_strides);
     args.n = shape.iter().product::<usize>() as u64;
-    args.ndim = merged.len() as i32;
-    for (d, &n) in merged.iter().enumerate() {
-        args.shape[d] = n as i64;
-        for (j, s) in merged_strides.iter().enumerate() {
-            args.st[j][d] = s[d] as i64;
+    args.ndim = ndim as i32;
+    for d in 0..ndim {
+        args.shape[d] = merged[d] as i64;
+        for (st, merged) in args.st.iter_mut().zip(&merged_strides[..k]) {
+            st[d] = merged[d] as i64;
         }
     }
-    for (j, o) in operands.iter().enumerate() {
+    for (j, o) in operands.iter().enumerate().take(4) {
         args.p[j] = o.ptr;
     }
-    merged.is_empty() || (merged.len() == 1 && merged_strides.iter().all(|s| s[0] == 1))
+    ndim == 0 || (ndim == 1 && merged_strides[..k].iter().all(|s| s[0] == 1))
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use super::arity;
 use crate::device::CudaDevice;
-use crate::kernels::{set_geometry, Args, Operand};
+use crate::kernels::{set_geometry, Args, KernelName, Operand};
 use cudarc::driver::result;
 use genesis_backend_api::{BackendError, BinaryOp, DType, Op, OpKind, Result, TensorDesc, UnaryOp};
 
@@ -68,14 +68,15 @@ fn expect(op: &Op, o: &Operand, dtype: DType) -> Result<()> {
     Ok(())
 }
 
-/// Launch `base` over `operands` (output last): the contiguous kernel `base_c` when every
+/// Launch kernel `base` (its name in two parts, "unary_" + "exp") over `operands` (output
+/// last): the contiguous kernel `base_c` when every
 /// operand is dense and `has_contiguous`, in packs of 16 bytes of `dtype` when every address
 /// is aligned for them; the strided kernel `base_s` otherwise.
 fn launch(
     device: &CudaDevice,
     op: &Op,
     dtype: DType,
-    base: &str,
+    base: [&str; 2],
     operands: &[&Operand],
     mut args: Args,
     has_contiguous: bool,
@@ -89,7 +90,7 @@ fn launch_set(
     device: &CudaDevice,
     op: &Op,
     dtype: DType,
-    base: &str,
+    base: [&str; 2],
     operands: &[&Operand],
     mut args: Args,
     contiguous: bool,
@@ -101,9 +102,9 @@ fn launch_set(
             args.flag |= 2;
         }
         let per_thread = if aligned { pack } else { 1 };
-        device.launch(&op.name(), dtype, &format!("{base}_c"), &mut args, per_thread)
+        device.launch(op.name(), dtype, &KernelName::new(&[base[0], base[1], "_c"])?, &mut args, per_thread)
     } else {
-        device.launch(&op.name(), dtype, &format!("{base}_s"), &mut args, 1)
+        device.launch(op.name(), dtype, &KernelName::new(&[base[0], base[1], "_s"])?, &mut args, 1)
     }
 }
 
@@ -152,7 +153,7 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             let (x, y) = (device.operand(&inputs[0])?, device.operand(&outputs[0])?);
             same_shape(op, &[&x, &y])?;
             expect(op, &y, if u == UnaryOp::IsNan { DType::Bool } else { x.dtype })?;
-            launch(device, op, x.dtype, &format!("unary_{}", u.name()), &[&x, &y], Args::default(), true)
+            launch(device, op, x.dtype, ["unary_", u.name()], &[&x, &y], Args::default(), true)
         }
         Op::Binary(b) => {
             arity(op, 2, 1, inputs, outputs)?;
@@ -161,17 +162,18 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             same_shape(op, &[&v[0], &v[1], &y])?;
             expect(op, &v[1], v[0].dtype)?;
             expect(op, &y, if b.is_predicate() { DType::Bool } else { v[0].dtype })?;
-            let base = format!("binary_{}", b.name());
+            let base = ["binary_", b.name()];
             let operands = [&v[0], &v[1], &y];
             let mut args = Args::default();
             let dense = set_geometry(&mut args, &operands);
             // `broadcast` leaves `args` as it found them when the layout does not fit it.
             if !dense {
                 if let Some(per_thread) = broadcast(&mut args, &operands) {
-                    return device.launch(&op.name(), v[0].dtype, &format!("{base}_b"), &mut args, per_thread);
+                    let name = KernelName::new(&[base[0], base[1], "_b"])?;
+                    return device.launch(op.name(), v[0].dtype, &name, &mut args, per_thread);
                 }
             }
-            launch_set(device, op, v[0].dtype, &base, &operands, args, dense)
+            launch_set(device, op, v[0].dtype, base, &operands, args, dense)
         }
         Op::BinaryScalar { op: b, scalar, scalar_first } => {
             arity(op, 1, 1, inputs, outputs)?;
@@ -181,7 +183,7 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             let mut args = Args::default();
             args.s[0] = scalar;
             args.flag = scalar_first as i32;
-            launch(device, op, x.dtype, &format!("binary_scalar_{}", b.name()), &[&x, &y], args, true)
+            launch(device, op, x.dtype, ["binary_scalar_", b.name()], &[&x, &y], args, true)
         }
         Op::Clamp { min, max } => {
             arity(op, 1, 1, inputs, outputs)?;
@@ -192,7 +194,7 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             args.s[0] = min;
             args.s[1] = max;
             // The contiguous clamp kernel works element by element (no packs).
-            launch(device, op, x.dtype, "clamp", &[&x, &y], args, false)
+            launch(device, op, x.dtype, ["clamp", ""], &[&x, &y], args, false)
         }
         Op::Where => {
             arity(op, 3, 1, inputs, outputs)?;
@@ -202,7 +204,7 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             expect(op, &v[0], DType::Bool)?;
             expect(op, &v[2], v[1].dtype)?;
             expect(op, &y, v[1].dtype)?;
-            launch(device, op, v[1].dtype, "where", &[&v[0], &v[1], &v[2], &y], Args::default(), false)
+            launch(device, op, v[1].dtype, ["where", ""], &[&v[0], &v[1], &v[2], &y], Args::default(), false)
         }
         Op::Copy | Op::Cast => {
             arity(op, 1, 1, inputs, outputs)?;
@@ -214,7 +216,7 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             if x.dtype == y.dtype {
                 copy(device, op, &x, &y)
             } else {
-                launch(device, op, x.dtype, &format!("cast_to_{}", y.dtype.name()), &[&x, &y], Args::default(), true)
+                launch(device, op, x.dtype, ["cast_to_", y.dtype.name()], &[&x, &y], Args::default(), true)
             }
         }
         Op::Fill { value } => {
@@ -222,7 +224,7 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             let y = device.operand(&outputs[0])?;
             let mut args = Args::default();
             args.s[0] = value;
-            launch(device, op, y.dtype, "fill", &[&y], args, true)
+            launch(device, op, y.dtype, ["fill", ""], &[&y], args, true)
         }
         Op::Arange { start, step } => {
             arity(op, 0, 1, inputs, outputs)?;
@@ -255,5 +257,5 @@ fn copy(device: &CudaDevice, op: &Op, x: &Operand, y: &Operand) -> Result<()> {
         return unsafe { result::memcpy_dtod_async(y.ptr, x.ptr, bytes, device.stream()) }
             .map_err(|e| crate::device::driver_error("copy (cuMemcpyDtoD)", e));
     }
-    device.launch(&op.name(), x.dtype, "copy_s", &mut args, 1)
+    device.launch(op.name(), x.dtype, "copy_s", &mut args, 1)
 }

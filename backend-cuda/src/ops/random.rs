@@ -29,7 +29,7 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             args.u = [seed, offset];
             set_geometry(&mut args, &[&y]);
             let kernel = if matches!(op, Op::RandUniform { .. }) { "rand_uniform_s" } else { "rand_normal_s" };
-            device.launch(&op.name(), y.dtype, kernel, &mut args, 1)
+            device.launch(op.name(), y.dtype, kernel, &mut args, 1)
         }
         Op::Dropout { seed, offset, p } => {
             arity(op, 1, 1, inputs, outputs)?;

@@ -115,7 +115,7 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
     }
     // One block per output: as many threads as the reduction can use, a power of two.
     let threads = (n_red as u32).next_power_of_two().clamp(32, 256);
-    device.launch_blocks(&op.name(), x.dtype, &format!("reduce_{}", r.name()), &mut args, threads)
+    device.launch_blocks(op.name(), x.dtype, &format!("reduce_{}", r.name()), &mut args, threads)
 }
 
 /// Threads per block of the row and column kernels, and the shared memory they get (the
@@ -207,7 +207,7 @@ fn with_parts(
     let (id, ptr) = device.scratch(args.n as usize * parts as usize * 16)?;
     args.p[2] = ptr;
     let done = main(&mut args)
-        .and_then(|_| device.launch(&op.name(), dtype, &format!("reduce_finish_{}", r.name()), &mut args, 1));
+        .and_then(|_| device.launch(op.name(), dtype, &format!("reduce_finish_{}", r.name()), &mut args, 1));
     // Stream order keeps the scratch alive for the queued kernels.
     let freed = device.free_scratch(id);
     done.and(freed)
