@@ -65,7 +65,10 @@ pub trait Backend: Send + Sync + 'static {
 /// One opened device: memory, transfers and execution.
 ///
 /// Work may run asynchronously in issue order; [`Device::read`] and [`Device::synchronize`]
-/// wait for it, and report an error of earlier asynchronous work if there was one.
+/// wait for it, and report an error of earlier asynchronous work if there was one. That
+/// includes bad input only the device can see (an index out of range): an asynchronous
+/// backend may accept such a call and return its `InvalidArgument` error from the next
+/// `read` or `synchronize` instead, as long as the op wrote nothing.
 pub trait Device: Send + Sync + 'static {
     /// Allocate `bytes` (0 is allowed and yields a valid, empty buffer).
     fn allocate(&self, bytes: usize) -> Result<BufferId>;

@@ -458,6 +458,7 @@ fn check_errors(ck: &mut Checker) {
     for (what, r, kind) in results {
         expect(what, r, kind, ck);
     }
+    check_deferred_index_error(ck);
     if let Err(e) = ck.cuda.alloc(1 << 47) {
         println!("out-of-memory message: {}", e.message);
     }
@@ -468,6 +469,58 @@ fn check_errors(ck: &mut Checker) {
     }
     let _ = ck.cuda.free(b);
     let _ = ck.cuda.free(b2);
+}
+
+/// A gather with an index out of range is accepted by the call (the host does not wait for
+/// the device's check) and fails at the next synchronization, naming the op and the index;
+/// it and the gather queued after it write nothing; once reported, gathers work again.
+fn check_deferred_index_error(ck: &mut Checker) {
+    let dev = &ck.cuda;
+    let run = || -> R<Result<(), String>> {
+        let x = dev.alloc(4 * 8)?;
+        let idx = dev.alloc(8 * 4)?;
+        let y = dev.alloc(4 * 4)?;
+        dev.write(x, &(0..8).flat_map(|i| (i as f32).to_le_bytes()).collect::<Vec<_>>())?;
+        dev.write(y, &[0xA7; 16])?;
+        let xd = TensorDesc::contiguous(x, 0, DType::F32, &[8])?;
+        let id = TensorDesc::contiguous(idx, 0, DType::I64, &[4])?;
+        let yd = TensorDesc::contiguous(y, 0, DType::F32, &[4])?;
+        let gather = Op::Gather { dim: 0 };
+        let put = |v: [i64; 4]| dev.write(idx, &v.iter().flat_map(|i| i.to_le_bytes()).collect::<Vec<_>>());
+        put([1, 9, 2, 3])?;
+        if let Err(e) = dev.exec(&gather, &[xd, id], &[yd]) {
+            return Ok(Err(format!("the call failed at once: {e}")));
+        }
+        put([0, 1, 2, 3])?;
+        dev.exec(&gather, &[xd, id], &[yd])?;
+        let outcome = match dev.sync() {
+            Ok(()) => Err("synchronize succeeded after a bad index".to_string()),
+            Err(e) if e.kind != ErrorKind::InvalidArgument || !e.message.contains("gather: index 9") => {
+                Err(format!("expected InvalidArgument naming gather and 9, got {e}"))
+            }
+            Err(_) if dev.read(y, 16)? != [0xA7; 16] => Err("the gathers wrote their output".to_string()),
+            Err(_) => {
+                put([3, 2, 1, 0])?;
+                dev.exec(&gather, &[xd, id], &[yd])?;
+                let back: Vec<f32> =
+                    dev.read(y, 16)?.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                if back == [3.0, 2.0, 1.0, 0.0] {
+                    Ok(())
+                } else {
+                    Err(format!("a good gather after the error gave {back:?}"))
+                }
+            }
+        };
+        for b in [x, idx, y] {
+            dev.free(b)?;
+        }
+        Ok(outcome)
+    };
+    match run() {
+        Ok(Ok(())) => *ck.passed.entry("error: index out of range reported at synchronize".into()).or_default() += 1,
+        Ok(Err(e)) => ck.failed.push(format!("error: deferred index check: {e}")),
+        Err(e) => ck.failed.push(format!("error: deferred index check could not run: {e}")),
+    }
 }
 
 /// No driver allocation in steady state: mixed sizes, allocated and freed many times.

@@ -95,6 +95,10 @@ pub struct CudaDevice {
     /// Ops issued since the last synchronization (name, dtype), for error messages. Names
     /// are static for ops so that noting one costs no allocation on the launch path.
     pending: Mutex<VecDeque<(Cow<'static, str>, Option<DType>)>>,
+    /// Index checks queued since the last synchronization; a check's number is its
+    /// position + 1. Held while a check is queued and while faults are read, so that no
+    /// check can be queued between the read and the reset.
+    index_checks: Mutex<Vec<IndexCheck>>,
     /// Facts about the device.
     pub facts: Facts,
     sync_each_op: bool,
@@ -104,11 +108,31 @@ pub struct CudaDevice {
     pub(crate) blas: OnceLock<Result<crate::blas::Blas>>,
 }
 
+/// An index bounds check queued on the stream (see `ops::rows::check_indices`): what the
+/// error names if the device finds a bad index.
+pub struct IndexCheck {
+    /// Device address of the checking module's `index_fault` word pair.
+    pub fault: u64,
+    /// The op that uses the indices.
+    pub op: &'static str,
+    /// What the indices are ("index", "target").
+    pub what: &'static str,
+    /// The exclusive bound.
+    pub bound: usize,
+    /// A value allowed besides `[0, bound)` (cross-entropy's ignore_index).
+    pub ignore: Option<i64>,
+}
+
+/// Checks queued before the host looks at their results without being asked to: a loop that
+/// never synchronizes still gets its errors, and a check's number fits the kernel's flag.
+const INDEX_CHECKS_KEPT: usize = 1 << 16;
+
 /// A kernel module and the functions looked up in it so far. Keyed by name so that a
 /// lookup with a borrowed `&str` allocates nothing.
 struct LoadedModule {
     handle: sys::CUmodule,
     functions: HashMap<String, sys::CUfunction>,
+    globals: HashMap<&'static str, u64>,
 }
 
 // SAFETY: the raw CUDA handles are used under locks or are immutable after creation; the
@@ -157,6 +181,7 @@ impl CudaDevice {
             memory: Mutex::new(CachingAllocator::new(DriverMemory { stream })),
             modules: Mutex::new(HashMap::new()),
             pending: Mutex::new(VecDeque::new()),
+            index_checks: Mutex::new(Vec::new()),
             facts: Facts {
                 arch: (major * 10 + minor) as u32,
                 sm_count: sm_count.max(1) as u32,
@@ -210,7 +235,8 @@ impl CudaDevice {
         let loaded = match modules.entry((module, dtype)) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(LoadedModule { handle: self.load_module(module, dtype)?, functions: HashMap::new() })
+                let handle = self.load_module(module, dtype)?;
+                e.insert(LoadedModule { handle, functions: HashMap::new(), globals: HashMap::new() })
             }
         };
         if let Some(&f) = loaded.functions.get(name) {
@@ -222,6 +248,82 @@ impl CudaDevice {
             .map_err(|e| driver_error(&format!("kernel {name} of module {module} for {dtype}"), e))?;
         loaded.functions.insert(name.to_string(), f);
         Ok(f)
+    }
+
+    /// Device address of the `__device__` variable `name` of kernel module `module` built for
+    /// `dtype` (loading the module if needed).
+    pub fn module_global(&self, module: &'static str, dtype: DType, name: &'static str) -> Result<u64> {
+        // Loads the module when it is not yet (any kernel of it will do; check_index is in
+        // every module that has index_fault).
+        self.function(module, dtype, "check_index")?;
+        let mut modules = Self::lock(&self.modules);
+        let loaded = modules
+            .get_mut(&(module, dtype))
+            .ok_or_else(|| BackendError::internal(format!("cuda: module {module} is not loaded")))?;
+        if let Some(&ptr) = loaded.globals.get(name) {
+            return Ok(ptr);
+        }
+        let cname = CString::new(name).map_err(|_| BackendError::internal("global name with NUL"))?;
+        // SAFETY: a loaded module; the driver writes the address and size.
+        let (ptr, _) = unsafe { result::module::get_global(loaded.handle, cname) }
+            .map_err(|e| driver_error(&format!("variable {name} of module {module} for {dtype}"), e))?;
+        loaded.globals.insert(name, ptr);
+        Ok(ptr)
+    }
+
+    /// Queue an index check: `launch` gets the check's number and issues the kernel. The
+    /// result is read at the next synchronization ([`CudaDevice::take_index_fault`]).
+    pub fn queue_index_check(&self, check: IndexCheck, launch: impl FnOnce(u32) -> Result<()>) -> Result<()> {
+        let mut checks = Self::lock(&self.index_checks);
+        if checks.len() == INDEX_CHECKS_KEPT {
+            // SAFETY: our stream.
+            unsafe { result::stream::synchronize(self.stream) }.map_err(|e| driver_error("cuStreamSynchronize", e))?;
+            Self::take_index_fault(&mut checks)?;
+        }
+        checks.push(check);
+        launch(checks.len() as u32)
+    }
+
+    /// After the stream is idle: the first failed index check since the last call, as the
+    /// error its op would have returned on the CPU; the fault words are reset and the list
+    /// emptied either way.
+    fn take_index_fault(checks: &mut Vec<IndexCheck>) -> Result<()> {
+        if checks.is_empty() {
+            return Ok(());
+        }
+        let mut words: Vec<u64> = checks.iter().map(|c| c.fault).collect();
+        words.sort_unstable();
+        words.dedup();
+        let mut first: Option<(u64, i64)> = None;
+        for word in words {
+            let mut fault = [0u8; 16];
+            // SAFETY: 16 bytes of a loaded module's `index_fault`; the stream is idle.
+            unsafe {
+                result::memcpy_dtoh_sync(&mut fault, word).map_err(|e| driver_error("reading index_fault", e))?;
+            }
+            let number = u64::from_le_bytes(fault[..8].try_into().unwrap_or_default());
+            if number != 0 {
+                let value = i64::from_le_bytes(fault[8..].try_into().unwrap_or_default());
+                first = Some(first.map_or((number, value), |f| f.min((number, value))));
+                // SAFETY: as above.
+                unsafe { result::memset_d8_sync(word, 0, 16) }.map_err(|e| driver_error("resetting index_fault", e))?;
+            }
+        }
+        let found = first.and_then(|(number, value)| Some((checks.get(number as usize - 1)?, value)));
+        let result = match found {
+            Some((c, value)) => {
+                let ignored = c.ignore.map_or(String::new(), |i| format!(" and is not ignore_index ({i})"));
+                Err(BackendError::invalid(format!(
+                    "{}: {} {value} is out of range [0, {}){ignored} (found on the device and reported at the next \
+                     synchronization; the op wrote nothing)",
+                    c.op, c.what, c.bound
+                )))
+            }
+            None if first.is_some() => Err(BackendError::internal("cuda: an index check failed that was not recorded")),
+            None => Ok(()),
+        };
+        checks.clear();
+        result
     }
 
     /// Compile (or fetch from the disk cache) and load kernel module `module` for `dtype`.
@@ -361,22 +463,25 @@ impl CudaDevice {
 
     /// Wait for the stream; an error names the ops that may have caused it.
     fn wait(&self, when: &str) -> Result<()> {
+        let mut checks = Self::lock(&self.index_checks);
         // SAFETY: our stream.
-        let r = unsafe { result::stream::synchronize(self.stream) };
+        let Err(e) = (unsafe { result::stream::synchronize(self.stream) }) else {
+            Self::lock(&self.pending).clear();
+            return Self::take_index_fault(&mut checks);
+        };
+        checks.clear();
         let ops: Vec<String> = Self::lock(&self.pending).drain(..).map(|(what, d)| pending_text(&what, d)).collect();
-        r.map_err(|e| {
-            let e = driver_error("cuStreamSynchronize", e);
-            BackendError::new(
-                ErrorKind::Internal,
-                format!(
-                    "{} ({when}); the failing work is one of the ops issued since the last synchronization: [{}] \
-                     (set GENESIS_CUDA_SYNC=1 to check after every op). A kernel fault leaves the CUDA context \
-                     unusable: restart the process.",
-                    e.message,
-                    ops.join(", ")
-                ),
-            )
-        })
+        let e = driver_error("cuStreamSynchronize", e);
+        Err(BackendError::new(
+            ErrorKind::Internal,
+            format!(
+                "{} ({when}); the failing work is one of the ops issued since the last synchronization: [{}] \
+                 (set GENESIS_CUDA_SYNC=1 to check after every op). A kernel fault leaves the CUDA context \
+                 unusable: restart the process.",
+                e.message,
+                ops.join(", ")
+            ),
+        ))
     }
 
     fn range(&self, buffer: BufferId, offset: usize, len: usize) -> Result<u64> {

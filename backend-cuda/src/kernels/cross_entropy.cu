@@ -101,15 +101,22 @@ template <bool VEC> __device__ __forceinline__ void ce_backward(const Args& a) {
     }
 }
 
+// A bad target (check_index, index_fault) makes the op write nothing.
 KERNEL cross_entropy_fwd_v0(const Args a) {
+    if (index_faulted()) return;
     RED_SMEM;
     ce_forward<false>(a, sh);
 }
 KERNEL cross_entropy_fwd_v1(const Args a) {
+    if (index_faulted()) return;
     RED_SMEM;
     ce_forward<true>(a, sh);
 }
-KERNEL cross_entropy_bwd_v0(const Args a) { ce_backward<false>(a); }
-KERNEL cross_entropy_bwd_v1(const Args a) { ce_backward<true>(a); }
+KERNEL cross_entropy_bwd_v0(const Args a) {
+    if (!index_faulted()) ce_backward<false>(a);
+}
+KERNEL cross_entropy_bwd_v1(const Args a) {
+    if (!index_faulted()) ce_backward<true>(a);
+}
 
 #endif

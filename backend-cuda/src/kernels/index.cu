@@ -9,14 +9,16 @@
 //   stride zeroed (gather: x, scatter: y); u[0] = the indexed dim's size, u[1] = its stride
 //   (i64 bits). The indexed operand's offset is offsets(st[2]) + index * u[1], so the dims can
 //   be merged like any elementwise geometry (merging keeps row-major offsets of every set).
-// The host has already checked every index (check_index); the kernels still skip an index
-// out of range rather than touch memory outside the operand.
+// check_index ran before on the stream: while it reports a bad index (index_fault) the
+// kernels write nothing; they also skip any index out of range rather than touch memory
+// outside the operand.
 
 typedef ELEM T;
 typedef Ty<T> TT;
 typedef typename TT::C C;
 
 extern "C" __global__ void gather(const Args a) {
+    if (index_faulted()) return;
     const i64* idx = (const i64*)a.p[0];
     T* y = (T*)a.p[1];
     const T* x = (const T*)a.p[2];
@@ -75,6 +77,7 @@ template <class E> __device__ __forceinline__ void add_to(E* p, E v) {
 }
 
 extern "C" __global__ void scatter_add(const Args a) {
+    if (index_faulted()) return;
     const i64* idx = (const i64*)a.p[0];
     const T* src = (const T*)a.p[1];
     T* y = (T*)a.p[2];

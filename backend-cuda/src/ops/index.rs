@@ -3,7 +3,8 @@
 //!
 //! Every index is checked on the device before the op writes anything (`check_indices`: an
 //! out-of-range index is an `InvalidArgument` error and in-place outputs stay untouched, as on
-//! the CPU); that check waits for the device. The kernels take any strides, so no operand is
+//! the CPU); the host does not wait for that check, the error comes from the next
+//! synchronization. The kernels take any strides, so no operand is
 //! copied. index_select and index_add run the gather and scatter kernels with the rank-1
 //! index seen as a tensor of the iteration shape (stride 0 off the indexed dim).
 

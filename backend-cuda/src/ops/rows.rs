@@ -2,10 +2,9 @@
 //! check, flat launches over a module's kernels, row geometry for the last-dim ops, and
 //! scratch buffers with contiguous copies for layouts the kernels do not take directly.
 
-use crate::device::CudaDevice;
+use crate::device::{CudaDevice, IndexCheck};
 use crate::kernels::{merge_dims, set_geometry, Args, Operand};
-use cudarc::driver::result;
-use genesis_backend_api::{BackendError, BufferId, DType, Device, Op, Result};
+use genesis_backend_api::{BufferId, DType, Op, Result};
 
 /// Threads of the flat (one element per thread, grid-stride) launches.
 const FLAT_THREADS: u64 = 256;
@@ -23,11 +22,10 @@ pub fn launch_flat(
     device.launch_grid(&op.name(), module, dtype, name, args, (blocks, 1), (FLAT_THREADS as u32, 1), 0)
 }
 
-/// Check on the device that every i64 in `index` is in `[0, bound)` (or equals `ignore`),
-/// with `check_index` of `module` compiled for `dtype`, and wait for the answer: an index op
-/// must fail with `InvalidArgument` before it writes anything, as the CPU backend does. The
-/// wait costs a synchronization per call (the price of reporting the error from this call
-/// rather than from a later one); the check itself is one read of the indices.
+/// Queue a check on the device that every i64 in `index` is in `[0, bound)` (or equals
+/// `ignore`), with `check_index` of `module` compiled for `dtype`, before the op's own kernels
+/// (which write nothing while a check has failed). The host does not wait: a bad index is an
+/// `InvalidArgument` error naming this op at the next synchronization.
 #[allow(clippy::too_many_arguments)]
 pub fn check_indices(
     device: &CudaDevice,
@@ -37,41 +35,24 @@ pub fn check_indices(
     index: &Operand,
     bound: usize,
     ignore: Option<i64>,
-    what: &str,
+    what: &'static str,
 ) -> Result<()> {
     if index.numel() == 0 {
         return Ok(());
     }
-    let (id, report) = device.scratch(16)?;
-    let run = || -> Result<[u8; 16]> {
-        // SAFETY: 16 bytes of a live scratch buffer, ordered on our stream.
-        unsafe { result::memset_d8_async(report, 0, 16, device.stream()) }
-            .map_err(|e| crate::device::driver_error("cuMemsetD8Async", e))?;
+    let fault = device.module_global(module, dtype, "index_fault")?;
+    let check = IndexCheck { fault, op: op.name(), what, bound, ignore };
+    device.queue_index_check(check, |number| {
         let mut args = Args::default();
         set_geometry(&mut args, &[index]);
-        args.p[3] = report;
         args.u[0] = bound as u64;
+        args.flag = (number as i32) << 1;
         if let Some(ignore) = ignore {
-            args.flag = 1;
+            args.flag |= 1;
             args.u[1] = ignore as u64;
         }
-        launch_flat(device, op, module, dtype, "check_index", &mut args)?;
-        let mut back = [0u8; 16];
-        device.read(id, 0, &mut back)?;
-        Ok(back)
-    };
-    let back = run();
-    device.free_scratch(id)?;
-    let back = back?;
-    if back[..4] != [0; 4] {
-        let value = i64::from_le_bytes(back[8..16].try_into().expect("8 bytes"));
-        let ignored = ignore.map_or(String::new(), |i| format!(" and is not ignore_index ({i})"));
-        return Err(BackendError::invalid(format!(
-            "{}: {what} {value} is out of range [0, {bound}){ignored}",
-            op.name()
-        )));
-    }
-    Ok(())
+        launch_flat(device, op, module, dtype, "check_index", &mut args)
+    })
 }
 
 /// A view as the CPU backend's index ops see it: rank 0 behaves as shape `[1]`.

@@ -1,9 +1,10 @@
-//! Suite `errors`: each bad input of the interface gets the documented error kind, writes
-//! nothing, and leaves the device usable.
+//! Suite `errors`: each bad input of the interface gets the documented error kind (from the
+//! call, or for errors only the device can see from the next synchronization), changes no
+//! output, and leaves the device usable.
 
 use super::memory_deps;
 use crate::case::{Case, Outcome, Status, Tier};
-use crate::target::{Scope, Spec, Target};
+use crate::target::{element_offsets, Scope, Spec, Target};
 use genesis::ErrorKind;
 use genesis_backend_api::{BinaryOp, BufferId, DType, Op, OpAttrs, OpKind, RawOp, ReduceOp, TensorDesc};
 
@@ -177,7 +178,10 @@ fn run_bad(t: &Target, call: &BadCall) -> Outcome {
         Ok(x) => x,
         Err(e) => return Outcome::error(e),
     };
-    let result = t.device.execute_raw(&raw, &inputs, &outputs);
+    let before: Vec<Option<Vec<u8>>> = outputs.iter().map(|out| element_bytes(t, out)).collect();
+    // Errors only the device can see (an index out of range) may come from the next
+    // synchronization instead of the call (see `Device`): accept either.
+    let result = t.device.execute_raw(&raw, &inputs, &outputs).and_then(|()| t.device.synchronize());
     let verdict = match result {
         Ok(()) => Outcome::fail(format!("the call succeeded; expected `{}`", call.kind)),
         Err(e) if e.kind() != call.kind => Outcome::fail(format!("expected `{}`, got `{}`: {e}", call.kind, e.kind())),
@@ -186,6 +190,10 @@ fn run_bad(t: &Target, call: &BadCall) -> Outcome {
     };
     if verdict.status != Status::Pass {
         return verdict;
+    }
+    let after: Vec<Option<Vec<u8>>> = outputs.iter().map(|out| element_bytes(t, out)).collect();
+    if before.iter().zip(&after).any(|(b, a)| b.is_some() && b != a) {
+        return Outcome::fail("the call failed but changed its output");
     }
     // The device must still work: a small round trip through a fresh buffer.
     let probe = scope.alloc(16).and_then(|b| {
@@ -199,6 +207,15 @@ fn run_bad(t: &Target, call: &BadCall) -> Outcome {
         Ok(false) => Outcome::fail("after the error, a write/read round trip returned other bytes"),
         Err(e) => Outcome::fail(format!("after the error the device no longer works: {e}")),
     }
+}
+
+/// The bytes of each element of `out`, or `None` when they cannot be read (a bad view).
+fn element_bytes(t: &Target, out: &TensorDesc) -> Option<Vec<u8>> {
+    let size = out.dtype().map_or(1, |d| d.size_in_bytes());
+    let offsets: Vec<usize> = element_offsets(out).collect();
+    let mut host = vec![0u8; offsets.iter().max().map_or(0, |&o| o + size)];
+    t.device.read(out.buffer, 0, &mut host).ok()?;
+    Some(offsets.iter().flat_map(|&o| host[o..o + size].iter().copied()).collect())
 }
 
 pub fn cases(_: &Target) -> Vec<Case> {
