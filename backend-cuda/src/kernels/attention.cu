@@ -904,7 +904,7 @@ __device__ __forceinline__ void tc_two_products(float (&acc1)[NT][4], float (&ac
     }
 }
 
-template <int D, int BM> __device__ void attn_bwd_dkv_tc(const AttnArgs& a, T* sm) {
+template <int D, int BM, int S> __device__ void attn_bwd_dkv_tc(const AttnArgs& a, T* sm) {
 #if __CUDA_ARCH__ >= 800
     constexpr int LD = D + 8;
     constexpr int NT = BM / 8;   // n-tiles of Sᵀ: queries
@@ -912,8 +912,8 @@ template <int D, int BM> __device__ void attn_bwd_dkv_tc(const AttnArgs& a, T* s
     constexpr int QT = BM * LD;  // one Q or dO tile
     T* ks = sm;
     T* vs = ks + TC_BN * LD;
-    T* qbuf = vs + TC_BN * LD;              // stage st: Q at qbuf + 2st·QT, dO right after
-    float* fbuf = (float*)(qbuf + 4 * QT);  // stage st: lse·log2 e at fbuf + 2st·BM, D after
+    T* qbuf = vs + TC_BN * LD;                  // S stages: Q at qbuf + 2st·QT, dO right after
+    float* fbuf = (float*)(qbuf + 2 * S * QT);  // stage st: lse·log2 e at fbuf + 2st·BM, D after
     const int d = (int)a.d, s = (int)a.s, t = (int)a.t, off = t + 1 - s;
     const bool causal = a.causal != 0;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c4 = lane & 3;
@@ -959,7 +959,10 @@ template <int D, int BM> __device__ void attn_bwd_dkv_tc(const AttnArgs& a, T* s
     if (total > 0) {
         tc_copy_rows<D, TC_BN>(tc_smem_addr(ks), k + bi * a.st[1][0] + kh * a.st[1][1], a.st[1][2], j0, t, d);
         tc_copy_rows<D, TC_BN>(tc_smem_addr(vs), v + bi * a.st[2][0] + kh * a.st[2][1], a.st[2][2], j0, t, d);
-        stage(0, 0);
+    }
+#pragma unroll
+    for (int p = 0; p < S - 1; ++p) {
+        if (p < total) stage(p, p);
         tc_commit();
     }
     float dka[OT][4], dva[OT][4];
@@ -974,12 +977,12 @@ template <int D, int BM> __device__ void attn_bwd_dkv_tc(const AttnArgs& a, T* s
     const u32 vA = tc_smem_addr(vs + (16 * warp + mr + 8 * (mi & 1)) * LD + 8 * (mi >> 1));
 
     for (int it = 0; it < total; ++it) {
-        const int st = it & 1;
-        // One barrier per step: step `it` has landed for every thread and the other stage,
-        // read by the step before, is free for the next request.
-        tc_wait<0>();
+        const int st = it % S;
+        // One barrier per step: step `it` has landed for every thread and the stage read by
+        // the step before is free for the next request.
+        tc_wait<S - 2>();
         __syncthreads();
-        if (it + 1 < total) stage(it + 1, st ^ 1);
+        if (it + S - 1 < total) stage(it + S - 1, (it + S - 1) % S);
         tc_commit();
         const int i0 = (qt0 + it % nq) * BM;
         const T* qs = qbuf + 2 * st * QT;
@@ -1085,7 +1088,8 @@ template <int D, int S> __device__ void attn_bwd_dq_tc(const AttnArgs& a, T* sm)
     const float* lse = (const float*)a.p[4];
     const T* dout = (const T*)a.p[5];
     T* dq = (T*)a.p[6];
-    const float* delta = (const float*)a.delta;
+    const T* o = (const T*)a.p[3];
+    float* delta = (float*)a.delta;
     const i64 bhn = a.b * a.hq, qtiles = (a.s + TC_BM - 1) / TC_BM;
     // The heaviest (last, under a causal mask) query tiles first.
     const i64 w = blockIdx.x, qt = qtiles - 1 - w / bhn, bh = w % bhn, h = bh % a.hq, bi = bh / a.hq;
@@ -1112,14 +1116,13 @@ template <int D, int S> __device__ void attn_bwd_dq_tc(const AttnArgs& a, T* sm)
 
     const int ilo = i0 + 16 * warp + g, ihi = ilo + 8;
     const int vlo = (int)visible(a, ilo), vhi = (int)visible(a, ihi);
-    float l2[2], dl[2];
+    float l2[2], dl[2] = {0.f, 0.f};
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int i = r ? ihi : ilo;
         // Rows past s and rows that see no key (NaN lse and D): 0, and every pair masked.
         const bool live = i < s && (r ? vhi : vlo) > 0;
         l2[r] = live ? lse[bi * a.st[4][0] + h * a.st[4][1] + (i64)i * a.st[4][2]] * TC_LOG2E : 0.f;
-        dl[r] = live ? delta[bh * a.s + i] : 0.f;
     }
     const float sl2 = (float)(a.scale * 1.4426950408889634);
     float dqa[OT][4];
@@ -1136,6 +1139,25 @@ template <int D, int S> __device__ void attn_bwd_dq_tc(const AttnArgs& a, T* sm)
         __syncthreads();
         if (tile + S - 1 < ntiles) load_kv(tile + S - 1);
         tc_commit();
+        if (tile == 0) {
+            // D = rowsum(dO ∘ O) of the warp's 16 rows, from dO in shared memory (now landed)
+            // and O in global memory, two lanes per row; written out for the dK/dV pass, which
+            // runs after this one. (A block without key tiles has only rows that see no key:
+            // the dK/dV pass reads no D of theirs.)
+            const int rr = 16 * warp + (lane >> 1), i = i0 + rr, c0 = (lane & 1) * (D / 2);
+            float acc = 0.f;
+            if (i < s) {
+                const T* orow = o + bi * a.st[3][0] + h * a.st[3][1] + (i64)i * a.st[3][2];
+                for (int c = c0; c < c0 + D / 2 && c < d; ++c) {
+                    acc += TT::load(dos[rr * LD + c]) * TT::load(orow[c * a.st[3][3]]);
+                }
+            }
+            acc += __shfl_xor_sync(FULL, acc, 1);
+            if ((lane & 1) == 0 && i < s) delta[bh * a.s + i] = acc;
+            const float dlo = __shfl_sync(FULL, acc, 2 * g), dhi = __shfl_sync(FULL, acc, 2 * g + 16);
+            dl[0] = ilo < s && vlo > 0 ? dlo : 0.f;
+            dl[1] = ihi < s && vhi > 0 ? dhi : 0.f;
+        }
         const T* ks = kv + (tile % S) * 2 * TILE;
         const T* vs = ks + TILE;
         // S = Q·Kᵀ, dP = dO·Vᵀ.
@@ -1204,11 +1226,11 @@ template <int D, int S> __device__ void attn_bwd_dq_tc(const AttnArgs& a, T* sm)
 // dK/dV step that fits without spilling measured 0.50 ms, four dQ blocks per SM 0.50 ms).
 extern "C" __global__ void __launch_bounds__(TC_THREADS, 3) attn_bwd_dkv_tc_64(const AttnArgs a) {
     ASMEM;
-    attn_bwd_dkv_tc<64, 64>(a, (T*)smem_raw);
+    attn_bwd_dkv_tc<64, 64, 2>(a, (T*)smem_raw);
 }
 extern "C" __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dkv_tc_128(const AttnArgs a) {
     ASMEM;
-    attn_bwd_dkv_tc<128, 32>(a, (T*)smem_raw);
+    attn_bwd_dkv_tc<128, 32, 2>(a, (T*)smem_raw);
 }
 extern "C" __global__ void __launch_bounds__(TC_THREADS, 3) attn_bwd_dq_tc_64(const AttnArgs a) {
     ASMEM;

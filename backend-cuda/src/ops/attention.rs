@@ -303,7 +303,7 @@ fn delta(
     launch_1d(device, name, "attention", dtype, "attn_bwd_delta_k", a, shape)
 }
 
-/// The tensor-core backward: D, then dq per 64-query tile and dk, dv per 64-key tile (one
+/// The tensor-core backward: dq (and D) per 64-query tile, then dk, dv per 64-key tile (one
 /// block per tile: the grids are the work, heaviest tiles first).
 fn backward_tc(
     device: &CudaDevice,
@@ -322,7 +322,9 @@ fn backward_tc(
     }
     let rows = dm.b * dm.hq * dm.s;
     if rows > 0 {
-        delta(device, &name, rows, dtype, a, scratch)?;
+        // The dq pass computes D = rowsum(do ∘ o) itself (it has do in shared memory) and
+        // writes it here for the dk/dv pass.
+        a.delta = scratch.dense(device, compute_dtype(dtype), &[rows])?.ptr;
         let shape = (q_work as u32, TC_THREADS, tc_dq_smem(dpad));
         launch_1d(device, &name, "attention", dtype, &format!("attn_bwd_dq_tc_{dpad}"), a, shape)?;
     }
