@@ -456,9 +456,12 @@ extern "C" __global__ void attn_bwd_delta_k(const AttnArgs a) { attn_bwd_delta(a
 // FlashAttention-2 style. A block (4 warps) takes 64·MT query rows of one (batch, head); warp
 // w owns MT m-tiles of 16 rows (rows 16·MT·w ..) and keeps their Q fragments in registers;
 // with MT = 2 every K and V fragment read from shared memory feeds two products. K and V stream
-// through shared memory in tiles of TC_BN = 64 keys, double-buffered with cp.async. S = Q·Kᵀ
-// and O += P·V use mma.m16n8k16 (f32 accumulate); the online softmax runs in f32 (base 2) on
-// the accumulator fragments, with row max and sum reduced over the 4 lanes of a quad.
+// through shared memory in tiles of TC_BN = 64 keys, S stages deep with cp.async and one
+// barrier per tile. S = Q·Kᵀ and O += P·V use mma.m16n8k16 (f32 accumulate); the online
+// softmax runs in f32 (base 2) on the accumulator fragments, with row max and sum reduced
+// over the 4 lanes of a quad, and its mask code runs only on tiles that cross the diagonal or
+// the last key (H100 bench shape: 0.114 -> 0.087 ms with the pipeline, the exp2, the fused
+// weights, the skipped rescales and the unmasked tiles of tc_softmax).
 // The head dim is padded to D (64 or 128) with zeros in shared memory; the launcher picks this
 // path only for head dims that are multiples of 8, a dense head dim, 16-byte aligned rows of
 // q/k/v and 4-byte aligned pairs of o (see ops/attention.rs).
@@ -851,17 +854,18 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS) attn_fwd_tc_128(const A
 }
 
 // ---- tensor-core backward (f16 / bf16, sm_80+) -----------------------------------------------
-// Two passes after D = rowsum(dO ∘ O) (attn_bwd_delta_k), each the only writer of what it
-// produces, so there are no atomics and the result is deterministic; the price is that the dQ
-// pass recomputes S and dP (7 products per score instead of 5).
+// Two passes, each the only writer of what it produces, so there are no atomics and the
+// result is deterministic; the price is that the dQ pass recomputes S and dP (7 products per
+// score instead of 5).
 // - dK/dV (attn_bwd_dkv_tc_*): a block owns TC_BN = 64 keys of one (batch, kv head), warp w
 //   keys 16w..16w+15, and streams tiles of BM queries of every query head of the group, Q and
-//   dO double-buffered with cp.async. It computes the transposed products Sᵀ = K·Qᵀ and
+//   dO S stages deep with cp.async. It computes the transposed products Sᵀ = K·Qᵀ and
 //   dPᵀ = V·dOᵀ so that keys are the rows of the accumulator fragments: Pᵀ and dSᵀ are then
 //   already the A fragments of dV += Pᵀ·dO and dK += dSᵀ·Q (as P is for P·V in the forward)
 //   and the per-query lse and D are per-column values, read from shared memory.
-// - dQ (attn_bwd_dq_tc_*): a block owns TC_BM = 64 queries, warp w rows 16w.., and streams
-//   K/V tiles as the forward does, forming dQ += dS·K.
+// - dQ (attn_bwd_dq_tc_*), first: a block owns TC_BM = 64 queries, warp w rows 16w.., forms
+//   D = rowsum(dO ∘ O) of its rows (written out for the dK/dV pass) and streams K/V tiles as
+//   the forward does, forming dQ += dS·K.
 // P = exp2(scale·log2 e·QKᵀ - lse·log2 e) from the saved lse; P and dS are rounded to the
 // element type for the second product, as P is in the forward. Masked pairs are selected to
 // zero, never multiplied (a dead row has NaN lse and NaN o, hence NaN D).
