@@ -142,11 +142,22 @@ fn tc_fwd_rows(dpad: usize) -> usize {
     }
 }
 
+/// K/V pipeline stages of `attn_fwd_tc_{dpad}` and `attn_bwd_dq_tc_{dpad}` (their `S`): three
+/// at d = 64, two at d = 128, where three would pass the 99 KiB a block may have on
+/// sm_86/sm_89 (forward) and leave shared memory for one dq block per SM instead of two.
+fn tc_stages(dpad: usize) -> usize {
+    if dpad <= 64 {
+        3
+    } else {
+        2
+    }
+}
+
 /// Shared memory of `attn_fwd_tc_{dpad}` (its Q tile, up to 128 rows, is staged in the
-/// second stage first): two stages of a K and a V tile of 64 rows, each row
-/// `dpad + 8` 2-byte elements.
+/// last stage first): the stages of a K and a V tile of 64 rows, each row `dpad + 8` 2-byte
+/// elements.
 fn tc_smem(dpad: usize) -> u32 {
-    (2 * 2 * 64 * (dpad + 8) * 2) as u32
+    (tc_stages(dpad) * 2 * 64 * (dpad + 8) * 2) as u32
 }
 
 /// Queries per step of `attn_bwd_dkv_tc_{dpad}` (`BM` in attention.cu).
@@ -158,17 +169,18 @@ fn tc_dkv_rows(dpad: usize) -> usize {
     }
 }
 
-/// Shared memory of `attn_bwd_dkv_tc_{dpad}`: the block's K and V (64 rows each), two stages
-/// of a Q and a dO tile, and two stages of the tile's lse and D (f32).
+/// Shared memory of `attn_bwd_dkv_tc_{dpad}` (two stages; three measured slower): the block's K
+/// and V (64 rows each), two stages of a Q and a dO tile, and two stages of the tile's lse and
+/// D (f32).
 fn tc_dkv_smem(dpad: usize) -> u32 {
     let bm = tc_dkv_rows(dpad);
     ((2 * 64 + 4 * bm) * (dpad + 8) * 2 + 4 * bm * 4) as u32
 }
 
-/// Shared memory of `attn_bwd_dq_tc_{dpad}`: the block's Q and dO (64 rows each) and two
-/// stages of a K and a V tile.
+/// Shared memory of `attn_bwd_dq_tc_{dpad}`: the block's Q and dO (64 rows each) and the
+/// stages of a K and a V tile (as many as the forward's, `tc_stages`).
 fn tc_dq_smem(dpad: usize) -> u32 {
-    ((2 * 64 + 4 * 64) * (dpad + 8) * 2) as u32
+    ((2 * 64 + tc_stages(dpad) * 2 * 64) * (dpad + 8) * 2) as u32
 }
 
 fn args(dm: &Dims, causal: bool, scale: f64) -> AttnArgs {
@@ -292,7 +304,7 @@ fn delta(
     launch_1d(device, name, "attention", dtype, "attn_bwd_delta_k", a, shape)
 }
 
-/// The tensor-core backward: D, then dq per 64-query tile and dk, dv per 64-key tile (one
+/// The tensor-core backward: dq (and D) per 64-query tile, then dk, dv per 64-key tile (one
 /// block per tile: the grids are the work, heaviest tiles first).
 fn backward_tc(
     device: &CudaDevice,
@@ -311,7 +323,9 @@ fn backward_tc(
     }
     let rows = dm.b * dm.hq * dm.s;
     if rows > 0 {
-        delta(device, &name, rows, dtype, a, scratch)?;
+        // The dq pass computes D = rowsum(do ∘ o) itself (it has do in shared memory) and
+        // writes it here for the dk/dv pass.
+        a.delta = scratch.dense(device, compute_dtype(dtype), &[rows])?.ptr;
         let shape = (q_work as u32, TC_THREADS, tc_dq_smem(dpad));
         launch_1d(device, &name, "attention", dtype, &format!("attn_bwd_dq_tc_{dpad}"), a, shape)?;
     }
@@ -391,12 +405,15 @@ mod tests {
     #[test]
     fn the_tensor_core_kernels_fit_in_shared_memory() {
         // Within sm_80's opt-in limit (163 KiB); sm_86/sm_89 (99 KiB) take the general
-        // backward at d > 64 (see `run`).
+        // backward at d > 64 (see `run`), the forward fits there at every head dim.
         for dpad in [64, 128] {
             for smem in [tc_smem(dpad), tc_dkv_smem(dpad), tc_dq_smem(dpad)] {
                 assert!(smem <= 163 * 1024, "{dpad}: {smem}");
             }
+            assert!(tc_smem(dpad) <= 99 * 1024, "{dpad}: {}", tc_smem(dpad));
         }
+        assert_eq!(tc_smem(64), 3 * 2 * 64 * 72 * 2);
+        assert_eq!(tc_dq_smem(64), (128 + 3 * 128) * 72 * 2);
         assert_eq!(tc_dkv_smem(64), (128 + 256) * 72 * 2 + 64 * 16);
         assert_eq!(tc_dq_smem(128), 384 * 136 * 2);
     }
