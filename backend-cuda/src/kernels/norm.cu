@@ -241,6 +241,86 @@ template <bool LN, int MODE> __device__ void norm_fwd(const RowArgs& a) {
     }
 }
 
+// The forward's fast path (mode 1: every row and parameter dense along the row, 16-byte
+// aligned, d a multiple of NV; and the leading dims merged into one, ndim <= 1, so a row's
+// offsets are one multiply each rather than the general loop of 64-bit divisions). Each thread holds PK packs of x as loaded (raw T, so a bf16
+// row takes half the registers of its f32 values) and converts on each use; fewer registers
+// per row means more rows in flight per SM, which is what this memory-bound kernel lacks.
+// Thread t of a group holds packs k*G + t, so a warp's loads are contiguous.
+template <bool LN, int PK> __device__ void norm_fwd_vec(const RowArgs& a) {
+    __shared__ C red[2][32];
+    int phase = 0;
+    const int G = a.group, t = threadIdx.x % G, rpb = blockDim.x / G;
+    const i64 row0 = (i64)(threadIdx.x / G);
+    // Packs per row: at most MAXG * PK (ops/norm.rs sends longer rows to mode 2), so int.
+    const int np = (int)(a.d / NV);
+    const C n = (C)a.d, eps = (C)a.eps;
+    typedef Pack<T, NV> P;
+    P raw[PK];
+    for (i64 base = (i64)blockIdx.x * rpb; base < a.rows; base += (i64)gridDim.x * rpb) {
+        const i64 row = base + row0;
+        const bool active = row < a.rows;
+        const P* xp = (const P*)((const T*)a.p[S_X] + (active ? row : 0) * a.st[S_X][0]);
+        // Packs past the row's end (or of a row past the last) are zeros and are skipped by
+        // the variance sum, which is the only sum they would change.
+#pragma unroll
+        for (int k = 0; k < PK; ++k) {
+            const int pk = k * G + t;
+            if (active && pk < np) raw[k] = xp[pk];
+            else raw[k] = P{};
+        }
+        C mu = (C)0;
+        if (LN) {
+            C s = (C)0;
+#pragma unroll
+            for (int k = 0; k < PK; ++k)
+#pragma unroll
+                for (int i = 0; i < NV; ++i) s += TT::load(raw[k].v[i]);
+            mu = group_sum(s, G, red, phase) / n;
+        }
+        C q = (C)0;
+#pragma unroll
+        for (int k = 0; k < PK; ++k) {
+            if (k * G + t < np) {
+#pragma unroll
+                for (int i = 0; i < NV; ++i) {
+                    const C c = TT::load(raw[k].v[i]) - mu;
+                    q += c * c;
+                }
+            }
+        }
+        const C r = (C)1 / csqrt(group_sum(q, G, red, phase) / n + eps);
+        if (!active) continue;
+        // w and b are re-read for each row (L1 hits) rather than held: registers decide how
+        // many rows are in flight per SM.
+        const P* wp = (const P*)a.p[S_W];
+        const P* bp = (const P*)a.p[S_B];
+        P* yp = (P*)((T*)a.p[S_Y] + row * a.st[S_Y][0]);
+#pragma unroll
+        for (int k = 0; k < PK; ++k) {
+            const int pk = k * G + t;
+            if (pk < np) {
+                const P w = wp[pk];
+                P o;
+                if (LN) {
+                    const P b = bp[pk];
+#pragma unroll
+                    for (int i = 0; i < NV; ++i)
+                        o.v[i] = TT::store((TT::load(raw[k].v[i]) - mu) * r * TT::load(w.v[i]) + TT::load(b.v[i]));
+                } else {
+#pragma unroll
+                    for (int i = 0; i < NV; ++i) o.v[i] = TT::store(TT::load(raw[k].v[i]) * r * TT::load(w.v[i]));
+                }
+                yp[pk] = o;
+            }
+        }
+        if (t == 0) {
+            if (LN) ((float*)a.p[S_MEAN])[row * a.st[S_MEAN][0]] = (float)mu;
+            ((float*)a.p[S_RSTD])[row * a.st[S_RSTD][0]] = (float)r;
+        }
+    }
+}
+
 // ---- backward ------------------------------------------------------------------------------
 
 // With g = dy * w and xhat = (x - mean) * rstd (mean = 0 for RMS):
@@ -374,5 +454,12 @@ extern "C" __global__ void __launch_bounds__(MAXG) norm_colsum(const RowArgs a) 
     extern "C" __global__ void __launch_bounds__(MAXG) NAME##_2(const RowArgs a) { F<LN, 2>(a); }
 KERNELS(norm_fwd_ln, norm_fwd, true)
 KERNELS(norm_fwd_rms, norm_fwd, false)
+// The forward's fast path (mode 3; ops/norm.rs sizes its groups for PK packs per thread).
+#define VKERNEL(NAME, LN, PK, MB) \
+    extern "C" __global__ void __launch_bounds__(MAXG, MB) NAME##_v##PK##_##MB(const RowArgs a) { norm_fwd_vec<LN, PK>(a); }
+#define VKERNELS(NAME, LN) \
+    VKERNEL(NAME, LN, 2, 2) VKERNEL(NAME, LN, 2, 3) VKERNEL(NAME, LN, 4, 2) VKERNEL(NAME, LN, 4, 3) VKERNEL(NAME, LN, 8, 1) VKERNEL(NAME, LN, 8, 2)
+VKERNELS(norm_fwd_ln, true)
+VKERNELS(norm_fwd_rms, false)
 KERNELS(norm_bwd_ln, norm_bwd, true)
 KERNELS(norm_bwd_rms, norm_bwd, false)

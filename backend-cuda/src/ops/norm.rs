@@ -185,10 +185,33 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             } else {
                 (vec![(S_RSTD, &outs[1])], vec![(S_W, &ins[1])])
             };
-            let (mut a, threads) = row_args(x, &[(S_X, x), (S_Y, &outs[0])], &stats, &params);
+            let (mut a, mut threads) = row_args(x, &[(S_X, x), (S_Y, &outs[0])], &stats, &params);
             a.eps = eps;
-            let grid = blocks(device, &a, threads, 2048);
-            let name = format!("{}_{}", if ln { "norm_fwd_ln" } else { "norm_fwd_rms" }, a.flag & 3);
+            let stem = if ln { "norm_fwd_ln" } else { "norm_fwd_rms" };
+            let mut per_sm = 2048;
+            let mut name = format!("{stem}_{}", a.flag & 3);
+            // EXPERIMENT knobs (to be removed): GENESIS_NORM_V="packs,minblocks,per_sm".
+            let knobs: Vec<usize> = std::env::var("GENESIS_NORM_V")
+                .ok()
+                .map(|v| v.split(',').filter_map(|t| t.trim().parse().ok()).collect())
+                .unwrap_or_default();
+            let (pk, mb) = match (knobs.first(), knobs.get(1)) {
+                (Some(&p), Some(&m)) => (p, m),
+                _ => (4, if x.dtype == DType::BF16 { 2 } else { 3 }),
+            };
+            if a.flag == 1 && a.ndim <= 1 {
+                let d = a.d as usize;
+                let need = d.div_ceil(pk * (16 / x.dtype.size_in_bytes())).max(1);
+                if need <= MAX_GROUP {
+                    let group = need.next_power_of_two().max(32);
+                    a.group = group as i32;
+                    a.flag = 3;
+                    threads = group.max(128) as u32;
+                    per_sm = knobs.get(2).copied().unwrap_or(8192) as u32;
+                    name = format!("{stem}_v{pk}_{mb}");
+                }
+            }
+            let grid = blocks(device, &a, threads, per_sm);
             // Every operand was validated against its buffer with the shapes the kernel is given.
             device.launch_grid(&op.name(), "norm", x.dtype, &name, &mut a, (grid, 1), (threads, 1), 0)
         }
