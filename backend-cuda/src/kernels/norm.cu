@@ -5,7 +5,8 @@
 // (at most NE elements) in registers, so the forward reads x once: the mean, the variance
 // (two-pass, from the registered values) and the output all come from registers. Rows longer
 // than NE*MAXG elements take the "big" path (mode 2), which re-reads the row from memory
-// for each pass.
+// for each pass. The forward of dense rows has its own path (mode 3, norm_fwd_vec): raw
+// packs in registers and one multiply per row offset.
 //
 // Statistics and accumulations are in the compute type C (f32 for f32/f16/bf16, f64 for f64),
 // as the CPU reference computes them; mean and rstd are stored as f32.
@@ -41,7 +42,8 @@ struct RowArgs {
     i64 rows;            // rows (product of the leading dims)
     i64 d;               // row length
     double eps;          // added to the variance / mean square
-    int flag;            // mode: 0 registers, 1 registers in packs (see ops/norm.rs), 2 big rows
+    int flag;            // mode: 0 registers, 1 registers in packs (see ops/norm.rs), 2 big rows,
+                         // 3 the forward's fast path (norm_fwd_vec)
     int ndim;            // merged leading dims
     int group;           // threads per row
     int parts;           // backward: partial rows (= groups in the grid); colsum: outputs
@@ -454,12 +456,17 @@ extern "C" __global__ void __launch_bounds__(MAXG) norm_colsum(const RowArgs a) 
     extern "C" __global__ void __launch_bounds__(MAXG) NAME##_2(const RowArgs a) { F<LN, 2>(a); }
 KERNELS(norm_fwd_ln, norm_fwd, true)
 KERNELS(norm_fwd_rms, norm_fwd, false)
-// The forward's fast path (mode 3; ops/norm.rs sizes its groups for PK packs per thread).
-#define VKERNEL(NAME, LN, PK, MB) \
-    extern "C" __global__ void __launch_bounds__(MAXG, MB) NAME##_v##PK##_##MB(const RowArgs a) { norm_fwd_vec<LN, PK>(a); }
-#define VKERNELS(NAME, LN) \
-    VKERNEL(NAME, LN, 2, 2) VKERNEL(NAME, LN, 2, 3) VKERNEL(NAME, LN, 4, 2) VKERNEL(NAME, LN, 4, 3) VKERNEL(NAME, LN, 8, 1) VKERNEL(NAME, LN, 8, 2)
-VKERNELS(norm_fwd_ln, true)
-VKERNELS(norm_fwd_rms, false)
+// The forward's fast path (mode 3; ops/norm.rs sizes its groups for 4 packs per thread).
+// Measured on an H100 (4096x4096): 4 packs beat 2 and 8; a register cap of 42 (three
+// 512-thread blocks) suits every type but bf16, whose float conversions then spill, so bf16
+// gets 64 (two blocks).
+template <class E> struct VMinBlocks { static const int value = 3; };
+template <> struct VMinBlocks<b16> { static const int value = 2; };
+extern "C" __global__ void __launch_bounds__(MAXG, VMinBlocks<T>::value) norm_fwd_ln_v(const RowArgs a) {
+    norm_fwd_vec<true, 4>(a);
+}
+extern "C" __global__ void __launch_bounds__(MAXG, VMinBlocks<T>::value) norm_fwd_rms_v(const RowArgs a) {
+    norm_fwd_vec<false, 4>(a);
+}
 KERNELS(norm_bwd_ln, norm_bwd, true)
 KERNELS(norm_bwd_rms, norm_bwd, false)

@@ -18,6 +18,9 @@ const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 /// Most threads per row group and per block (`MAXG` in norm.cu, the kernels' launch bound).
 const MAX_GROUP: usize = 512;
 
+/// Packs of 16 bytes per thread in the forward's fast path (`norm_fwd_vec<LN, 4>`).
+const VEC_PACKS: usize = 4;
+
 // Operand slots of `RowArgs::p` (the S_* defines of norm.cu).
 const S_X: usize = 0;
 const S_Y: usize = 1;
@@ -147,7 +150,8 @@ fn row_args(x: &Operand, rows_ops: &[Slot], stats: &[Slot], params: &[Slot]) -> 
     let need = d.div_ceil(per_thread).max(1);
     let (group, big) = if need > MAX_GROUP { (MAX_GROUP, true) } else { (need.next_power_of_two().max(32), false) };
     a.group = group as i32;
-    // The mode of norm.cu (kernel suffix): 0 registers, 1 registers in packs, 2 big rows.
+    // The mode of norm.cu (kernel suffix): 0 registers, 1 registers in packs, 2 big rows (the
+    // forward may then switch mode 1 to its fast path, mode 3).
     a.flag = if big { 2 } else { vec as i32 };
     (a, group.max(128) as u32)
 }
@@ -190,25 +194,18 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             let stem = if ln { "norm_fwd_ln" } else { "norm_fwd_rms" };
             let mut per_sm = 2048;
             let mut name = format!("{stem}_{}", a.flag & 3);
-            // EXPERIMENT knobs (to be removed): GENESIS_NORM_V="packs,minblocks,per_sm".
-            let knobs: Vec<usize> = std::env::var("GENESIS_NORM_V")
-                .ok()
-                .map(|v| v.split(',').filter_map(|t| t.trim().parse().ok()).collect())
-                .unwrap_or_default();
-            let (pk, mb) = match (knobs.first(), knobs.get(1)) {
-                (Some(&p), Some(&m)) => (p, m),
-                _ => (4, if x.dtype == DType::BF16 { 2 } else { 3 }),
-            };
+            // The fast path (mode 3): dense aligned rows whose leading dims merge into one, in
+            // groups sized for VEC_PACKS packs per thread. One block per row group (up to 64
+            // per SM): the hardware hands rows to SMs as blocks finish.
             if a.flag == 1 && a.ndim <= 1 {
-                let d = a.d as usize;
-                let need = d.div_ceil(pk * (16 / x.dtype.size_in_bytes())).max(1);
+                let need = (a.d as usize).div_ceil(VEC_PACKS * (16 / x.dtype.size_in_bytes())).max(1);
                 if need <= MAX_GROUP {
                     let group = need.next_power_of_two().max(32);
                     a.group = group as i32;
                     a.flag = 3;
                     threads = group.max(128) as u32;
-                    per_sm = knobs.get(2).copied().unwrap_or(8192) as u32;
-                    name = format!("{stem}_v{pk}_{mb}");
+                    per_sm = 8192;
+                    name = format!("{stem}_v");
                 }
             }
             let grid = blocks(device, &a, threads, per_sm);
