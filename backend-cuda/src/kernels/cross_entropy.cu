@@ -18,48 +18,99 @@
 
 #if IS_FLOAT
 
-#define CE_P 4
+#define CE_P 4  // packs per thread per step of the forward
+#define CE_B 4  // packs per thread per step of the backward (2 and 8 measured slower)
+
+// Columns j..j+VW of a row known to lie inside it: one 16-byte load (VEC) or VW strided ones,
+// with no bounds checks (the hot loops run on whole chunks; only a row's last chunk checks).
+template <bool VEC> __device__ __forceinline__ void load_full(const T* row, i64 cs, i64 j, C* v) {
+    if (VEC) {
+        const Pack<T, VW> p = *(const Pack<T, VW>*)(row + j);
+#pragma unroll
+        for (int k = 0; k < VW; ++k) v[k] = TT::load(p.v[k]);
+    } else {
+#pragma unroll
+        for (int k = 0; k < VW; ++k) v[k] = TT::load(row[(j + k) * cs]);
+    }
+}
+
+template <bool VEC> __device__ __forceinline__ void store_full(T* row, i64 cs, i64 j, const C* v) {
+    if (VEC) {
+        Pack<T, VW> p;
+#pragma unroll
+        for (int k = 0; k < VW; ++k) p.v[k] = TT::store(v[k]);
+        *(Pack<T, VW>*)(row + j) = p;
+    } else {
+#pragma unroll
+        for (int k = 0; k < VW; ++k) row[(j + k) * cs] = TT::store(v[k]);
+    }
+}
+
+// Fold one chunk (CE_P packs, `step` columns apart, from column `base`) into this thread's
+// running max m, sum s = sum(exp(x - m)) and, with label smoothing, sum sx of the logits.
+// CHECK: the row's last chunk, whose columns at or past len read as -inf (which adds 0 to s).
+template <bool VEC, bool CHECK>
+__device__ __forceinline__ void ce_chunk(const T* x, i64 cs, i64 len, i64 base, i64 step, bool smooth, C& m, C& s,
+                                         C& sx) {
+    C v[CE_P][VW];
+    C mc = neg_inf();
+#pragma unroll
+    for (int p = 0; p < CE_P; ++p) {
+        if (CHECK) load_pack<VEC>(x, cs, len, base + p * step, neg_inf(), v[p]);
+        else load_full<VEC>(x, cs, base + p * step, v[p]);
+#pragma unroll
+        for (int k = 0; k < VW; ++k) mc = cmax(mc, v[p][k]);
+    }
+    // From m = -inf the factor is exp(-inf) = 0, and s is 0 (or NaN) there anyway.
+    if (mc > m) {
+        s *= exp_diff(m, mc);
+        m = mc;
+    }
+    if (m != neg_inf()) {
+        // -inf logits give exp(-inf) = 0; NaN poisons s; +inf makes m = +inf and inf - inf = NaN.
+#pragma unroll
+        for (int p = 0; p < CE_P; ++p)
+#pragma unroll
+            for (int k = 0; k < VW; ++k) s += exp_diff(v[p][k], m);
+    } else {
+        // Everything so far is -inf or NaN (fmax skips NaN): the NaNs must still poison s,
+        // and x - m would turn the -infs into NaN too.
+#pragma unroll
+        for (int p = 0; p < CE_P; ++p)
+#pragma unroll
+            for (int k = 0; k < VW; ++k)
+                if (v[p][k] != neg_inf()) s += v[p][k];
+    }
+    if (smooth) {
+#pragma unroll
+        for (int p = 0; p < CE_P; ++p)
+#pragma unroll
+            for (int k = 0; k < VW; ++k)
+                if (!CHECK || base + p * step + k < len) sx += v[p][k];
+    }
+}
 
 template <bool VEC> __device__ __forceinline__ void ce_forward(const Args& a, C* sh) {
     const i64 c = (i64)a.u[0], ignore = (i64)a.u[1];
     const C eps = (C)a.s[0];
+    const bool smooth = eps != (C)0;
     const i64 cs = a.st[0][1];
+    // A thread's packs are `step` columns apart, so a warp's loads are contiguous.
+    const i64 step = (i64)blockDim.x * VW, span = step * CE_P;
     FOR_ROWS(a) {
         const u64 row = r0 + threadIdx.y;
         const i64 len = row < a.n ? c : 0;
         const T* x = (const T*)a.p[0] + (row < a.n ? (i64)row * a.st[0][0] : 0);
         C m = neg_inf(), s = (C)0, sx = (C)0;
-        for (i64 base = (i64)threadIdx.x * VW; base < len; base += (i64)blockDim.x * VW * CE_P) {
-            C v[CE_P][VW];
-            C mc = neg_inf();
-#pragma unroll
-            for (int p = 0; p < CE_P; ++p) {
-                load_pack<VEC>(x, cs, len, base + (i64)p * blockDim.x * VW, neg_inf(), v[p]);
-#pragma unroll
-                for (int k = 0; k < VW; ++k) mc = cmax(mc, v[p][k]);
-            }
-            // From m = -inf the factor is exp(-inf) = 0, and s is 0 there anyway.
-            if (mc > m) {
-                s *= cexp(m - mc);
-                m = mc;
-            }
-#pragma unroll
-            for (int p = 0; p < CE_P; ++p) {
-                const i64 j = base + (i64)p * blockDim.x * VW;
-#pragma unroll
-                for (int k = 0; k < VW; ++k) {
-                    if (j + k < len) {
-                        // -inf adds 0 even while m is -inf (a NaN still poisons s).
-                        s += v[p][k] == neg_inf() ? (C)0 : cexp(v[p][k] - m);
-                        sx += v[p][k];
-                    }
-                }
-            }
-        }
+        i64 base = (i64)threadIdx.x * VW;
+        for (; base + (CE_P - 1) * step + VW <= len; base += span)
+            ce_chunk<VEC, false>(x, cs, len, base, step, smooth, m, s, sx);
+        // At most one chunk is left, and only partly inside the row.
+        if (base < len) ce_chunk<VEC, true>(x, cs, len, base, step, smooth, m, s, sx);
         const C m_all = group_reduce<true>(m, sh);
         // Equal maxima need no rescaling (and -inf - -inf would be NaN).
         const C s_all = group_reduce<false>(m == m_all ? s : s * cexp(m - m_all), sh);
-        const C sx_all = eps != (C)0 ? group_reduce<false>(sx, sh) : (C)0;
+        const C sx_all = smooth ? group_reduce<false>(sx, sh) : (C)0;
         if (threadIdx.x == 0 && row < a.n) {
             C lse;
             if (c == 0) lse = neg_inf();
@@ -77,46 +128,75 @@ template <bool VEC> __device__ __forceinline__ void ce_forward(const Args& a, C*
     }
 }
 
-// Grid: x over column chunks, y over rows (grid-stride in both).
-template <bool VEC> __device__ __forceinline__ void ce_backward(const Args& a) {
+// Grid: x over column spans of B packs per thread, y over rows (grid-stride in both). Each
+// thread issues its B pack loads, raw (a bf16 pack takes 4 registers, not 8), together with
+// the row's target, lse and dloss, so the block's few dependent loads overlap instead of
+// queueing one after another before the data streams.
+template <bool VEC, int B> __device__ __forceinline__ void ce_backward(const Args& a) {
+    typedef Pack<T, VW> P;
     const i64 c = (i64)a.u[0], ignore = (i64)a.u[1];
     const C eps = (C)a.s[0];
     const C keep = (C)1 - eps, smooth = eps / (C)(c > 0 ? c : 1);
+    const i64 xcs = a.st[0][1], gcs = a.st[0][3];
+    const i64 step = (i64)blockDim.x * VW, span = step * B;
     for (u64 row = blockIdx.y; row < a.n; row += gridDim.y) {
-        const i64 t = ((const i64*)a.p[1])[(i64)row * a.st[1][0]];
-        const bool ignored = t == ignore;
-        const C l = (C)((const float*)a.p[2])[(i64)row * a.st[2][0]];
-        const C dl = (C)((const float*)a.p[3])[(i64)row * a.st[3][0]];
         const T* x = (const T*)a.p[0] + (i64)row * a.st[0][0];
         T* g = (T*)a.shape[0] + (i64)row * a.st[0][2];
-        for (i64 j = ((i64)blockIdx.x * blockDim.x + threadIdx.x) * VW; j < c;
-             j += (i64)gridDim.x * blockDim.x * VW) {
+        for (i64 j0 = (i64)blockIdx.x * span + (i64)threadIdx.x * VW; j0 < c; j0 += (i64)gridDim.x * span) {
+            // Whole for every thread of the block or for none: j0 - threadIdx.x * VW is uniform.
+            const bool full = j0 - (i64)threadIdx.x * VW + span <= c;
+            P raw[B];
             C v[VW];
-            if (!ignored) load_pack<VEC>(x, a.st[0][1], c, j, (C)0, v);
+            if (VEC && full) {
 #pragma unroll
-            for (int k = 0; k < VW; ++k)
-                v[k] = ignored ? (C)0 : dl * (cexp(v[k] - l) - (j + k == t ? keep : (C)0) - smooth);
-            store_pack<VEC>(g, a.st[0][3], c, j, v);
+                for (int p = 0; p < B; ++p) raw[p] = *(const P*)(x + j0 + p * step);
+            }
+            // Ignored rows read their logits too (rare; it keeps the loads ahead of the branch).
+            const i64 t = ((const i64*)a.p[1])[(i64)row * a.st[1][0]];
+            const C l = (C)((const float*)a.p[2])[(i64)row * a.st[2][0]];
+            const C dl = (C)((const float*)a.p[3])[(i64)row * a.st[3][0]];
+            const bool ignored = t == ignore;
+            const C dk = dl * keep, ds = dl * smooth;
+#pragma unroll
+            for (int p = 0; p < B; ++p) {
+                const i64 j = j0 + p * step, dt = t - j;
+                if (VEC && full) {
+#pragma unroll
+                    for (int k = 0; k < VW; ++k) v[k] = TT::load(raw[p].v[k]);
+                } else {
+                    load_pack<VEC>(x, xcs, c, j, (C)0, v);
+                }
+                const int hot = dt >= 0 && dt < VW ? (int)dt : -1;  // the target's slot in this pack
+#pragma unroll
+                for (int k = 0; k < VW; ++k)
+                    v[k] = ignored ? (C)0 : dl * exp_diff(v[k], l) - ds - (k == hot ? dk : (C)0);
+                if (full) store_full<VEC>(g, gcs, j, v);
+                else store_pack<VEC>(g, gcs, c, j, v);
+            }
         }
     }
 }
 
-// A bad target (check_index, index_fault) makes the op write nothing.
-KERNEL cross_entropy_fwd_v0(const Args a) {
+// ops/cross_entropy.rs launches 256 threads per block. Four blocks per SM (64 registers) for
+// the memory-bound 4- and 2-byte types; f64's doubled registers get three blocks (80), which
+// keeps its forward from spilling. A bad target (check_index, index_fault) makes the op write
+// nothing.
+#define CE_KERNEL extern "C" __global__ void __launch_bounds__(256, sizeof(T) == 8 ? 3 : 4)
+CE_KERNEL cross_entropy_fwd_v0(const Args a) {
     if (index_faulted()) return;
     RED_SMEM;
     ce_forward<false>(a, sh);
 }
-KERNEL cross_entropy_fwd_v1(const Args a) {
+CE_KERNEL cross_entropy_fwd_v1(const Args a) {
     if (index_faulted()) return;
     RED_SMEM;
     ce_forward<true>(a, sh);
 }
-KERNEL cross_entropy_bwd_v0(const Args a) {
-    if (!index_faulted()) ce_backward<false>(a);
+CE_KERNEL cross_entropy_bwd_v0(const Args a) {
+    if (!index_faulted()) ce_backward<false, CE_B>(a);
 }
-KERNEL cross_entropy_bwd_v1(const Args a) {
-    if (!index_faulted()) ce_backward<true>(a);
+CE_KERNEL cross_entropy_bwd_v1(const Args a) {
+    if (!index_faulted()) ce_backward<true, CE_B>(a);
 }
 
 #endif

@@ -5,7 +5,8 @@
 // (at most NE elements) in registers, so the forward reads x once: the mean, the variance
 // (two-pass, from the registered values) and the output all come from registers. Rows longer
 // than NE*MAXG elements take the "big" path (mode 2), which re-reads the row from memory
-// for each pass.
+// for each pass. The forward of dense rows has its own path (mode 3, norm_fwd_vec): raw
+// packs in registers and one multiply per row offset.
 //
 // Statistics and accumulations are in the compute type C (f32 for f32/f16/bf16, f64 for f64),
 // as the CPU reference computes them; mean and rstd are stored as f32.
@@ -41,7 +42,8 @@ struct RowArgs {
     i64 rows;            // rows (product of the leading dims)
     i64 d;               // row length
     double eps;          // added to the variance / mean square
-    int flag;            // mode: 0 registers, 1 registers in packs (see ops/norm.rs), 2 big rows
+    int flag;            // mode: 0 registers, 1 registers in packs (see ops/norm.rs), 2 big rows,
+                         // 3 the forward's fast path (norm_fwd_vec)
     int ndim;            // merged leading dims
     int group;           // threads per row
     int parts;           // backward: partial rows (= groups in the grid); colsum: outputs
@@ -241,6 +243,86 @@ template <bool LN, int MODE> __device__ void norm_fwd(const RowArgs& a) {
     }
 }
 
+// The forward's fast path (mode 1: every row and parameter dense along the row, 16-byte
+// aligned, d a multiple of NV; and the leading dims merged into one, ndim <= 1, so a row's
+// offsets are one multiply each rather than the general loop of 64-bit divisions). Each thread holds PK packs of x as loaded (raw T, so a bf16
+// row takes half the registers of its f32 values) and converts on each use; fewer registers
+// per row means more rows in flight per SM, which is what this memory-bound kernel lacks.
+// Thread t of a group holds packs k*G + t, so a warp's loads are contiguous.
+template <bool LN, int PK> __device__ void norm_fwd_vec(const RowArgs& a) {
+    __shared__ C red[2][32];
+    int phase = 0;
+    const int G = a.group, t = threadIdx.x % G, rpb = blockDim.x / G;
+    const i64 row0 = (i64)(threadIdx.x / G);
+    // Packs per row: at most MAXG * PK (ops/norm.rs sends longer rows to mode 2), so int.
+    const int np = (int)(a.d / NV);
+    const C n = (C)a.d, eps = (C)a.eps;
+    typedef Pack<T, NV> P;
+    P raw[PK];
+    for (i64 base = (i64)blockIdx.x * rpb; base < a.rows; base += (i64)gridDim.x * rpb) {
+        const i64 row = base + row0;
+        const bool active = row < a.rows;
+        const P* xp = (const P*)((const T*)a.p[S_X] + (active ? row : 0) * a.st[S_X][0]);
+        // Packs past the row's end (or of a row past the last) are zeros and are skipped by
+        // the variance sum, which is the only sum they would change.
+#pragma unroll
+        for (int k = 0; k < PK; ++k) {
+            const int pk = k * G + t;
+            if (active && pk < np) raw[k] = xp[pk];
+            else raw[k] = P{};
+        }
+        C mu = (C)0;
+        if (LN) {
+            C s = (C)0;
+#pragma unroll
+            for (int k = 0; k < PK; ++k)
+#pragma unroll
+                for (int i = 0; i < NV; ++i) s += TT::load(raw[k].v[i]);
+            mu = group_sum(s, G, red, phase) / n;
+        }
+        C q = (C)0;
+#pragma unroll
+        for (int k = 0; k < PK; ++k) {
+            if (k * G + t < np) {
+#pragma unroll
+                for (int i = 0; i < NV; ++i) {
+                    const C c = TT::load(raw[k].v[i]) - mu;
+                    q += c * c;
+                }
+            }
+        }
+        const C r = (C)1 / csqrt(group_sum(q, G, red, phase) / n + eps);
+        if (!active) continue;
+        // w and b are re-read for each row (L1 hits) rather than held: registers decide how
+        // many rows are in flight per SM.
+        const P* wp = (const P*)a.p[S_W];
+        const P* bp = (const P*)a.p[S_B];
+        P* yp = (P*)((T*)a.p[S_Y] + row * a.st[S_Y][0]);
+#pragma unroll
+        for (int k = 0; k < PK; ++k) {
+            const int pk = k * G + t;
+            if (pk < np) {
+                const P w = wp[pk];
+                P o;
+                if (LN) {
+                    const P b = bp[pk];
+#pragma unroll
+                    for (int i = 0; i < NV; ++i)
+                        o.v[i] = TT::store((TT::load(raw[k].v[i]) - mu) * r * TT::load(w.v[i]) + TT::load(b.v[i]));
+                } else {
+#pragma unroll
+                    for (int i = 0; i < NV; ++i) o.v[i] = TT::store(TT::load(raw[k].v[i]) * r * TT::load(w.v[i]));
+                }
+                yp[pk] = o;
+            }
+        }
+        if (t == 0) {
+            if (LN) ((float*)a.p[S_MEAN])[row * a.st[S_MEAN][0]] = (float)mu;
+            ((float*)a.p[S_RSTD])[row * a.st[S_RSTD][0]] = (float)r;
+        }
+    }
+}
+
 // ---- backward ------------------------------------------------------------------------------
 
 // With g = dy * w and xhat = (x - mean) * rstd (mean = 0 for RMS):
@@ -374,5 +456,17 @@ extern "C" __global__ void __launch_bounds__(MAXG) norm_colsum(const RowArgs a) 
     extern "C" __global__ void __launch_bounds__(MAXG) NAME##_2(const RowArgs a) { F<LN, 2>(a); }
 KERNELS(norm_fwd_ln, norm_fwd, true)
 KERNELS(norm_fwd_rms, norm_fwd, false)
+// The forward's fast path (mode 3; ops/norm.rs sizes its groups for 4 packs per thread).
+// Measured on an H100 (4096x4096): 4 packs beat 2 and 8; a register cap of 42 (three
+// 512-thread blocks) suits every type but bf16, whose float conversions then spill, so bf16
+// gets 64 (two blocks).
+template <class E> struct VMinBlocks { static const int value = 3; };
+template <> struct VMinBlocks<b16> { static const int value = 2; };
+extern "C" __global__ void __launch_bounds__(MAXG, VMinBlocks<T>::value) norm_fwd_ln_v(const RowArgs a) {
+    norm_fwd_vec<true, 4>(a);
+}
+extern "C" __global__ void __launch_bounds__(MAXG, VMinBlocks<T>::value) norm_fwd_rms_v(const RowArgs a) {
+    norm_fwd_vec<false, 4>(a);
+}
 KERNELS(norm_bwd_ln, norm_bwd, true)
 KERNELS(norm_bwd_rms, norm_bwd, false)

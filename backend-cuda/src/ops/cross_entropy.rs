@@ -17,6 +17,9 @@ use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 /// Packs a thread loads per step of the forward (CE_P in the kernel).
 const CHUNK_PACKS: usize = 4;
 
+/// Packs a thread loads per step of the backward (CE_B in the kernel).
+const BACKWARD_PACKS: usize = 4;
+
 /// What this family runs.
 pub fn claims() -> Vec<(OpKind, DType)> {
     [
@@ -123,7 +126,7 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
                 args.u = [c as u64, ignore_index as u64];
                 args.s[0] = label_smoothing;
                 const THREADS: usize = 256;
-                let chunks = c.div_ceil(pack_width(dtype) * THREADS).min(i32::MAX as usize) as u32;
+                let chunks = c.div_ceil(pack_width(dtype) * THREADS * BACKWARD_PACKS).min(i32::MAX as usize) as u32;
                 let grid = (chunks, rows.min(65535) as u32);
                 let name = format!("cross_entropy_bwd_v{}", vec as u8);
                 device.launch_grid(&op.name(), "softmax", dtype, &name, &mut args, grid, (THREADS as u32, 1), 0)

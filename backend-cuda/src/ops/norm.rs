@@ -18,6 +18,9 @@ const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 /// Most threads per row group and per block (`MAXG` in norm.cu, the kernels' launch bound).
 const MAX_GROUP: usize = 512;
 
+/// Packs of 16 bytes per thread in the forward's fast path (`norm_fwd_vec<LN, 4>`).
+const VEC_PACKS: usize = 4;
+
 // Operand slots of `RowArgs::p` (the S_* defines of norm.cu).
 const S_X: usize = 0;
 const S_Y: usize = 1;
@@ -147,7 +150,8 @@ fn row_args(x: &Operand, rows_ops: &[Slot], stats: &[Slot], params: &[Slot]) -> 
     let need = d.div_ceil(per_thread).max(1);
     let (group, big) = if need > MAX_GROUP { (MAX_GROUP, true) } else { (need.next_power_of_two().max(32), false) };
     a.group = group as i32;
-    // The mode of norm.cu (kernel suffix): 0 registers, 1 registers in packs, 2 big rows.
+    // The mode of norm.cu (kernel suffix): 0 registers, 1 registers in packs, 2 big rows (the
+    // forward may then switch mode 1 to its fast path, mode 3).
     a.flag = if big { 2 } else { vec as i32 };
     (a, group.max(128) as u32)
 }
@@ -185,10 +189,26 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             } else {
                 (vec![(S_RSTD, &outs[1])], vec![(S_W, &ins[1])])
             };
-            let (mut a, threads) = row_args(x, &[(S_X, x), (S_Y, &outs[0])], &stats, &params);
+            let (mut a, mut threads) = row_args(x, &[(S_X, x), (S_Y, &outs[0])], &stats, &params);
             a.eps = eps;
-            let grid = blocks(device, &a, threads, 2048);
-            let name = format!("{}_{}", if ln { "norm_fwd_ln" } else { "norm_fwd_rms" }, a.flag & 3);
+            let stem = if ln { "norm_fwd_ln" } else { "norm_fwd_rms" };
+            let mut per_sm = 2048;
+            let mut name = format!("{stem}_{}", a.flag & 3);
+            // The fast path (mode 3): dense aligned rows whose leading dims merge into one, in
+            // groups sized for VEC_PACKS packs per thread. One block per row group (up to 64
+            // per SM): the hardware hands rows to SMs as blocks finish.
+            if a.flag == 1 && a.ndim <= 1 {
+                let need = (a.d as usize).div_ceil(VEC_PACKS * (16 / x.dtype.size_in_bytes())).max(1);
+                if need <= MAX_GROUP {
+                    let group = need.next_power_of_two().max(32);
+                    a.group = group as i32;
+                    a.flag = 3;
+                    threads = group.max(128) as u32;
+                    per_sm = 8192;
+                    name = format!("{stem}_v");
+                }
+            }
+            let grid = blocks(device, &a, threads, per_sm);
             // Every operand was validated against its buffer with the shapes the kernel is given.
             device.launch_grid(&op.name(), "norm", x.dtype, &name, &mut a, (grid, 1), (threads, 1), 0)
         }
