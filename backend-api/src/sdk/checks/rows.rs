@@ -202,7 +202,7 @@ mod tests {
         let err = cross_entropy(&op, 0.0, &ins, &[f(&[4]), Fake::new(DType::F16, &[4])]).unwrap_err();
         assert_eq!(
             (err.kind, err.message.as_str()),
-            (ErrorKind::DtypeMismatch, "cross_entropy: lse is f16, expected f32")
+            (ErrorKind::DtypeMismatch, "cross_entropy: lse is float16, expected float32")
         );
     }
 }
