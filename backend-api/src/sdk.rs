@@ -1,6 +1,7 @@
 //! Helpers for backend authors: operand checks and strided iteration, so every backend
 //! validates the same way and kernels stay short.
 
+pub mod checks;
 pub mod collective;
 pub mod philox;
 pub mod window;

@@ -4,12 +4,10 @@
 //! may update parameters of several dtypes. The update runs in the param's compute type (f32
 //! for f16/bf16 params); the moments are stored in the param's dtype or in f32.
 
-use super::softmax::{
-    cvt, dense, expect_dtype, expect_shape, float_claims, with_float, Dense, Float, Real, C, FLOATS, PAR_MIN_ELEMS,
-};
+use super::softmax::{cvt, dense, float_claims, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS};
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
-use genesis_backend_api::sdk::{expect_disjoint_updates, Extent};
+use genesis_backend_api::sdk::{checks, expect_disjoint_updates, Extent};
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result};
 use rayon::prelude::*;
 
@@ -32,40 +30,7 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
     let Op::AdamW { lr, beta1, beta2, eps, weight_decay, step } = *op else {
         return Err(unsupported(op, inputs.first().map_or(DType::F32, |v| v.dtype)));
     };
-    if outputs.len() != 3 * inputs.len() {
-        return Err(BackendError::invalid(format!(
-            "adamw: {} grad(s) need {} outputs (param, exp_avg, exp_avg_sq each), got {}",
-            inputs.len(),
-            3 * inputs.len(),
-            outputs.len()
-        )));
-    }
-    if step == 0 {
-        return Err(BackendError::invalid("adamw: step counts from 1 (it is the step after this update), got 0"));
-    }
-    // A beta of 1 or more zeroes the bias correction and turns every parameter into NaN.
-    for (name, b) in [("beta1", beta1), ("beta2", beta2)] {
-        if !(0.0..1.0).contains(&b) {
-            return Err(BackendError::invalid(format!("adamw: {name} must be in [0, 1), got {b}")));
-        }
-    }
-    for (i, g) in inputs.iter().enumerate() {
-        let [p, m, v] = [&outputs[3 * i], &outputs[3 * i + 1], &outputs[3 * i + 2]];
-        // Every group is checked before any is updated, so a refused call changes nothing.
-        if !FLOATS.contains(&p.dtype) {
-            return Err(unsupported(op, p.dtype));
-        }
-        expect_dtype(op, &format!("grad {i}"), g, p.dtype)?;
-        for (name, t) in [("param", p), ("exp_avg", m), ("exp_avg_sq", v)] {
-            expect_shape(op, &format!("{name} {i}"), t, &g.shape)?;
-        }
-        if m.dtype != v.dtype || (m.dtype != p.dtype && m.dtype != DType::F32) {
-            return Err(BackendError::dtype(format!(
-                "adamw: moments of param {i} are {} and {}; both must be the param's dtype ({}) or float32",
-                m.dtype, v.dtype, p.dtype
-            )));
-        }
-    }
+    checks::adamw(op, inputs, outputs, |dtype| unsupported(op, dtype))?;
     check_disjoint(op, inputs, outputs)?;
     // Bias corrections in f64: early on, 1 - β2^step is a small difference of numbers near 1,
     // which f32 would get wrong in the third digit.

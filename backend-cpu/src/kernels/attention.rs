@@ -6,96 +6,31 @@
 //! agree with the saved statistics of any backend.
 
 use super::softmax::{
-    dense, dense_compute, dims, expect_dtype, expect_shape, float_claims, operands, row_max, split_mut, with_float,
-    Dense, Float, Real, C, PAR_MIN_ELEMS,
+    dense, dense_compute, float_claims, row_max, split_mut, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS,
 };
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
-use genesis_backend_api::{BackendError, DType, Op, OpKind, Result};
+use genesis_backend_api::sdk::checks::{self, AttentionDims as Dims};
+use genesis_backend_api::{DType, Op, OpKind, Result};
 use rayon::prelude::*;
 
 fn claims() -> Vec<(OpKind, DType)> {
     float_claims(&[Op::Attention { causal: false, scale: 1.0 }, Op::AttentionBackward { causal: false, scale: 1.0 }])
 }
 
-/// The problem sizes: batch, query heads, kv heads, queries, keys, head dim.
-#[derive(Clone, Copy)]
-struct Dims {
-    b: usize,
-    hq: usize,
-    hk: usize,
-    s: usize,
-    t: usize,
-    d: usize,
-}
-
-impl Dims {
-    /// Query heads per kv head.
-    fn group(&self) -> usize {
-        self.hq / self.hk
-    }
-
-    /// How many keys query `i` sees: all of them, or under the causal mask aligned to the
-    /// bottom right, those with `j <= i + t - s` (none at all for the first `s - t` queries
-    /// when there are fewer keys than queries).
-    fn visible(&self, causal: bool, i: usize) -> usize {
-        if causal {
-            (i + self.t + 1).saturating_sub(self.s).min(self.t)
-        } else {
-            self.t
-        }
-    }
-
-    /// Queries per parallel task so that a task has enough work to be worth scheduling.
-    fn min_tasks(&self, per_task: usize) -> usize {
-        (PAR_MIN_ELEMS / (per_task * self.t.max(1) * self.d.max(1)).max(1)).max(1)
-    }
-}
-
-fn check(op: &Op, q: &View, k: &View, v: &View) -> Result<Dims> {
-    let [b, hq, s, d] = dims::<4>(op, "q (b, hq, s, d)", q)?;
-    let [bk, hk, t, dk] = dims::<4>(op, "k (b, hk, t, d)", k)?;
-    expect_shape(op, "v", v, &k.shape)?;
-    if bk != b || dk != d {
-        return Err(BackendError::shape(format!(
-            "{}: q {:?} and k {:?} differ in batch or head dim",
-            op.name(),
-            q.shape,
-            k.shape
-        )));
-    }
-    if hk == 0 || hq % hk != 0 {
-        return Err(BackendError::shape(format!(
-            "{}: the query heads ({hq}) must be a multiple of the kv heads ({hk} in k {:?})",
-            op.name(),
-            k.shape
-        )));
-    }
-    expect_dtype(op, "k", k, q.dtype)?;
-    expect_dtype(op, "v", v, q.dtype)?;
-    Ok(Dims { b, hq, hk, s, t, d })
+/// Queries per parallel task so that a task has enough work to be worth scheduling.
+fn min_tasks(dm: &Dims, per_task: usize) -> usize {
+    (PAR_MIN_ELEMS / (per_task * dm.t.max(1) * dm.d.max(1)).max(1)).max(1)
 }
 
 fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
     match *op {
         Op::Attention { causal, scale } => {
-            let ([q, k, v], [o, lse]) = operands::<3, 2>(op, inputs, outputs)?;
-            let dm = check(op, q, k, v)?;
-            expect_shape(op, "o", o, &q.shape)?;
-            expect_dtype(op, "o", o, q.dtype)?;
-            expect_shape(op, "lse", lse, &q.shape[..3])?;
-            expect_dtype(op, "lse", lse, DType::F32)?;
+            let (dm, [q, k, v], [o, lse]) = checks::attention(op, inputs, outputs)?;
             with_float!(op, q.dtype, T => forward::<T>(op, dm, causal, scale, [q, k, v], [o, lse]))
         }
         Op::AttentionBackward { causal, scale } => {
-            let ([q, k, v, o, lse, d_o], [dq, dk, dv]) = operands::<6, 3>(op, inputs, outputs)?;
-            let dm = check(op, q, k, v)?;
-            for (name, t, like) in [("o", o, q), ("do", d_o, q), ("dq", dq, q), ("dk", dk, k), ("dv", dv, v)] {
-                expect_shape(op, name, t, &like.shape)?;
-                expect_dtype(op, name, t, q.dtype)?;
-            }
-            expect_shape(op, "lse", lse, &q.shape[..3])?;
-            expect_dtype(op, "lse", lse, DType::F32)?;
+            let (dm, [q, k, v, o, lse, d_o], [dq, dk, dv]) = checks::attention_backward(op, inputs, outputs)?;
             with_float!(op, q.dtype, T => backward::<T>(op, dm, causal, scale, [q, k, v, o, lse, d_o], [dq, dk, dv]))
         }
         _ => Err(unsupported(op, inputs.first().map_or(DType::F32, |v| v.dtype))),
@@ -120,7 +55,7 @@ fn forward<T: Float>(
     let (group, scale) = (dm.group(), C::<T>::from_f64(scale));
     let tasks: Vec<_> =
         split_mut(os.slice(), dm.b * hq, s * d).into_iter().zip(split_mut(lses.slice(), dm.b * hq, s)).collect();
-    tasks.into_par_iter().enumerate().with_min_len(dm.min_tasks(s)).for_each(|(bh, (o_head, lse_head))| {
+    tasks.into_par_iter().enumerate().with_min_len(min_tasks(&dm, s)).for_each(|(bh, (o_head, lse_head))| {
         let kv = (bh / hq * hk + bh % hq / group) * t * d;
         let (q_head, k_head, v_head) = (&qs[bh * s * d..][..s * d], &ks[kv..][..t * d], &vs[kv..][..t * d]);
         let mut scores = vec![C::<T>::ZERO; t];
@@ -180,7 +115,7 @@ fn backward<T: Float>(
         .into_iter()
         .zip(split_mut(dks.slice(), n_tasks, t * d).into_iter().zip(split_mut(dvs.slice(), n_tasks, t * d)))
         .collect();
-    tasks.into_par_iter().enumerate().with_min_len(dm.min_tasks(group * s)).for_each(
+    tasks.into_par_iter().enumerate().with_min_len(min_tasks(&dm, group * s)).for_each(
         |(bg, (dq_group, (dk_head, dv_head)))| {
             let kv = bg * t * d;
             let (k_head, v_head) = (&ks[kv..][..t * d], &vs[kv..][..t * d]);

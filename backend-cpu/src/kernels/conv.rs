@@ -3,17 +3,15 @@
 //!
 //! Every dtype runs the matrix products in its compute type: f32 for f16 and bf16 (their
 //! im2col buffers are widened while being gathered, so this costs nothing extra, and it is
-//! what keeps the accumulation in f32), f64 for f64. The window geometry is the SDK's
-//! [`Axis`], shared with pooling and the other backends.
+//! what keeps the accumulation in f32), f64 for f64. The geometry and operand checks are the
+//! SDK's `sdk::window::Conv2d`, shared with the other backends.
 
-use super::softmax::{
-    dense, dims, expect_dtype, expect_shape, float_claims, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS,
-};
+use super::softmax::{dense, float_claims, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS};
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
 use gemm::Parallelism;
-use genesis_backend_api::sdk::window::Axis;
-use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, Window2d};
+use genesis_backend_api::sdk::window::Conv2d as Geom;
+use genesis_backend_api::{DType, Op, OpKind, Result, Window2d};
 use rayon::prelude::*;
 
 fn claims() -> Vec<(OpKind, DType)> {
@@ -25,133 +23,36 @@ fn claims() -> Vec<(OpKind, DType)> {
     ])
 }
 
-/// The geometry of one convolution.
-#[derive(Debug, Clone, Copy)]
-struct Geom {
-    n: usize,
-    c: usize,
-    o: usize,
-    groups: usize,
-    rows: Axis,
-    cols: Axis,
+/// Work of one batch element, to decide how to parallelize.
+fn work(g: &Geom) -> usize {
+    g.o.max(1) * g.ck().max(1) * g.l().max(1)
 }
 
-impl Geom {
-    /// Channels per group in x and in y.
-    fn cg(&self) -> usize {
-        self.c / self.groups
+/// Let gemm split each product over the pool when the batch alone cannot fill it.
+fn inner_parallelism(g: &Geom, tasks: usize) -> Parallelism {
+    if tasks < rayon::current_num_threads() && work(g) >= PAR_MIN_ELEMS {
+        Parallelism::Rayon(0)
+    } else {
+        Parallelism::None
     }
-    fn og(&self) -> usize {
-        self.o / self.groups
-    }
-    /// Rows of the im2col matrix of one group: (channel, kernel row, kernel column).
-    fn ck(&self) -> usize {
-        self.cg() * self.rows.kernel * self.cols.kernel
-    }
-    /// Output positions per plane.
-    fn l(&self) -> usize {
-        self.rows.output * self.cols.output
-    }
-    fn plane(&self) -> usize {
-        self.rows.input * self.cols.input
-    }
-    fn y_shape(&self) -> [usize; 4] {
-        [self.n, self.o, self.rows.output, self.cols.output]
-    }
-    /// Work of one batch element, to decide how to parallelize.
-    fn work(&self) -> usize {
-        self.o.max(1) * self.ck().max(1) * self.l().max(1)
-    }
-    /// Let gemm split each product over the pool when the batch alone cannot fill it.
-    fn inner_parallelism(&self, tasks: usize) -> Parallelism {
-        if tasks < rayon::current_num_threads() && self.work() >= PAR_MIN_ELEMS {
-            Parallelism::Rayon(0)
-        } else {
-            Parallelism::None
-        }
-    }
-}
-
-/// Validate the window and channels; `x` is (n, c, h, w) and `w` is (o, c/groups, kh, kw),
-/// whichever operands carry them for the op at hand.
-fn geometry(op: &Op, window: &Window2d, groups: u32, x: &View, w: &View) -> Result<Geom> {
-    let [n, c, h, wd] = dims::<4>(op, "x (n, c, h, w)", x)?;
-    let [o, cg, kh, kw] = dims::<4>(op, "weight (o, c/groups, kh, kw)", w)?;
-    let groups = groups as usize;
-    if groups == 0 || c % groups != 0 || o % groups != 0 {
-        return Err(BackendError::invalid(format!(
-            "{}: groups ({groups}) must be >= 1 and divide the input channels ({c}) and the output channels ({o})",
-            op.name()
-        )));
-    }
-    if cg * groups != c {
-        return Err(BackendError::shape(format!(
-            "{}: weight {:?} has {cg} input channels per group, expected {} (x {:?}, groups {groups})",
-            op.name(),
-            w.shape,
-            c / groups,
-            x.shape
-        )));
-    }
-    let to_i64 = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
-    let rows = Axis::new(op, "height", h, to_i64(kh), window.stride[0], window.padding[0], window.dilation[0])?;
-    let cols = Axis::new(op, "width", wd, to_i64(kw), window.stride[1], window.padding[1], window.dilation[1])?;
-    Ok(Geom { n, c, o, groups, rows, cols })
 }
 
 fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
     match *op {
         Op::Conv2d { window, groups } => {
-            let (x, w, bias, y) = match (inputs, outputs) {
-                ([x, w], [y]) => (x, w, None, y),
-                ([x, w, b], [y]) => (x, w, Some(b), y),
-                _ => return Err(arity(op, "2 or 3 inputs (x, weight[, bias]) and 1 output")),
-            };
-            let g = geometry(op, &window, groups, x, w)?;
-            expect_dtype(op, "weight", w, x.dtype)?;
-            expect_shape(op, "y", y, &g.y_shape())?;
-            expect_dtype(op, "y", y, x.dtype)?;
-            if let Some(b) = bias {
-                expect_shape(op, "bias", b, &[g.o])?;
-                expect_dtype(op, "bias", b, x.dtype)?;
-            }
+            let (g, ([x, w, y], bias)) = Geom::forward(op, &window, groups, inputs, outputs)?;
             with_float!(op, x.dtype, T => forward::<T>(op, &g, x, w, bias, y))
         }
         Op::Conv2dBackwardInput { window, groups } => {
-            let ([dy, w], [dx]) = match (inputs, outputs) {
-                ([dy, w], [dx]) => ([dy, w], [dx]),
-                _ => return Err(arity(op, "2 inputs (dy, weight) and 1 output (dx)")),
-            };
-            let g = geometry(op, &window, groups, dx, w)?;
-            expect_shape(op, "dy", dy, &g.y_shape())?;
-            for (name, t) in [("weight", w), ("dx", dx)] {
-                expect_dtype(op, name, t, dy.dtype)?;
-            }
+            let (g, [dy, w, dx]) = Geom::backward_input(op, &window, groups, inputs, outputs)?;
             with_float!(op, dy.dtype, T => backward_input::<T>(op, &g, dy, w, dx))
         }
         Op::Conv2dBackwardWeight { window, groups } => {
-            let (dy, x, dw, db) = match (inputs, outputs) {
-                ([dy, x], [dw]) => (dy, x, dw, None),
-                ([dy, x], [dw, db]) => (dy, x, dw, Some(db)),
-                _ => return Err(arity(op, "2 inputs (dy, x) and 1 or 2 outputs (dweight[, dbias])")),
-            };
-            let g = geometry(op, &window, groups, x, dw)?;
-            expect_shape(op, "dy", dy, &g.y_shape())?;
-            for (name, t) in [("x", x), ("dweight", dw)] {
-                expect_dtype(op, name, t, dy.dtype)?;
-            }
-            if let Some(db) = db {
-                expect_shape(op, "dbias", db, &[g.o])?;
-                expect_dtype(op, "dbias", db, dy.dtype)?;
-            }
+            let (g, ([dy, x, dw], db)) = Geom::backward_weight(op, &window, groups, inputs, outputs)?;
             with_float!(op, dy.dtype, T => backward_weight::<T>(op, &g, dy, x, dw, db))
         }
         _ => Err(unsupported(op, inputs.first().map_or(DType::F32, |v| v.dtype))),
     }
-}
-
-fn arity(op: &Op, expected: &str) -> BackendError {
-    BackendError::invalid(format!("{}: expected {expected}", op.name()))
 }
 
 /// A strided matrix: data, row stride, column stride (elements).
@@ -217,7 +118,7 @@ fn matmul<R: Real>(
 fn im2col<T: Float>(g: &Geom, grp: usize, x_n: &[T], cols: &mut [C<T>]) {
     let (cg, kh, kw, l, ow) = (g.cg(), g.rows.kernel, g.cols.kernel, g.l(), g.cols.output);
     for ci in 0..cg {
-        let plane = &x_n[(grp * cg + ci) * g.plane()..][..g.plane()];
+        let plane = &x_n[(grp * cg + ci) * g.plane_in()..][..g.plane_in()];
         for ky in 0..kh {
             for kx in 0..kw {
                 let row = &mut cols[((ci * kh + ky) * kw + kx) * l..][..l];
@@ -242,7 +143,7 @@ fn im2col<T: Float>(g: &Geom, grp: usize, x_n: &[T], cols: &mut [C<T>]) {
 fn col2im<R: Real>(g: &Geom, grp: usize, cols: &[R], dx_n: &mut [R]) {
     let (cg, kh, kw, l, ow) = (g.cg(), g.rows.kernel, g.cols.kernel, g.l(), g.cols.output);
     for ci in 0..cg {
-        let plane = &mut dx_n[(grp * cg + ci) * g.plane()..][..g.plane()];
+        let plane = &mut dx_n[(grp * cg + ci) * g.plane_in()..][..g.plane_in()];
         for ky in 0..kh {
             for kx in 0..kw {
                 let row = &cols[((ci * kh + ky) * kw + kx) * l..][..l];
@@ -262,7 +163,7 @@ fn col2im<R: Real>(g: &Geom, grp: usize, cols: &[R], dx_n: &mut [R]) {
 
 /// Batch elements per parallel task.
 fn batch_min_len(g: &Geom) -> usize {
-    (PAR_MIN_ELEMS / g.work()).max(1)
+    (PAR_MIN_ELEMS / work(g)).max(1)
 }
 
 fn forward<T: Float>(op: &Op, g: &Geom, x: &View, w: &View, bias: Option<&View>, y: &View) -> Result<()> {
@@ -273,8 +174,8 @@ fn forward<T: Float>(op: &Op, g: &Geom, x: &View, w: &View, bias: Option<&View>,
         None => None,
     };
     let mut ys = Dense::<T>::output(op, y)?;
-    let (og, ck, l, x_len) = (g.og(), g.ck(), g.l(), g.c * g.plane());
-    let par = g.inner_parallelism(g.n);
+    let (og, ck, l, x_len) = (g.og(), g.ck(), g.l(), g.c * g.plane_in());
+    let par = inner_parallelism(g, g.n);
     if g.o * l > 0 {
         ys.slice().par_chunks_mut(g.o * l).enumerate().with_min_len(batch_min_len(g)).for_each(|(b, y_n)| {
             let x_n = &xs[b * x_len..][..x_len];
@@ -303,8 +204,8 @@ fn backward_input<T: Float>(op: &Op, g: &Geom, dy: &View, w: &View, dx: &View) -
     let dys = dense::<T>(op, dy)?;
     let ws: Vec<C<T>> = dense::<T>(op, w)?.iter().map(|v| v.compute()).collect();
     let mut dxs = Dense::<T>::output(op, dx)?;
-    let (og, ck, l, x_len) = (g.og(), g.ck(), g.l(), g.c * g.plane());
-    let par = g.inner_parallelism(g.n);
+    let (og, ck, l, x_len) = (g.og(), g.ck(), g.l(), g.c * g.plane_in());
+    let par = inner_parallelism(g, g.n);
     if x_len > 0 {
         dxs.slice().par_chunks_mut(x_len).enumerate().with_min_len(batch_min_len(g)).for_each(|(b, dx_n)| {
             let dy_n: Vec<C<T>> = dys[b * g.o * l..][..g.o * l].iter().map(|v| v.compute()).collect();
@@ -328,12 +229,12 @@ fn backward_input<T: Float>(op: &Op, g: &Geom, dy: &View, w: &View, dx: &View) -
 
 fn backward_weight<T: Float>(op: &Op, g: &Geom, dy: &View, x: &View, dw: &View, db: Option<&View>) -> Result<()> {
     let (dys, xs) = (dense::<T>(op, dy)?, dense::<T>(op, x)?);
-    let (og, ck, l, x_len) = (g.og(), g.ck(), g.l(), g.c * g.plane());
+    let (og, ck, l, x_len) = (g.og(), g.ck(), g.l(), g.c * g.plane_in());
     // The batch is summed in at most 8 fixed blocks (each with its own dW buffer), added in
     // block order: reproducible, and the extra memory stays at 8 weight-sized buffers.
     let per_block = g.n.div_ceil(8).max(1);
     let blocks = g.n.div_ceil(per_block);
-    let par = g.inner_parallelism(blocks);
+    let par = inner_parallelism(g, blocks);
     let partials: Vec<Vec<C<T>>> = (0..blocks)
         .into_par_iter()
         .map(|blk| {

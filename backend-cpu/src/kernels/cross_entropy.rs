@@ -4,11 +4,10 @@
 //! `(n, c)`; more leading dims are rows, as for every "last dim" op); target, loss, lse and
 //! dloss have the leading dims.
 
-use super::softmax::{
-    dense, expect_dtype, expect_shape, float_claims, min_rows, operands, row_max, with_float, Dense, Float, Real, C,
-};
+use super::softmax::{dense, float_claims, min_rows, row_max, with_float, Dense, Float, Real, C};
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
+use genesis_backend_api::sdk::checks;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result};
 use rayon::prelude::*;
 
@@ -22,45 +21,18 @@ fn claims() -> Vec<(OpKind, DType)> {
 fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
     match *op {
         Op::CrossEntropy { ignore_index, label_smoothing } => {
-            let ([logits, target], [loss, lse]) = operands::<2, 2>(op, inputs, outputs)?;
-            let lead = check_logits(op, logits, target, label_smoothing)?;
-            expect_shape(op, "loss", loss, lead)?;
-            expect_dtype(op, "loss", loss, DType::F32)?;
-            expect_shape(op, "lse", lse, lead)?;
-            expect_dtype(op, "lse", lse, DType::F32)?;
+            let ([logits, target], [loss, lse]) = checks::cross_entropy(op, label_smoothing, inputs, outputs)?;
             let targets = targets(op, logits, target, ignore_index)?;
             with_float!(op, logits.dtype, T => forward::<T>(op, logits, &targets, label_smoothing, loss, lse))
         }
         Op::CrossEntropyBackward { ignore_index, label_smoothing } => {
-            let ([logits, target, lse, dloss], [dlogits]) = operands::<4, 1>(op, inputs, outputs)?;
-            let lead = check_logits(op, logits, target, label_smoothing)?;
-            expect_shape(op, "lse", lse, lead)?;
-            expect_dtype(op, "lse", lse, DType::F32)?;
-            expect_shape(op, "dloss", dloss, lead)?;
-            expect_dtype(op, "dloss", dloss, DType::F32)?;
-            expect_shape(op, "dlogits", dlogits, &logits.shape)?;
-            expect_dtype(op, "dlogits", dlogits, logits.dtype)?;
+            let ([logits, target, lse, dloss], [dlogits]) =
+                checks::cross_entropy_backward(op, label_smoothing, inputs, outputs)?;
             let targets = targets(op, logits, target, ignore_index)?;
             with_float!(op, logits.dtype, T => backward::<T>(op, logits, &targets, label_smoothing, lse, dloss, dlogits))
         }
         _ => Err(unsupported(op, inputs.first().map_or(DType::F32, |v| v.dtype))),
     }
-}
-
-/// Check logits and target; returns the leading (row) dims.
-fn check_logits<'a>(op: &Op, logits: &'a View, target: &View, eps: f64) -> Result<&'a [usize]> {
-    if !(0.0..1.0).contains(&eps) {
-        return Err(BackendError::invalid(format!("{}: label smoothing must be in [0, 1), got {eps}", op.name())));
-    }
-    let Some((_, lead)) = logits.shape.split_last() else {
-        return Err(BackendError::shape(format!(
-            "{}: logits must have rank >= 1 (.., classes), got a scalar",
-            op.name()
-        )));
-    };
-    expect_shape(op, "target", target, lead)?;
-    expect_dtype(op, "target", target, DType::I64)?;
-    Ok(lead)
 }
 
 /// The class of each row, `None` for ignored rows. Checked up front, so an out-of-range

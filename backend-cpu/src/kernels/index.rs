@@ -15,6 +15,7 @@
 use super::{for_each_run, map_tasks, merge_dims, unsupported, Kernel, SyncPtr, View, PAR_CHUNK, PAR_MIN};
 use crate::element::{Accumulate, Arith, Element};
 use crate::with_dtype;
+use genesis_backend_api::sdk::checks;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result};
 
 fn claims() -> Vec<(OpKind, DType)> {
@@ -86,32 +87,10 @@ fn expect_inputs(op: &Op, inputs: &[View], n: usize) -> Result<()> {
     Ok(())
 }
 
-fn expect_dtype(op: &Op, what: &str, v: &View, dtype: DType) -> Result<()> {
-    if v.dtype != dtype {
-        return Err(BackendError::dtype(format!("{}: {what} must be {dtype}, got {}", op.name(), v.dtype)));
-    }
-    Ok(())
-}
-
-fn expect_dim(op: &Op, dim: usize, v: &View) -> Result<()> {
-    if dim >= v.shape.len() {
-        return Err(BackendError::invalid(format!("{}: dim {dim} is out of range for shape {:?}", op.name(), v.shape)));
-    }
-    Ok(())
-}
-
 /// In-place ops are exempt from the device's overlap check: their read-only operands must
-/// still not overlap the updated output, and the output must not overlap itself (a stride-0
-/// output would turn one `+=` into several).
-fn expect_in_place_ok(op: &Op, y: &View, reads: &[&View]) -> Result<()> {
-    if !y.is_non_overlapping() {
-        return Err(BackendError::invalid(format!(
-            "{}: the output (shape {:?}, strides {:?}) overlaps itself",
-            op.name(),
-            y.shape,
-            y.strides
-        )));
-    }
+/// still not overlap the updated output (the SDK checks refuse an output that overlaps
+/// itself).
+fn expect_reads_disjoint(op: &Op, y: &View, reads: &[&View]) -> Result<()> {
     if reads.iter().any(|r| r.overlaps(y)) {
         return Err(BackendError::invalid(format!("{}: the output overlaps an input", op.name())));
     }
@@ -182,20 +161,7 @@ impl<const N: usize> Split<N> {
 }
 
 fn gather(op: &Op, x: &View, index: &View, y: &View, dim: usize) -> Result<()> {
-    expect_dtype(op, "the index", index, DType::I64)?;
-    expect_dtype(op, "the output", y, x.dtype)?;
-    expect_dim(op, dim, x)?;
-    let fits = index.shape.len() == x.shape.len()
-        && index.shape.iter().zip(&x.shape).enumerate().all(|(d, (&i, &s))| d == dim || i <= s);
-    if !fits || y.shape != index.shape {
-        return Err(BackendError::shape(format!(
-            "{}: index {:?} must have the rank of x {:?} and fit it outside dim {dim}, and the output {:?} the index's shape",
-            op.name(),
-            index.shape,
-            x.shape,
-            y.shape
-        )));
-    }
+    checks::gather(op, x, index, y, dim)?;
     check_indices(op, index, dim, x.shape[dim])?;
     let split = Split::new(&index.shape, [index, y, x], dim);
     let steps = index.shape[dim];
@@ -217,23 +183,8 @@ fn gather(op: &Op, x: &View, index: &View, y: &View, dim: usize) -> Result<()> {
 }
 
 fn scatter_add(op: &Op, src: &View, index: &View, y: &View, dim: usize) -> Result<()> {
-    expect_dtype(op, "the index", index, DType::I64)?;
-    expect_dtype(op, "the output", y, src.dtype)?;
-    expect_dim(op, dim, y)?;
-    let rank = y.shape.len();
-    let fits = index.shape.len() == rank
-        && src.shape.len() == rank
-        && (0..rank).all(|d| index.shape[d] <= src.shape[d] && (d == dim || index.shape[d] <= y.shape[d]));
-    if !fits {
-        return Err(BackendError::shape(format!(
-            "{}: index {:?} must have the rank of src {:?} and output {:?}, fit src, and fit the output outside dim {dim}",
-            op.name(),
-            index.shape,
-            src.shape,
-            y.shape
-        )));
-    }
-    expect_in_place_ok(op, y, &[src, index])?;
+    checks::scatter_add(op, src, index, y, dim)?;
+    expect_reads_disjoint(op, y, &[src, index])?;
     check_indices(op, index, dim, y.shape[dim])?;
     let split = Split::new(&index.shape, [index, src, y], dim);
     let steps = index.shape[dim];
@@ -255,30 +206,8 @@ fn scatter_add(op: &Op, src: &View, index: &View, y: &View, dim: usize) -> Resul
     Ok(())
 }
 
-/// Shared checks of index_select/index_add: a rank-1 i64 index, and `small` equal to `big`
-/// with `dim` resized to the index length.
-fn check_select(op: &Op, big: &View, index: &View, small: &View, dim: usize) -> Result<()> {
-    expect_dtype(op, "the index", index, DType::I64)?;
-    expect_dim(op, dim, big)?;
-    let mut want = big.shape.clone();
-    if index.shape.len() == 1 {
-        want[dim] = index.shape[0];
-    }
-    if index.shape.len() != 1 || small.shape != want {
-        return Err(BackendError::shape(format!(
-            "{}: index must be rank 1 and the selected shape the full one {:?} with dim {dim} of the index's length; got index {:?} and {:?}",
-            op.name(),
-            big.shape,
-            index.shape,
-            small.shape
-        )));
-    }
-    Ok(())
-}
-
 fn index_select(op: &Op, x: &View, index: &View, y: &View, dim: usize) -> Result<()> {
-    expect_dtype(op, "the output", y, x.dtype)?;
-    check_select(op, x, index, y, dim)?;
+    checks::index_select(op, x, index, y, dim)?;
     check_indices(op, index, dim, x.shape[dim])?;
     let split = Split::new(&y.shape, [y, x], dim);
     let (steps, istride) = (index.shape[0], index.strides[0]);
@@ -300,9 +229,8 @@ fn index_select(op: &Op, x: &View, index: &View, y: &View, dim: usize) -> Result
 }
 
 fn index_add(op: &Op, src: &View, index: &View, y: &View, dim: usize) -> Result<()> {
-    expect_dtype(op, "the output", y, src.dtype)?;
-    check_select(op, y, index, src, dim)?;
-    expect_in_place_ok(op, y, &[src, index])?;
+    checks::index_add(op, src, index, y, dim)?;
+    expect_reads_disjoint(op, y, &[src, index])?;
     check_indices(op, index, dim, y.shape[dim])?;
     let split = Split::new(&src.shape, [src, y], dim);
     let (steps, istride) = (index.shape[0], index.strides[0]);
@@ -328,11 +256,7 @@ fn cumsum(op: &Op, x: &View, y: &View, dim: usize) -> Result<()> {
     if x.dtype == DType::Bool {
         return Err(unsupported(op, x.dtype));
     }
-    expect_dtype(op, "the output", y, x.dtype)?;
-    expect_dim(op, dim, x)?;
-    if x.shape != y.shape {
-        return Err(BackendError::shape(format!("{}: shapes {:?} and {:?} differ", op.name(), x.shape, y.shape)));
-    }
+    checks::cumsum(op, x, y, dim)?;
     let split = Split::new(&x.shape, [x, y], dim);
     let steps = x.shape[dim];
     with_dtype!(x.dtype, T => {

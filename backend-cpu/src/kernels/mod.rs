@@ -71,6 +71,18 @@ pub struct View {
     pub strides: Vec<isize>,
 }
 
+impl genesis_backend_api::sdk::checks::Meta for View {
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn strides(&self) -> &[isize] {
+        &self.strides
+    }
+}
+
 // SAFETY: a View is an address plus geometry; the op contract keeps outputs disjoint from
 // the other operands, which is what makes handing views to worker threads sound.
 unsafe impl Send for View {}
@@ -122,21 +134,7 @@ impl View {
     /// positions write disjoint memory. (`expect_no_overlap` only refuses zero strides; a view
     /// like shape `[2, 2]`, strides `[1, 1]` passes it and must not be written in parallel.)
     pub fn is_non_overlapping(&self) -> bool {
-        if self.numel() <= 1 {
-            return true;
-        }
-        let mut dims: Vec<(usize, usize)> =
-            self.shape.iter().zip(&self.strides).filter(|(&n, _)| n > 1).map(|(&n, &s)| (s as usize, n)).collect();
-        dims.sort_unstable();
-        // Each stride must step past everything the smaller strides can reach.
-        let mut reach = 0usize;
-        for (s, n) in dims {
-            if s <= reach {
-                return false;
-            }
-            reach = reach.saturating_add(s.saturating_mul(n - 1));
-        }
-        true
+        genesis_backend_api::sdk::checks::is_non_overlapping(&self.shape, &self.strides)
     }
 
     /// The address range `[start, end)` the view can touch; `None` when empty.

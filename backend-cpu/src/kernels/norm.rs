@@ -4,13 +4,11 @@
 //! f32, as the interface asks. The weight gradients are summed over rows in fixed blocks so
 //! that they are reproducible bit for bit (see `rows_per_block`).
 
-use super::softmax::{
-    dense, expect_dtype, expect_shape, float_claims, min_rows, operands, rows_of, rows_per_block, with_float, Dense,
-    Float, Real, C,
-};
+use super::softmax::{dense, float_claims, min_rows, rows_of, rows_per_block, with_float, Dense, Float, Real, C};
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
-use genesis_backend_api::{BackendError, DType, Op, OpKind, Result};
+use genesis_backend_api::sdk::checks;
+use genesis_backend_api::{DType, Op, OpKind, Result};
 use rayon::prelude::*;
 
 fn claims() -> Vec<(OpKind, DType)> {
@@ -20,92 +18,23 @@ fn claims() -> Vec<(OpKind, DType)> {
 fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
     match *op {
         Op::LayerNorm { eps } => {
-            let ([x, w, b], [y, mean, rstd]) = operands::<3, 3>(op, inputs, outputs)?;
-            check_eps(op, eps)?;
-            let (lead, d) = split_shape(&x.shape);
-            check_param(op, "weight", w, x, d)?;
-            check_param(op, "bias", b, x, d)?;
-            check_like(op, "y", y, x)?;
-            check_stat(op, "mean", mean, lead)?;
-            check_stat(op, "rstd", rstd, lead)?;
+            let ([x, w, b], [y, mean, rstd]) = checks::layer_norm(op, eps, inputs, outputs)?;
             with_float!(op, x.dtype, T => layer_norm::<T>(op, eps, [x, w, b], [y, mean, rstd]))
         }
         Op::LayerNormBackward => {
-            let ([dy, x, w, mean, rstd], [dx, dw, db]) = operands::<5, 3>(op, inputs, outputs)?;
-            let (lead, d) = split_shape(&x.shape);
-            check_like(op, "dy", dy, x)?;
-            check_param(op, "weight", w, x, d)?;
-            check_stat(op, "mean", mean, lead)?;
-            check_stat(op, "rstd", rstd, lead)?;
-            check_like(op, "dx", dx, x)?;
-            check_param(op, "dweight", dw, x, d)?;
-            check_param(op, "dbias", db, x, d)?;
+            let ([dy, x, w, mean, rstd], [dx, dw, db]) = checks::layer_norm_backward(op, inputs, outputs)?;
             with_float!(op, x.dtype, T => layer_norm_backward::<T>(op, [dy, x, w, mean, rstd], [dx, dw, db]))
         }
         Op::RmsNorm { eps } => {
-            let ([x, w], [y, rstd]) = operands::<2, 2>(op, inputs, outputs)?;
-            check_eps(op, eps)?;
-            let (lead, d) = split_shape(&x.shape);
-            check_param(op, "weight", w, x, d)?;
-            check_like(op, "y", y, x)?;
-            check_stat(op, "rstd", rstd, lead)?;
+            let ([x, w], [y, rstd]) = checks::rms_norm(op, eps, inputs, outputs)?;
             with_float!(op, x.dtype, T => rms_norm::<T>(op, eps, [x, w], [y, rstd]))
         }
         Op::RmsNormBackward => {
-            let ([dy, x, w, rstd], [dx, dw]) = operands::<4, 2>(op, inputs, outputs)?;
-            let (lead, d) = split_shape(&x.shape);
-            check_like(op, "dy", dy, x)?;
-            check_param(op, "weight", w, x, d)?;
-            check_stat(op, "rstd", rstd, lead)?;
-            check_like(op, "dx", dx, x)?;
-            check_param(op, "dweight", dw, x, d)?;
+            let ([dy, x, w, rstd], [dx, dw]) = checks::rms_norm_backward(op, inputs, outputs)?;
             with_float!(op, x.dtype, T => rms_norm_backward::<T>(op, [dy, x, w, rstd], [dx, dw]))
         }
         _ => Err(unsupported(op, inputs.first().map_or(DType::F32, |v| v.dtype))),
     }
-}
-
-/// The leading dims and the normalized (last) dim's size; rank 0 is refused by the callers'
-/// shape checks because a norm over nothing has no weight shape.
-fn split_shape(shape: &[usize]) -> (&[usize], usize) {
-    match shape.split_last() {
-        Some((&d, lead)) => (lead, d),
-        None => (&[], 1),
-    }
-}
-
-fn check_eps(op: &Op, eps: f64) -> Result<()> {
-    if eps.is_nan() || eps < 0.0 {
-        return Err(BackendError::invalid(format!("{}: eps must be >= 0, got {eps}", op.name())));
-    }
-    Ok(())
-}
-
-/// A per-feature tensor (weight, bias and their gradients): shape `[d]`, x's dtype.
-fn check_param(op: &Op, name: &str, v: &View, x: &View, d: usize) -> Result<()> {
-    if x.shape.is_empty() {
-        return Err(BackendError::shape(format!("{}: x must have rank >= 1, got a scalar", op.name())));
-    }
-    if v.shape != [d] {
-        return Err(BackendError::shape(format!(
-            "{}: {name} has shape {:?}, expected [{d}] (the last dim of x {:?})",
-            op.name(),
-            v.shape,
-            x.shape
-        )));
-    }
-    expect_dtype(op, name, v, x.dtype)
-}
-
-fn check_like(op: &Op, name: &str, v: &View, x: &View) -> Result<()> {
-    expect_shape(op, name, v, &x.shape)?;
-    expect_dtype(op, name, v, x.dtype)
-}
-
-/// A saved statistic: f32 with x's leading dims.
-fn check_stat(op: &Op, name: &str, v: &View, lead: &[usize]) -> Result<()> {
-    expect_shape(op, name, v, lead)?;
-    expect_dtype(op, name, v, DType::F32)
 }
 
 /// Sum per-block partial gradients in block order (see `rows_per_block`).

@@ -1,11 +1,9 @@
 //! 2-D max and average pooling and their backward ops, one (batch, channel) plane per task.
 
-use super::softmax::{
-    dense, dims, expect_dtype, expect_shape, float_claims, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS,
-};
+use super::softmax::{dense, float_claims, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS};
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
-use genesis_backend_api::sdk::window::Axis;
+use genesis_backend_api::sdk::window::{Axis, Pool2d as Geom};
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, Window2d};
 use rayon::prelude::*;
 
@@ -19,101 +17,28 @@ fn claims() -> Vec<(OpKind, DType)> {
     ])
 }
 
-/// The geometry of one pooling: planes (n·c) and the two axes.
-#[derive(Debug, Clone, Copy)]
-struct Geom {
-    n: usize,
-    c: usize,
-    rows: Axis,
-    cols: Axis,
-}
-
-impl Geom {
-    fn plane_in(&self) -> usize {
-        self.rows.input * self.cols.input
-    }
-    fn plane_out(&self) -> usize {
-        self.rows.output * self.cols.output
-    }
-    fn y_shape(&self) -> [usize; 4] {
-        [self.n, self.c, self.rows.output, self.cols.output]
-    }
-    /// Planes per parallel task.
-    fn min_planes(&self) -> usize {
-        let work = self.plane_out() * self.rows.kernel * self.cols.kernel + self.plane_in();
-        (PAR_MIN_ELEMS / work.max(1)).max(1)
-    }
-}
-
-/// Validate the window against `x` (n, c, h, w). Average pooling has no dilation: the field
-/// must be 0 (unset) or 1.
-fn geometry(op: &Op, window: &Window2d, x: &View, max: bool) -> Result<Geom> {
-    let [n, c, h, w] = dims::<4>(op, "x (n, c, h, w)", x)?;
-    let mut dilation = window.dilation;
-    if !max {
-        if dilation.iter().any(|&d| d != 0 && d != 1) {
-            return Err(BackendError::invalid(format!(
-                "{}: average pooling has no dilation, got {:?}",
-                op.name(),
-                window.dilation
-            )));
-        }
-        dilation = [1, 1];
-    }
-    let rows = Axis::new(op, "height", h, window.kernel[0], window.stride[0], window.padding[0], dilation[0])?;
-    let cols = Axis::new(op, "width", w, window.kernel[1], window.stride[1], window.padding[1], dilation[1])?;
-    if max {
-        // A window that covers only padding has no element to pick (its argmax would point
-        // outside the plane). PyTorch avoids it by requiring padding <= kernel/2; checking the
-        // windows themselves accepts every geometry where the op is defined.
-        for (name, axis) in [("row", rows), ("column", cols)] {
-            if let Some(o) = (0..axis.output).find(|&o| (0..axis.kernel).all(|k| axis.tap(o, k).is_none())) {
-                return Err(BackendError::invalid(format!(
-                    "{}: the window of output {name} {o} covers only padding (input {:?}, window {window:?})",
-                    op.name(),
-                    x.shape
-                )));
-            }
-        }
-    }
-    Ok(Geom { n, c, rows, cols })
+/// Planes per parallel task.
+fn min_planes(g: &Geom) -> usize {
+    let work = g.plane_out() * g.rows.kernel * g.cols.kernel + g.plane_in();
+    (PAR_MIN_ELEMS / work.max(1)).max(1)
 }
 
 fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
-    let wrong = |expected: &str| BackendError::invalid(format!("{}: expected {expected}", op.name()));
     match *op {
         Op::MaxPool2d { window } => {
-            let ([x], [y, idx]) = (inputs, outputs) else { return Err(wrong("1 input (x) and 2 outputs (y, argmax)")) };
-            let g = geometry(op, &window, x, true)?;
-            expect_shape(op, "y", y, &g.y_shape())?;
-            expect_dtype(op, "y", y, x.dtype)?;
-            expect_shape(op, "argmax", idx, &g.y_shape())?;
-            expect_dtype(op, "argmax", idx, DType::I64)?;
+            let (g, [x, y, idx]) = Geom::max(op, &window, inputs, outputs)?;
             with_float!(op, x.dtype, T => max_pool::<T>(op, &g, x, y, idx))
         }
         Op::MaxPool2dBackward { window } => {
-            let ([dy, idx], [dx]) = (inputs, outputs) else {
-                return Err(wrong("2 inputs (dy, argmax) and 1 output (dx)"));
-            };
-            let g = geometry(op, &window, dx, true)?;
-            expect_shape(op, "dy", dy, &g.y_shape())?;
-            expect_shape(op, "argmax", idx, &g.y_shape())?;
-            expect_dtype(op, "argmax", idx, DType::I64)?;
-            expect_dtype(op, "dx", dx, dy.dtype)?;
+            let (g, [dy, idx, dx]) = Geom::max_backward(op, &window, inputs, outputs)?;
             with_float!(op, dy.dtype, T => max_pool_backward::<T>(op, &g, dy, idx, dx))
         }
         Op::AvgPool2d { window } => {
-            let ([x], [y]) = (inputs, outputs) else { return Err(wrong("1 input (x) and 1 output (y)")) };
-            let g = geometry(op, &window, x, false)?;
-            expect_shape(op, "y", y, &g.y_shape())?;
-            expect_dtype(op, "y", y, x.dtype)?;
+            let (g, [x, y]) = Geom::avg(op, &window, inputs, outputs)?;
             with_float!(op, x.dtype, T => avg_pool::<T>(op, &g, x, y))
         }
         Op::AvgPool2dBackward { window } => {
-            let ([dy], [dx]) = (inputs, outputs) else { return Err(wrong("1 input (dy) and 1 output (dx)")) };
-            let g = geometry(op, &window, dx, false)?;
-            expect_shape(op, "dy", dy, &g.y_shape())?;
-            expect_dtype(op, "dx", dx, dy.dtype)?;
+            let (g, [dy, dx]) = Geom::avg_backward(op, &window, inputs, outputs)?;
             with_float!(op, dy.dtype, T => avg_pool_backward::<T>(op, &g, dy, dx))
         }
         _ => Err(unsupported(op, inputs.first().map_or(DType::F32, |v| v.dtype))),
@@ -129,7 +54,7 @@ fn max_pool<T: Float>(op: &Op, g: &Geom, x: &View, y: &View, idx: &View) -> Resu
             .par_chunks_mut(pout)
             .zip(idxs.slice().par_chunks_mut(pout))
             .enumerate()
-            .with_min_len(g.min_planes())
+            .with_min_len(min_planes(g))
             .for_each(|(p, (y_p, i_p))| {
                 let x_p = &xs[p * pin..][..pin];
                 for oy in 0..g.rows.output {
@@ -179,7 +104,7 @@ fn max_pool_backward<T: Float>(op: &Op, g: &Geom, dy: &View, idx: &View, dx: &Vi
     let mut dxs = Dense::<T>::output(op, dx)?;
     let pout = g.plane_out();
     if pin > 0 {
-        dxs.slice().par_chunks_mut(pin).enumerate().with_min_len(g.min_planes()).for_each(|(p, dx_p)| {
+        dxs.slice().par_chunks_mut(pin).enumerate().with_min_len(min_planes(g)).for_each(|(p, dx_p)| {
             // Accumulate in the compute type: overlapping windows can pick one input many times.
             let mut acc = vec![C::<T>::ZERO; pin];
             for (&i, d) in idxs[p * pout..][..pout].iter().zip(&dys[p * pout..][..pout]) {
@@ -209,7 +134,7 @@ fn avg_pool<T: Float>(op: &Op, g: &Geom, x: &View, y: &View) -> Result<()> {
     let (pin, pout, w) = (g.plane_in(), g.plane_out(), g.cols.input);
     let (rows_div, cols_div) = divisors(g);
     if pout > 0 {
-        ys.slice().par_chunks_mut(pout).enumerate().with_min_len(g.min_planes()).for_each(|(p, y_p)| {
+        ys.slice().par_chunks_mut(pout).enumerate().with_min_len(min_planes(g)).for_each(|(p, y_p)| {
             let x_p = &xs[p * pin..][..pin];
             for oy in 0..g.rows.output {
                 for ox in 0..g.cols.output {
@@ -243,7 +168,7 @@ fn avg_pool_backward<T: Float>(op: &Op, g: &Geom, dy: &View, dx: &View) -> Resul
     let (pin, pout, w) = (g.plane_in(), g.plane_out(), g.cols.input);
     let (rows_div, cols_div) = divisors(g);
     if pin > 0 {
-        dxs.slice().par_chunks_mut(pin).enumerate().with_min_len(g.min_planes()).for_each(|(p, dx_p)| {
+        dxs.slice().par_chunks_mut(pin).enumerate().with_min_len(min_planes(g)).for_each(|(p, dx_p)| {
             let dy_p = &dys[p * pout..][..pout];
             let mut acc = vec![C::<T>::ZERO; pin];
             for oy in 0..g.rows.output {

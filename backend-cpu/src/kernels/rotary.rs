@@ -3,11 +3,10 @@
 //! `cos` and `sin` have x's dtype. Any operand may be strided: inputs are gathered into dense
 //! copies and a strided output is staged (see `Dense`).
 
-use super::softmax::{
-    dense, dims, expect_dtype, expect_shape, float_claims, min_rows, operands, with_float, Dense, Float, C,
-};
+use super::softmax::{dense, float_claims, min_rows, with_float, Dense, Float, C};
 use super::{unsupported, Kernel, View};
-use genesis_backend_api::{BackendError, DType, Op, OpKind, Result};
+use genesis_backend_api::sdk::checks;
+use genesis_backend_api::{DType, Op, OpKind, Result};
 use rayon::prelude::*;
 
 fn claims() -> Vec<(OpKind, DType)> {
@@ -18,17 +17,7 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
     let Op::Rotary { inverse } = *op else {
         return Err(unsupported(op, inputs.first().map_or(DType::F32, |v| v.dtype)));
     };
-    let ([x, cos, sin], [y]) = operands::<3, 1>(op, inputs, outputs)?;
-    let [_, _, s, d] = dims::<4>(op, "x (b, h, s, d)", x)?;
-    if d % 2 != 0 {
-        return Err(BackendError::shape(format!("rotary: the head dim of x {:?} must be even", x.shape)));
-    }
-    expect_shape(op, "cos", cos, &[s, d / 2])?;
-    expect_shape(op, "sin", sin, &[s, d / 2])?;
-    expect_shape(op, "y", y, &x.shape)?;
-    for (name, v) in [("cos", cos), ("sin", sin), ("y", y)] {
-        expect_dtype(op, name, v, x.dtype)?;
-    }
+    let (_, [x, cos, sin], [y]) = checks::rotary(op, inputs, outputs)?;
     with_float!(op, x.dtype, T => rotate::<T>(op, inverse, [x, cos, sin], y))
 }
 

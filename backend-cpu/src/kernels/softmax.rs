@@ -8,6 +8,7 @@
 
 use super::{unsupported, Kernel, View};
 use crate::element::{Arith, Element};
+use genesis_backend_api::sdk::checks;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result};
 use rayon::prelude::*;
 use std::borrow::Cow;
@@ -130,45 +131,6 @@ pub(super) use with_float;
 /// The claims of a kernel that runs `ops` for every float dtype.
 pub(super) fn float_claims(ops: &[Op]) -> Vec<(OpKind, DType)> {
     ops.iter().flat_map(|op| FLOATS.iter().map(move |&d| (op.kind(), d))).collect()
-}
-
-/// The operands as fixed-size arrays, or an `InvalidArgument` naming the expected counts.
-pub(super) fn operands<'a, const I: usize, const O: usize>(
-    op: &Op,
-    inputs: &'a [View],
-    outputs: &'a [View],
-) -> Result<(&'a [View; I], &'a [View; O])> {
-    match (<&[View; I]>::try_from(inputs), <&[View; O]>::try_from(outputs)) {
-        (Ok(i), Ok(o)) => Ok((i, o)),
-        _ => Err(BackendError::invalid(format!(
-            "{}: expected {I} input(s) and {O} output(s), got {} and {}",
-            op.name(),
-            inputs.len(),
-            outputs.len()
-        ))),
-    }
-}
-
-/// `ShapeMismatch` unless `v` has shape `shape`.
-pub(super) fn expect_shape(op: &Op, name: &str, v: &View, shape: &[usize]) -> Result<()> {
-    if v.shape != shape {
-        return Err(BackendError::shape(format!("{}: {name} has shape {:?}, expected {shape:?}", op.name(), v.shape)));
-    }
-    Ok(())
-}
-
-/// `DtypeMismatch` unless `v` has dtype `dtype`.
-pub(super) fn expect_dtype(op: &Op, name: &str, v: &View, dtype: DType) -> Result<()> {
-    if v.dtype != dtype {
-        return Err(BackendError::dtype(format!("{}: {name} is {}, expected {dtype}", op.name(), v.dtype)));
-    }
-    Ok(())
-}
-
-/// The shape of `v` as an array, or `ShapeMismatch` unless its rank is `R`.
-pub(super) fn dims<const R: usize>(op: &Op, name: &str, v: &View) -> Result<[usize; R]> {
-    <[usize; R]>::try_from(v.shape.as_slice())
-        .map_err(|_| BackendError::shape(format!("{}: {name} must have rank {R}, got shape {:?}", op.name(), v.shape)))
 }
 
 /// The last dim's size and the number of rows (a rank-0 tensor is one row of one element).
@@ -307,18 +269,12 @@ fn claims() -> Vec<(OpKind, DType)> {
 fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
     match op {
         Op::Softmax | Op::LogSoftmax => {
-            let ([x], [y]) = operands::<1, 1>(op, inputs, outputs)?;
-            expect_shape(op, "y", y, &x.shape)?;
-            expect_dtype(op, "y", y, x.dtype)?;
+            let ([x], [y]) = checks::softmax(op, inputs, outputs)?;
             let log = matches!(op, Op::LogSoftmax);
             with_float!(op, x.dtype, T => forward::<T>(op, x, y, log))
         }
         Op::SoftmaxBackward | Op::LogSoftmaxBackward => {
-            let ([y, dy], [dx]) = operands::<2, 1>(op, inputs, outputs)?;
-            expect_shape(op, "dy", dy, &y.shape)?;
-            expect_shape(op, "dx", dx, &y.shape)?;
-            expect_dtype(op, "dy", dy, y.dtype)?;
-            expect_dtype(op, "dx", dx, y.dtype)?;
+            let ([y, dy], [dx]) = checks::softmax_backward(op, inputs, outputs)?;
             let log = matches!(op, Op::LogSoftmaxBackward);
             with_float!(op, y.dtype, T => backward::<T>(op, y, dy, dx, log))
         }

@@ -161,6 +161,18 @@ pub struct Operand {
     pub strides: Vec<isize>,
 }
 
+impl genesis_backend_api::sdk::checks::Meta for Operand {
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn strides(&self) -> &[isize] {
+        &self.strides
+    }
+}
+
 impl Operand {
     /// Check `desc` against a buffer of `len` bytes at `base`.
     pub fn resolve(desc: &TensorDesc, base: u64, len: usize) -> Result<Operand> {

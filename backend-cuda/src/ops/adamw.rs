@@ -6,9 +6,10 @@
 //! tensor table passed in the kernel parameter. A group with a strided operand gets a launch
 //! of its own with the strided kernel (no copies).
 
+use super::resolve;
 use crate::device::CudaDevice;
 use crate::kernels::{set_geometry, Args, Operand};
-use genesis_backend_api::sdk::{expect_disjoint_updates, Extent};
+use genesis_backend_api::sdk::{checks, expect_disjoint_updates, Extent};
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
@@ -54,51 +55,13 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
     let Op::AdamW { lr, beta1, beta2, eps, weight_decay, step } = *op else {
         return Err(BackendError::unsupported(format!("cuda: {} is not adamw", op.name())));
     };
-    if outputs.len() != 3 * inputs.len() {
-        return Err(BackendError::invalid(format!(
-            "adamw: {} grad(s) need {} outputs (param, exp_avg, exp_avg_sq each), got {}",
-            inputs.len(),
-            3 * inputs.len(),
-            outputs.len()
-        )));
-    }
-    if step == 0 {
-        return Err(BackendError::invalid("adamw: step counts from 1 (it is the step after this update), got 0"));
-    }
-    // A beta of 1 or more zeroes the bias correction and turns every parameter into NaN.
-    for (name, b) in [("beta1", beta1), ("beta2", beta2)] {
-        if !(0.0..1.0).contains(&b) {
-            return Err(BackendError::invalid(format!("adamw: {name} must be in [0, 1), got {b}")));
-        }
-    }
-    // Every group is checked before any is updated, so a refused call changes nothing.
-    let mut groups: Vec<[Operand; 4]> = Vec::with_capacity(inputs.len());
-    for (i, gd) in inputs.iter().enumerate() {
-        let g = device.operand(gd)?;
-        let [p, m, v] = [0, 1, 2].map(|k| device.operand(&outputs[3 * i + k]));
-        let (p, m, v) = (p?, m?, v?);
-        if !FLOATS.contains(&p.dtype) {
-            return Err(BackendError::unsupported(format!("cuda: adamw is not implemented for {}", p.dtype)));
-        }
-        if g.dtype != p.dtype {
-            return Err(BackendError::dtype(format!("adamw: grad {i} is {}, expected {}", g.dtype, p.dtype)));
-        }
-        for (name, t) in [("param", &p), ("exp_avg", &m), ("exp_avg_sq", &v)] {
-            if t.shape != g.shape {
-                return Err(BackendError::shape(format!(
-                    "adamw: {name} {i} has shape {:?}, expected {:?}",
-                    t.shape, g.shape
-                )));
-            }
-        }
-        if m.dtype != v.dtype || (m.dtype != p.dtype && m.dtype != DType::F32) {
-            return Err(BackendError::dtype(format!(
-                "adamw: moments of param {i} are {} and {}; both must be the param's dtype ({}) or float32",
-                m.dtype, v.dtype, p.dtype
-            )));
-        }
-        groups.push([g, p, m, v]);
-    }
+    let (ins, outs) = resolve(device, inputs, outputs)?;
+    checks::adamw(op, &ins, &outs, |dtype| {
+        BackendError::unsupported(format!("cuda: adamw is not implemented for {dtype}"))
+    })?;
+    let mut outs = outs.into_iter();
+    let groups: Vec<[Operand; 4]> =
+        ins.into_iter().filter_map(|g| Some([g, outs.next()?, outs.next()?, outs.next()?])).collect();
     check_disjoint(op, inputs, outputs)?;
     // Bias corrections in f64: early on, 1 - β2^step is a small difference of numbers near 1,
     // which f32 would get wrong in the third digit.

@@ -6,10 +6,11 @@
 //! Operands are read and written through their strides (no contiguous copies): a tile's rows
 //! are loaded a warp per row, so views with a dense head dim stay coalesced.
 
-use super::arity;
-use super::checks::{compute_dtype, dims, expect_dtype, expect_shape, grid, launch_1d, Scratch};
+use super::checks::{compute_dtype, grid, launch_1d, Scratch};
+use super::resolve;
 use crate::device::CudaDevice;
 use crate::kernels::Operand;
+use genesis_backend_api::sdk::checks::{attention, attention_backward, AttentionDims as Dims};
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
 const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
@@ -53,40 +54,6 @@ impl AttnArgs {
             self.st[slot][d] = s as i64;
         }
     }
-}
-
-/// Problem sizes: batch, query heads, kv heads, queries, keys, head dim.
-struct Dims {
-    b: usize,
-    hq: usize,
-    hk: usize,
-    s: usize,
-    t: usize,
-    d: usize,
-}
-
-fn check(op: &Op, q: &Operand, k: &Operand, v: &Operand) -> Result<Dims> {
-    let [b, hq, s, d] = dims::<4>(op, "q (b, hq, s, d)", q)?;
-    let [bk, hk, t, dk] = dims::<4>(op, "k (b, hk, t, d)", k)?;
-    expect_shape(op, "v", v, &k.shape)?;
-    if bk != b || dk != d {
-        return Err(BackendError::shape(format!(
-            "{}: q {:?} and k {:?} differ in batch or head dim",
-            op.name(),
-            q.shape,
-            k.shape
-        )));
-    }
-    if hk == 0 || hq % hk != 0 {
-        return Err(BackendError::shape(format!(
-            "{}: the query heads ({hq}) must be a multiple of the kv heads ({hk} in k {:?})",
-            op.name(),
-            k.shape
-        )));
-    }
-    expect_dtype(op, "k", k, q.dtype)?;
-    expect_dtype(op, "v", v, q.dtype)?;
-    Ok(Dims { b, hq, hk, s, t, d })
 }
 
 /// The kernel variant for head dim `d` (its `DMAX`), or `Unsupported` past the largest one.
@@ -207,20 +174,14 @@ fn smem(dtype: DType, d: usize, rows: usize, extra: usize) -> u32 {
 pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     match *op {
         Op::Attention { causal, scale } => {
-            arity(op, 3, 2, inputs, outputs)?;
-            let (q, k, v) = (device.operand(&inputs[0])?, device.operand(&inputs[1])?, device.operand(&inputs[2])?);
-            let (o, lse) = (device.operand(&outputs[0])?, device.operand(&outputs[1])?);
-            let dm = check(op, &q, &k, &v)?;
-            expect_shape(op, "o", &o, &q.shape)?;
-            expect_dtype(op, "o", &o, q.dtype)?;
-            expect_shape(op, "lse", &lse, &q.shape[..3])?;
-            expect_dtype(op, "lse", &lse, DType::F32)?;
+            let (ins, outs) = resolve(device, inputs, outputs)?;
+            let (dm, [q, k, v], [o, lse]) = attention(op, &ins, &outs)?;
             let dmax = variant(op, dm.d, q.dtype)?;
             let mut a = args(&dm, causal, scale);
-            for (slot, x) in [(0, &q), (1, &k), (2, &v), (3, &o), (4, &lse)] {
+            for (slot, x) in [q, k, v, o, lse].into_iter().enumerate() {
                 a.set(slot, x);
             }
-            if let Some(tc) = tensor_core_dim(device.facts.arch, &dm, &[&q, &k, &v], &[&o]) {
+            if let Some(tc) = tensor_core_dim(device.facts.arch, &dm, &[q, k, v], &[o]) {
                 let rows = tc_fwd_rows(tc);
                 let work = (dm.b * dm.hq * dm.s.div_ceil(rows)) as u64;
                 if work <= i32::MAX as u64 {
@@ -234,18 +195,8 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             launch_1d(device, &op.name(), "attention", q.dtype, &format!("attn_fwd_{dmax}"), &mut a, shape)
         }
         Op::AttentionBackward { causal, scale } => {
-            arity(op, 6, 3, inputs, outputs)?;
-            let ins = inputs.iter().map(|d| device.operand(d)).collect::<Result<Vec<_>>>()?;
-            let outs = outputs.iter().map(|d| device.operand(d)).collect::<Result<Vec<_>>>()?;
-            let (q, k, v, o, lse, d_o) = (&ins[0], &ins[1], &ins[2], &ins[3], &ins[4], &ins[5]);
-            let (dq, dk, dv) = (&outs[0], &outs[1], &outs[2]);
-            let dm = check(op, q, k, v)?;
-            for (name, t, like) in [("o", o, q), ("do", d_o, q), ("dq", dq, q), ("dk", dk, k), ("dv", dv, v)] {
-                expect_shape(op, name, t, &like.shape)?;
-                expect_dtype(op, name, t, q.dtype)?;
-            }
-            expect_shape(op, "lse", lse, &q.shape[..3])?;
-            expect_dtype(op, "lse", lse, DType::F32)?;
+            let (ins, outs) = resolve(device, inputs, outputs)?;
+            let (dm, [q, k, v, o, lse, d_o], [dq, dk, dv]) = attention_backward(op, &ins, &outs)?;
             let dmax = variant(op, dm.d, q.dtype)?;
             let mut a = args(&dm, causal, scale);
             for (slot, x) in [q, k, v, o, lse, d_o, dq, dk, dv].into_iter().enumerate() {

@@ -1,31 +1,9 @@
-//! Operand checks shared by the attention, convolution and pooling families, with the CPU
-//! reference backend's error kinds and messages.
+//! Helpers shared by the attention, convolution and pooling families: grids, compute types,
+//! scratch buffers and launches. (Their operand checks are the SDK's `sdk::checks`.)
 
 use crate::device::CudaDevice;
 use crate::kernels::{set_geometry, Args, Operand};
-use genesis_backend_api::{contiguous_strides, BackendError, BufferId, DType, Op, Result};
-
-/// `ShapeMismatch` unless `o` has shape `shape`.
-pub fn expect_shape(op: &Op, name: &str, o: &Operand, shape: &[usize]) -> Result<()> {
-    if o.shape != shape {
-        return Err(BackendError::shape(format!("{}: {name} has shape {:?}, expected {shape:?}", op.name(), o.shape)));
-    }
-    Ok(())
-}
-
-/// `DtypeMismatch` unless `o` has dtype `dtype`.
-pub fn expect_dtype(op: &Op, name: &str, o: &Operand, dtype: DType) -> Result<()> {
-    if o.dtype != dtype {
-        return Err(BackendError::dtype(format!("{}: {name} is {}, expected {dtype}", op.name(), o.dtype)));
-    }
-    Ok(())
-}
-
-/// The shape of `o` as an array, or `ShapeMismatch` unless its rank is `R`.
-pub fn dims<const R: usize>(op: &Op, name: &str, o: &Operand) -> Result<[usize; R]> {
-    <[usize; R]>::try_from(o.shape.as_slice())
-        .map_err(|_| BackendError::shape(format!("{}: {name} must have rank {R}, got shape {:?}", op.name(), o.shape)))
-}
+use genesis_backend_api::{contiguous_strides, BufferId, DType, Op, Result};
 
 /// Blocks for a grid-stride kernel over `work` items: enough to fill every SM `per_sm` times.
 pub fn grid(device: &CudaDevice, work: u64, per_sm: u32) -> u32 {

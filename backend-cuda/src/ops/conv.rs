@@ -9,11 +9,12 @@
 //! matmul. x, dy, y, dx, bias and dbias are used through their strides; the weight is copied
 //! dense when it is not (cuBLAS needs one leading dimension).
 
-use super::checks::{compute_dtype, dims, expect_dtype, expect_shape, grid, launch_1d, zero, Scratch};
+use super::checks::{compute_dtype, grid, launch_1d, zero, Scratch};
+use super::resolve;
 use crate::blas::{compute, data_type, Blas, Gemm};
 use crate::device::CudaDevice;
 use crate::kernels::Operand;
-use genesis_backend_api::sdk::window::Axis;
+use genesis_backend_api::sdk::window::{Axis, Conv2d as Geom};
 use genesis_backend_api::{contiguous_strides, BackendError, DType, Op, OpKind, Result, TensorDesc, Window2d};
 
 const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
@@ -119,121 +120,34 @@ pub fn launch(device: &CudaDevice, op: &Op, dtype: DType, name: &str, a: &mut Co
     launch_1d(device, &op.name(), "window", dtype, name, a, (blocks, 256, 0))
 }
 
-/// The geometry of one convolution.
-struct Geom {
-    n: usize,
-    c: usize,
-    o: usize,
-    groups: usize,
-    rows: Axis,
-    cols: Axis,
+/// The argument block of `g`.
+fn conv_args(g: &Geom) -> ConvArgs {
+    let mut a = ConvArgs::window(g.n, g.c, &g.rows, &g.cols);
+    a.o = g.o as i64;
+    a.g = g.groups as i64;
+    a
 }
 
-impl Geom {
-    fn cg(&self) -> usize {
-        self.c / self.groups
-    }
-    fn og(&self) -> usize {
-        self.o / self.groups
-    }
-    /// Rows of one group's column matrix: (channel, kernel row, kernel column).
-    fn ck(&self) -> usize {
-        self.cg() * self.rows.kernel * self.cols.kernel
-    }
-    /// Output positions per plane.
-    fn l(&self) -> usize {
-        self.rows.output * self.cols.output
-    }
-    fn y_shape(&self) -> [usize; 4] {
-        [self.n, self.o, self.rows.output, self.cols.output]
-    }
-    fn args(&self) -> ConvArgs {
-        let mut a = ConvArgs::window(self.n, self.c, &self.rows, &self.cols);
-        a.o = self.o as i64;
-        a.g = self.groups as i64;
-        a
-    }
-    /// Samples per chunk when one sample needs `per_sample` bytes of scratch.
-    fn chunk(&self, per_sample: usize) -> usize {
-        (CHUNK_BYTES / per_sample.max(1)).clamp(1, self.n.max(1))
-    }
-}
-
-/// Validate the window and channels; `x` is (n, c, h, w) and `w` is (o, c/groups, kh, kw).
-fn geometry(op: &Op, window: &Window2d, groups: u32, x: &Operand, w: &Operand) -> Result<Geom> {
-    let [n, c, h, wd] = dims::<4>(op, "x (n, c, h, w)", x)?;
-    let [o, cg, kh, kw] = dims::<4>(op, "weight (o, c/groups, kh, kw)", w)?;
-    let groups = groups as usize;
-    if groups == 0 || c % groups != 0 || o % groups != 0 {
-        return Err(BackendError::invalid(format!(
-            "{}: groups ({groups}) must be >= 1 and divide the input channels ({c}) and the output channels ({o})",
-            op.name()
-        )));
-    }
-    if cg * groups != c {
-        return Err(BackendError::shape(format!(
-            "{}: weight {:?} has {cg} input channels per group, expected {} (x {:?}, groups {groups})",
-            op.name(),
-            w.shape,
-            c / groups,
-            x.shape
-        )));
-    }
-    let to_i64 = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
-    let rows = Axis::new(op, "height", h, to_i64(kh), window.stride[0], window.padding[0], window.dilation[0])?;
-    let cols = Axis::new(op, "width", wd, to_i64(kw), window.stride[1], window.padding[1], window.dilation[1])?;
-    Ok(Geom { n, c, o, groups, rows, cols })
+/// Samples per chunk when one sample needs `per_sample` bytes of scratch.
+fn chunk(g: &Geom, per_sample: usize) -> usize {
+    (CHUNK_BYTES / per_sample.max(1)).clamp(1, g.n.max(1))
 }
 
 /// Run one convolution op.
 pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-    let arity = |expected: &str| BackendError::invalid(format!("{}: expected {expected}", op.name()));
-    let ins = inputs.iter().map(|d| device.operand(d)).collect::<Result<Vec<_>>>()?;
-    let outs = outputs.iter().map(|d| device.operand(d)).collect::<Result<Vec<_>>>()?;
+    let (ins, outs) = resolve(device, inputs, outputs)?;
     let mut scratch = Scratch::default();
     let result = match *op {
         Op::Conv2d { window, groups } => {
-            let (x, w, bias, y) = match (&ins[..], &outs[..]) {
-                ([x, w], [y]) => (x, w, None, y),
-                ([x, w, b], [y]) => (x, w, Some(b), y),
-                _ => return Err(arity("2 or 3 inputs (x, weight[, bias]) and 1 output")),
-            };
-            let g = geometry(op, &window, groups, x, w)?;
-            expect_dtype(op, "weight", w, x.dtype)?;
-            expect_shape(op, "y", y, &g.y_shape())?;
-            expect_dtype(op, "y", y, x.dtype)?;
-            if let Some(b) = bias {
-                expect_shape(op, "bias", b, &[g.o])?;
-                expect_dtype(op, "bias", b, x.dtype)?;
-            }
+            let (g, ([x, w, y], bias)) = Geom::forward(op, &window, groups, &ins, &outs)?;
             forward(device, op, &g, x, w, bias, y, &mut scratch)
         }
         Op::Conv2dBackwardInput { window, groups } => {
-            let ([dy, w], [dx]) = (&ins[..], &outs[..]) else {
-                return Err(arity("2 inputs (dy, weight) and 1 output (dx)"));
-            };
-            let g = geometry(op, &window, groups, dx, w)?;
-            expect_shape(op, "dy", dy, &g.y_shape())?;
-            for (name, t) in [("weight", w), ("dx", dx)] {
-                expect_dtype(op, name, t, dy.dtype)?;
-            }
+            let (g, [dy, w, dx]) = Geom::backward_input(op, &window, groups, &ins, &outs)?;
             backward_input(device, op, &g, dy, w, dx, &mut scratch)
         }
         Op::Conv2dBackwardWeight { window, groups } => {
-            let (dy, x, dw, db) = match (&ins[..], &outs[..]) {
-                ([dy, x], [dw]) => (dy, x, dw, None),
-                ([dy, x], [dw, db]) => (dy, x, dw, Some(db)),
-                _ => return Err(arity("2 inputs (dy, x) and 1 or 2 outputs (dweight[, dbias])")),
-            };
-            let g = geometry(op, &window, groups, x, dw)?;
-            expect_shape(op, "dy", dy, &g.y_shape())?;
-            for (name, t) in [("x", x), ("dweight", dw)] {
-                expect_dtype(op, name, t, dy.dtype)?;
-            }
-            if let Some(db) = db {
-                expect_shape(op, "dbias", db, &[g.o])?;
-                expect_dtype(op, "dbias", db, dy.dtype)?;
-            }
+            let (g, ([dy, x, dw], db)) = Geom::backward_weight(op, &window, groups, &ins, &outs)?;
             backward_weight(device, op, &g, dy, x, dw, db, &mut scratch)
         }
         _ => Err(BackendError::unsupported(format!("cuda: {} is not a convolution", op.name()))),
@@ -348,10 +262,10 @@ fn forward(
     let (elem, acc_elem) = (dtype.size_in_bytes(), compute_dtype(dtype).size_in_bytes());
     let w = scratch.contiguous(device, op, w)?;
     let (ck, og, l) = (g.ck(), g.og(), g.l());
-    let nc = g.chunk((g.c * g.rows.kernel * g.cols.kernel * elem + g.o * acc_elem) * l);
+    let nc = chunk(g, (g.c * g.rows.kernel * g.cols.kernel * elem + g.o * acc_elem) * l);
     let cols = scratch.dense(device, dtype, &[g.c * g.rows.kernel * g.cols.kernel, nc * l])?;
     let acc = scratch.dense(device, compute_dtype(dtype), &[g.o, nc, l])?;
-    let mut a = g.args();
+    let mut a = conv_args(g);
     a.xs = strides(x);
     a.ys = strides(y);
     if let Some(b) = bias {
@@ -397,10 +311,10 @@ fn backward_input(
     let w = scratch.contiguous(device, op, w)?;
     let (ck, og, l) = (g.ck(), g.og(), g.l());
     let rows = g.c * g.rows.kernel * g.cols.kernel;
-    let nc = g.chunk((rows * acc_elem + g.o * elem) * l);
+    let nc = chunk(g, (rows * acc_elem + g.o * elem) * l);
     let cols = scratch.dense(device, compute_dtype(dtype), &[rows, nc * l])?;
     let dyc = scratch.dense(device, dtype, &[g.o, nc * l])?;
-    let mut a = g.args();
+    let mut a = conv_args(g);
     a.xs = strides(dx);
     for n0 in (0..g.n).step_by(nc) {
         let count = nc.min(g.n - n0);
@@ -442,11 +356,11 @@ fn backward_weight(
     let elem = dtype.size_in_bytes();
     let (ck, og, l) = (g.ck(), g.og(), g.l());
     let rows = g.c * g.rows.kernel * g.cols.kernel;
-    let mut a = g.args();
+    let mut a = conv_args(g);
     if dw.numel() > 0 {
         // dW accumulates over chunks in the compute type, then is rounded into dw once.
         let acc = scratch.dense(device, compute_dtype(dtype), &[g.o, ck])?;
-        let nc = g.chunk((rows + g.o) * elem * l);
+        let nc = chunk(g, (rows + g.o) * elem * l);
         let cols = scratch.dense(device, dtype, &[rows, nc * l])?;
         let dyc = scratch.dense(device, dtype, &[g.o, nc * l])?;
         a.xs = strides(x);
@@ -479,7 +393,7 @@ fn backward_weight(
             // No sample or no output position: the gradient is an empty sum.
             zero(device, acc.ptr, g.o * ck * compute_dtype(dtype).size_in_bytes())?;
         }
-        let mut s = g.args();
+        let mut s = conv_args(g);
         s.c = g.cg() as i64;
         s.xs = strides(dw);
         s.p = [acc.ptr, dw.ptr, 0, 0];
@@ -487,7 +401,7 @@ fn backward_weight(
     }
     if let Some(db) = db {
         if g.o > 0 {
-            let mut b = g.args();
+            let mut b = conv_args(g);
             b.ys = strides(dy);
             b.zs[0] = db.strides[0] as i64;
             b.p = [dy.ptr, db.ptr, 0, 0];

@@ -7,11 +7,12 @@
 //! fails the op with `InvalidArgument` before anything is written (the check waits for the
 //! device, as the index ops' does).
 
-use super::arity;
+use super::resolve;
 use super::rows::{check_indices, rows_of, with_rows, RowView};
-use super::softmax::{expect_dtype, expect_shape, pack_width, FLOATS};
+use super::softmax::{pack_width, FLOATS};
 use crate::device::CudaDevice;
-use crate::kernels::{Args, Operand};
+use crate::kernels::Args;
+use genesis_backend_api::sdk::checks;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
 /// Packs a thread loads per step of the forward (CE_P in the kernel).
@@ -31,22 +32,6 @@ pub fn claims() -> Vec<(OpKind, DType)> {
     .collect()
 }
 
-/// Check logits and target; returns the leading (row) dims.
-fn check_logits<'a>(op: &Op, logits: &'a Operand, target: &Operand, eps: f64) -> Result<&'a [usize]> {
-    if !(0.0..1.0).contains(&eps) {
-        return Err(BackendError::invalid(format!("{}: label smoothing must be in [0, 1), got {eps}", op.name())));
-    }
-    let Some((_, lead)) = logits.shape.split_last() else {
-        return Err(BackendError::shape(format!(
-            "{}: logits must have rank >= 1 (.., classes), got a scalar",
-            op.name()
-        )));
-    };
-    expect_shape(op, "target", target, lead)?;
-    expect_dtype(op, "target", target, DType::I64)?;
-    Ok(lead)
-}
-
 fn set_views(args: &mut Args, views: &[RowView]) {
     for (k, v) in views.iter().take(4).enumerate() {
         args.p[k] = v.ptr;
@@ -59,22 +44,16 @@ fn set_views(args: &mut Args, views: &[RowView]) {
 pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     match *op {
         Op::CrossEntropy { ignore_index, label_smoothing } => {
-            arity(op, 2, 2, inputs, outputs)?;
-            let (logits, target) = (device.operand(&inputs[0])?, device.operand(&inputs[1])?);
-            let (loss, lse) = (device.operand(&outputs[0])?, device.operand(&outputs[1])?);
-            let lead = check_logits(op, &logits, &target, label_smoothing)?;
-            expect_shape(op, "loss", &loss, lead)?;
-            expect_dtype(op, "loss", &loss, DType::F32)?;
-            expect_shape(op, "lse", &lse, lead)?;
-            expect_dtype(op, "lse", &lse, DType::F32)?;
-            let (_, c) = rows_of(&logits.shape);
+            let (ins, outs) = resolve(device, inputs, outputs)?;
+            let ([logits, target], [loss, lse]) = checks::cross_entropy(op, label_smoothing, &ins, &outs)?;
+            let (lead, c) = rows_of(&logits.shape);
             let dtype = logits.dtype;
-            check_indices(device, op, "softmax", dtype, &target, c, Some(ignore_index), "target")?;
+            check_indices(device, op, "softmax", dtype, target, c, Some(ignore_index), "target")?;
             let rows: usize = lead.iter().product();
             if rows == 0 {
                 return Ok(());
             }
-            let operands = [(&logits, true, false), (&target, false, false), (&loss, false, true), (&lse, false, true)];
+            let operands = [(logits, true, false), (target, false, false), (loss, false, true), (lse, false, true)];
             with_rows(device, op, lead, &operands, |views| {
                 let vec = RowView::vectorizable(views, rows);
                 let mut args = Args { n: rows as u64, flag: if vec { 2 } else { 0 }, ..Args::default() };
@@ -90,30 +69,22 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             })
         }
         Op::CrossEntropyBackward { ignore_index, label_smoothing } => {
-            arity(op, 4, 1, inputs, outputs)?;
-            let (logits, target) = (device.operand(&inputs[0])?, device.operand(&inputs[1])?);
-            let (lse, dloss) = (device.operand(&inputs[2])?, device.operand(&inputs[3])?);
-            let dlogits = device.operand(&outputs[0])?;
-            let lead = check_logits(op, &logits, &target, label_smoothing)?;
-            expect_shape(op, "lse", &lse, lead)?;
-            expect_dtype(op, "lse", &lse, DType::F32)?;
-            expect_shape(op, "dloss", &dloss, lead)?;
-            expect_dtype(op, "dloss", &dloss, DType::F32)?;
-            expect_shape(op, "dlogits", &dlogits, &logits.shape)?;
-            expect_dtype(op, "dlogits", &dlogits, logits.dtype)?;
-            let (_, c) = rows_of(&logits.shape);
+            let (ins, outs) = resolve(device, inputs, outputs)?;
+            let ([logits, target, lse, dloss], [dlogits]) =
+                checks::cross_entropy_backward(op, label_smoothing, &ins, &outs)?;
+            let (lead, c) = rows_of(&logits.shape);
             let dtype = logits.dtype;
-            check_indices(device, op, "softmax", dtype, &target, c, Some(ignore_index), "target")?;
+            check_indices(device, op, "softmax", dtype, target, c, Some(ignore_index), "target")?;
             let rows: usize = lead.iter().product();
             if rows == 0 || c == 0 {
                 return Ok(());
             }
             let operands = [
-                (&logits, true, false),
-                (&target, false, false),
-                (&lse, false, false),
-                (&dloss, false, false),
-                (&dlogits, true, true),
+                (logits, true, false),
+                (target, false, false),
+                (lse, false, false),
+                (dloss, false, false),
+                (dlogits, true, true),
             ];
             with_rows(device, op, lead, &operands, |views| {
                 let vec = RowView::vectorizable(views, rows);

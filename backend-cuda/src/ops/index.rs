@@ -1,5 +1,5 @@
 //! Index ops (`kernels/index.cu`): gather, scatter_add, index_select, index_add and cumsum
-//! along one dim, with the CPU backend's shape rules, dtypes and errors.
+//! along one dim, with the SDK's shape rules, dtypes and errors.
 //!
 //! Every index is checked on the device before the op writes anything (`check_indices`: an
 //! out-of-range index is an `InvalidArgument` error and in-place outputs stay untouched, as on
@@ -9,9 +9,10 @@
 //! index seen as a tensor of the iteration shape (stride 0 off the indexed dim).
 
 use super::arity;
-use super::rows::{check_indices, fill_geometry, is_non_overlapping, launch_flat, lift};
+use super::rows::{check_indices, fill_geometry, launch_flat, lift};
 use crate::device::CudaDevice;
 use crate::kernels::{Args, Operand};
+use genesis_backend_api::sdk::checks;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
 const MODULE: &str = "index";
@@ -46,35 +47,6 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
         Op::CumSum { dim } => cumsum(device, op, &a, &y, dim as usize),
         _ => Err(BackendError::unsupported(format!("cuda: {} is not an index op", op.name()))),
     }
-}
-
-fn expect_dtype(op: &Op, what: &str, o: &Operand, dtype: DType) -> Result<()> {
-    if o.dtype != dtype {
-        return Err(BackendError::dtype(format!("{}: {what} must be {dtype}, got {}", op.name(), o.dtype)));
-    }
-    Ok(())
-}
-
-fn expect_dim(op: &Op, dim: usize, o: &Operand) -> Result<()> {
-    if dim >= o.shape.len() {
-        return Err(BackendError::invalid(format!("{}: dim {dim} is out of range for shape {:?}", op.name(), o.shape)));
-    }
-    Ok(())
-}
-
-/// In-place outputs skip nothing of the device's overlap check (they may not overlap an
-/// input), but must also not overlap themselves: two elements at one address would each get
-/// their `+=`.
-fn expect_in_place_ok(op: &Op, y: &Operand) -> Result<()> {
-    if !is_non_overlapping(y) {
-        return Err(BackendError::invalid(format!(
-            "{}: the output (shape {:?}, strides {:?}) overlaps itself",
-            op.name(),
-            y.shape,
-            y.strides
-        )));
-    }
-    Ok(())
 }
 
 /// `strides` with the entry of `dim` zeroed (the indexed operand's base geometry).
@@ -115,92 +87,35 @@ fn launch(
 }
 
 fn gather(device: &CudaDevice, op: &Op, x: &Operand, index: &Operand, y: &Operand, dim: usize) -> Result<()> {
-    expect_dtype(op, "the index", index, DType::I64)?;
-    expect_dtype(op, "the output", y, x.dtype)?;
-    expect_dim(op, dim, x)?;
-    let fits = index.shape.len() == x.shape.len()
-        && index.shape.iter().zip(&x.shape).enumerate().all(|(d, (&i, &s))| d == dim || i <= s);
-    if !fits || y.shape != index.shape {
-        return Err(BackendError::shape(format!(
-            "{}: index {:?} must have the rank of x {:?} and fit it outside dim {dim}, and the output {:?} the index's shape",
-            op.name(),
-            index.shape,
-            x.shape,
-            y.shape
-        )));
-    }
+    checks::gather(op, x, index, y, dim)?;
     check_indices(device, op, MODULE, x.dtype, index, x.shape[dim], None, "index")?;
     launch(device, op, false, &index.shape, (index, &index.strides), y, x, dim)
 }
 
 fn scatter_add(device: &CudaDevice, op: &Op, src: &Operand, index: &Operand, y: &Operand, dim: usize) -> Result<()> {
-    expect_dtype(op, "the index", index, DType::I64)?;
-    expect_dtype(op, "the output", y, src.dtype)?;
-    expect_dim(op, dim, y)?;
-    let rank = y.shape.len();
-    let fits = index.shape.len() == rank
-        && src.shape.len() == rank
-        && (0..rank).all(|d| index.shape[d] <= src.shape[d] && (d == dim || index.shape[d] <= y.shape[d]));
-    if !fits {
-        return Err(BackendError::shape(format!(
-            "{}: index {:?} must have the rank of src {:?} and output {:?}, fit src, and fit the output outside dim {dim}",
-            op.name(),
-            index.shape,
-            src.shape,
-            y.shape
-        )));
-    }
-    expect_in_place_ok(op, y)?;
+    checks::scatter_add(op, src, index, y, dim)?;
     check_indices(device, op, MODULE, src.dtype, index, y.shape[dim], None, "index")?;
     // The index may be smaller than src: walk src over the index's shape.
     let walked = Operand { shape: index.shape.clone(), ..src.clone() };
     launch(device, op, true, &index.shape, (index, &index.strides), &walked, y, dim)
 }
 
-/// Shared checks of index_select/index_add: a rank-1 i64 index, and `small` equal to `big`
-/// with `dim` resized to the index length.
-fn check_select(op: &Op, big: &Operand, index: &Operand, small: &Operand, dim: usize) -> Result<()> {
-    expect_dtype(op, "the index", index, DType::I64)?;
-    expect_dim(op, dim, big)?;
-    let mut want = big.shape.clone();
-    if index.shape.len() == 1 {
-        want[dim] = index.shape[0];
-    }
-    if index.shape.len() != 1 || small.shape != want {
-        return Err(BackendError::shape(format!(
-            "{}: index must be rank 1 and the selected shape the full one {:?} with dim {dim} of the index's length; got index {:?} and {:?}",
-            op.name(),
-            big.shape,
-            index.shape,
-            small.shape
-        )));
-    }
-    Ok(())
-}
-
 fn index_select(device: &CudaDevice, op: &Op, x: &Operand, index: &Operand, y: &Operand, dim: usize) -> Result<()> {
-    expect_dtype(op, "the output", y, x.dtype)?;
-    check_select(op, x, index, y, dim)?;
+    checks::index_select(op, x, index, y, dim)?;
     check_indices(device, op, MODULE, x.dtype, index, x.shape[dim], None, "index")?;
     let spread = spread(index, y.shape.len(), dim);
     launch(device, op, false, &y.shape, (index, &spread), y, x, dim)
 }
 
 fn index_add(device: &CudaDevice, op: &Op, src: &Operand, index: &Operand, y: &Operand, dim: usize) -> Result<()> {
-    expect_dtype(op, "the output", y, src.dtype)?;
-    check_select(op, y, index, src, dim)?;
-    expect_in_place_ok(op, y)?;
+    checks::index_add(op, src, index, y, dim)?;
     check_indices(device, op, MODULE, src.dtype, index, y.shape[dim], None, "index")?;
     let spread = spread(index, src.shape.len(), dim);
     launch(device, op, true, &src.shape, (index, &spread), src, y, dim)
 }
 
 fn cumsum(device: &CudaDevice, op: &Op, x: &Operand, y: &Operand, dim: usize) -> Result<()> {
-    expect_dtype(op, "the output", y, x.dtype)?;
-    expect_dim(op, dim, x)?;
-    if x.shape != y.shape {
-        return Err(BackendError::shape(format!("{}: shapes {:?} and {:?} differ", op.name(), x.shape, y.shape)));
-    }
+    checks::cumsum(op, x, y, dim)?;
     let steps = x.shape[dim];
     let drop_dim = |v: &[usize]| [&v[..dim], &v[dim + 1..]].concat();
     let drop_stride = |v: &[isize]| [&v[..dim], &v[dim + 1..]].concat();

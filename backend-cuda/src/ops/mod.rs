@@ -19,6 +19,7 @@ mod rows;
 mod softmax;
 
 use crate::device::CudaDevice;
+use crate::kernels::Operand;
 use genesis_backend_api::sdk::expect_no_overlap;
 use genesis_backend_api::{BackendError, Capability, DType, Op, OpKind, Result, TensorDesc};
 use std::collections::{HashMap, HashSet};
@@ -88,6 +89,17 @@ pub fn execute(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[T
         expect_no_overlap(op, inputs, outputs, elementwise)?;
     }
     run(device, op, inputs, outputs)
+}
+
+/// Every operand of a call, resolved against its buffer (for the SDK's family checks, which
+/// count the operands themselves).
+pub fn resolve(
+    device: &CudaDevice,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+) -> Result<(Vec<Operand>, Vec<Operand>)> {
+    let all = |descs: &[TensorDesc]| descs.iter().map(|d| device.operand(d)).collect::<Result<Vec<_>>>();
+    Ok((all(inputs)?, all(outputs)?))
 }
 
 /// The operand-count error every family uses.

@@ -8,9 +8,10 @@
 //! per-group partial sums in a scratch buffer and a column-sum kernel, which makes them
 //! deterministic (no float atomics).
 
-use super::arity;
+use super::resolve;
 use crate::device::CudaDevice;
 use crate::kernels::{merge_dims, Operand};
+use genesis_backend_api::sdk::checks;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc, MAX_DIMS};
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
@@ -55,54 +56,6 @@ struct RowArgs {
 pub fn claims() -> Vec<(OpKind, DType)> {
     let ops = [Op::LayerNorm { eps: 0.0 }, Op::LayerNormBackward, Op::RmsNorm { eps: 0.0 }, Op::RmsNormBackward];
     ops.iter().flat_map(|op| FLOATS.iter().map(move |&d| (op.kind(), d))).collect()
-}
-
-fn check_eps(op: &Op, eps: f64) -> Result<()> {
-    if eps.is_nan() || eps < 0.0 {
-        return Err(BackendError::invalid(format!("{}: eps must be >= 0, got {eps}", op.name())));
-    }
-    Ok(())
-}
-
-fn expect_dtype(op: &Op, name: &str, v: &Operand, dtype: DType) -> Result<()> {
-    if v.dtype != dtype {
-        return Err(BackendError::dtype(format!("{}: {name} is {}, expected {dtype}", op.name(), v.dtype)));
-    }
-    Ok(())
-}
-
-fn expect_shape(op: &Op, name: &str, v: &Operand, shape: &[usize]) -> Result<()> {
-    if v.shape != shape {
-        return Err(BackendError::shape(format!("{}: {name} has shape {:?}, expected {shape:?}", op.name(), v.shape)));
-    }
-    Ok(())
-}
-
-/// A per-feature tensor (weight, bias and their gradients): shape `[d]`, x's dtype.
-fn check_param(op: &Op, name: &str, v: &Operand, x: &Operand) -> Result<()> {
-    let Some(&d) = x.shape.last() else {
-        return Err(BackendError::shape(format!("{}: x must have rank >= 1, got a scalar", op.name())));
-    };
-    if v.shape != [d] {
-        return Err(BackendError::shape(format!(
-            "{}: {name} has shape {:?}, expected [{d}] (the last dim of x {:?})",
-            op.name(),
-            v.shape,
-            x.shape
-        )));
-    }
-    expect_dtype(op, name, v, x.dtype)
-}
-
-fn check_like(op: &Op, name: &str, v: &Operand, x: &Operand) -> Result<()> {
-    expect_shape(op, name, v, &x.shape)?;
-    expect_dtype(op, name, v, x.dtype)
-}
-
-/// A saved statistic: f32 with x's leading dims.
-fn check_stat(op: &Op, name: &str, v: &Operand, x: &Operand) -> Result<()> {
-    expect_shape(op, name, v, &x.shape[..x.shape.len().saturating_sub(1)])?;
-    expect_dtype(op, name, v, DType::F32)
 }
 
 /// The argument block for rows of `x`: `rows` operands (x's shape) and `stats` (its leading
@@ -166,24 +119,16 @@ fn blocks(device: &CudaDevice, a: &RowArgs, threads: u32, per_sm: u32) -> u32 {
 
 /// Run one op of this family.
 pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-    let resolve = |descs: &[TensorDesc]| descs.iter().map(|d| device.operand(d)).collect::<Result<Vec<_>>>();
     match *op {
         Op::LayerNorm { eps } | Op::RmsNorm { eps } => {
             let ln = matches!(op, Op::LayerNorm { .. });
-            let (n_in, n_out) = if ln { (3, 3) } else { (2, 2) };
-            arity(op, n_in, n_out, inputs, outputs)?;
-            let (ins, outs) = (resolve(inputs)?, resolve(outputs)?);
-            check_eps(op, eps)?;
+            let (ins, outs) = resolve(device, inputs, outputs)?;
+            if ln {
+                checks::layer_norm(op, eps, &ins, &outs)?;
+            } else {
+                checks::rms_norm(op, eps, &ins, &outs)?;
+            }
             let x = &ins[0];
-            check_param(op, "weight", &ins[1], x)?;
-            if ln {
-                check_param(op, "bias", &ins[2], x)?;
-            }
-            check_like(op, "y", &outs[0], x)?;
-            if ln {
-                check_stat(op, "mean", &outs[1], x)?;
-            }
-            check_stat(op, "rstd", &outs[n_out - 1], x)?;
             let (stats, params): (Vec<Slot>, Vec<Slot>) = if ln {
                 (vec![(S_MEAN, &outs[1]), (S_RSTD, &outs[2])], vec![(S_W, &ins[1]), (S_B, &ins[2])])
             } else {
@@ -214,20 +159,11 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
         }
         Op::LayerNormBackward | Op::RmsNormBackward => {
             let ln = *op == Op::LayerNormBackward;
-            let (n_in, n_out) = if ln { (5, 3) } else { (4, 2) };
-            arity(op, n_in, n_out, inputs, outputs)?;
-            let (ins, outs) = (resolve(inputs)?, resolve(outputs)?);
-            let (dy, x, w) = (&ins[0], &ins[1], &ins[2]);
-            check_like(op, "dy", dy, x)?;
-            check_param(op, "weight", w, x)?;
+            let (ins, outs) = resolve(device, inputs, outputs)?;
             if ln {
-                check_stat(op, "mean", &ins[3], x)?;
-            }
-            check_stat(op, "rstd", &ins[n_in - 1], x)?;
-            check_like(op, "dx", &outs[0], x)?;
-            check_param(op, "dweight", &outs[1], x)?;
-            if ln {
-                check_param(op, "dbias", &outs[2], x)?;
+                checks::layer_norm_backward(op, &ins, &outs)?;
+            } else {
+                checks::rms_norm_backward(op, &ins, &outs)?;
             }
             backward(device, op, ln, &ins, &outs)
         }

@@ -1,13 +1,14 @@
-//! Rotary position embedding, forward and inverse (`kernels/rotary.cu`), with the CPU
-//! backend's checks: x `(b, h, s, d)` with `d` even, cos and sin `(s, d/2)`, all of x's dtype.
+//! Rotary position embedding, forward and inverse (`kernels/rotary.cu`), with the SDK's
+//! checks: x `(b, h, s, d)` with `d` even, cos and sin `(s, d/2)`, all of x's dtype.
 //!
 //! Strided operands are handled in the kernel (per-operand strides over the merged
 //! `(b, h, s, d/2)` pair space), so no copies are made; dense, aligned operands take a
 //! vectorized kernel.
 
-use super::arity;
+use super::resolve;
 use crate::device::CudaDevice;
 use crate::kernels::{merge_dims, Args, Operand};
+use genesis_backend_api::sdk::checks;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
@@ -15,13 +16,6 @@ const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 /// What this family runs.
 pub fn claims() -> Vec<(OpKind, DType)> {
     FLOATS.iter().map(|&d| (Op::Rotary { inverse: false }.kind(), d)).collect()
-}
-
-fn expect_shape(v: &Operand, name: &str, shape: &[usize]) -> Result<()> {
-    if v.shape != shape {
-        return Err(BackendError::shape(format!("rotary: {name} has shape {:?}, expected {shape:?}", v.shape)));
-    }
-    Ok(())
 }
 
 fn is_dense(o: &Operand) -> bool {
@@ -40,31 +34,16 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
     let Op::Rotary { inverse } = *op else {
         return Err(BackendError::unsupported(format!("cuda: {} is not rotary", op.name())));
     };
-    arity(op, 3, 1, inputs, outputs)?;
-    let (x, cos, sin) = (device.operand(&inputs[0])?, device.operand(&inputs[1])?, device.operand(&inputs[2])?);
-    let y = device.operand(&outputs[0])?;
-    let &[b, h, s, d] = x.shape.as_slice() else {
-        return Err(BackendError::shape(format!("rotary: x (b, h, s, d) must have rank 4, got shape {:?}", x.shape)));
-    };
-    if d % 2 != 0 {
-        return Err(BackendError::shape(format!("rotary: the head dim of x {:?} must be even", x.shape)));
-    }
+    let (ins, outs) = resolve(device, inputs, outputs)?;
+    let ([b, h, s, d], [x, cos, sin], [y]) = checks::rotary(op, &ins, &outs)?;
     let half = d / 2;
-    expect_shape(&cos, "cos", &[s, half])?;
-    expect_shape(&sin, "sin", &[s, half])?;
-    expect_shape(&y, "y", &x.shape)?;
-    for (name, v) in [("cos", &cos), ("sin", &sin), ("y", &y)] {
-        if v.dtype != x.dtype {
-            return Err(BackendError::dtype(format!("rotary: {name} is {}, expected {}", v.dtype, x.dtype)));
-        }
-    }
     let n = b * h * s * half;
     if n == 0 {
         return Ok(());
     }
     let mut args = Args { p: [x.ptr, y.ptr, cos.ptr, sin.ptr], n: n as u64, flag: inverse as i32, ..Args::default() };
     let pack = 16 / x.dtype.size_in_bytes();
-    let operands = [&x, &y, &cos, &sin];
+    let operands = [x, y, cos, sin];
     let (kernel, per_thread) = if operands.iter().all(|o| is_dense(o) && o.ptr % 16 == 0) && half % pack == 0 {
         args.u = [half as u64, s as u64];
         ("rotary_c", pack as u64)

@@ -65,25 +65,6 @@ pub fn lift(o: &Operand) -> Operand {
     o
 }
 
-/// False when two elements of `o` share an address (an in-place output would then add twice).
-pub fn is_non_overlapping(o: &Operand) -> bool {
-    if o.numel() <= 1 {
-        return true;
-    }
-    let mut dims: Vec<(usize, usize)> =
-        o.shape.iter().zip(&o.strides).filter(|(&n, _)| n > 1).map(|(&n, &s)| (s.unsigned_abs(), n)).collect();
-    dims.sort_unstable();
-    // Each stride must step past everything the smaller strides reach.
-    let mut reach = 0usize;
-    for (s, n) in dims {
-        if s <= reach {
-            return false;
-        }
-        reach = reach.saturating_add(s.saturating_mul(n - 1));
-    }
-    true
-}
-
 /// Fill the flat geometry of `args` over `shape` with one stride set per entry of `sets`
 /// (merged like any elementwise geometry).
 pub fn fill_geometry(args: &mut Args, shape: &[usize], sets: &[&[isize]]) {

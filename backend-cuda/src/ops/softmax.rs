@@ -7,10 +7,11 @@
 //! argument and the rows only need to be evenly spaced (`with_rows` copies the rare layouts
 //! where they are not).
 
-use super::arity;
+use super::resolve;
 use super::rows::{rows_of, with_rows, RowView};
 use crate::device::CudaDevice;
-use crate::kernels::{Args, Operand};
+use crate::kernels::Args;
+use genesis_backend_api::sdk::checks;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
 /// The float dtypes, for which the fused row ops are compiled.
@@ -22,20 +23,6 @@ pub fn claims() -> Vec<(OpKind, DType)> {
         .iter()
         .flat_map(|op| FLOATS.iter().map(move |&d| (op.kind(), d)))
         .collect()
-}
-
-pub(super) fn expect_shape(op: &Op, name: &str, o: &Operand, shape: &[usize]) -> Result<()> {
-    if o.shape != shape {
-        return Err(BackendError::shape(format!("{}: {name} has shape {:?}, expected {shape:?}", op.name(), o.shape)));
-    }
-    Ok(())
-}
-
-pub(super) fn expect_dtype(op: &Op, name: &str, o: &Operand, dtype: DType) -> Result<()> {
-    if o.dtype != dtype {
-        return Err(BackendError::dtype(format!("{}: {name} is {}, expected {dtype}", op.name(), o.dtype)));
-    }
-    Ok(())
 }
 
 /// Columns per 16-byte pack of `dtype`.
@@ -100,33 +87,26 @@ fn launch(
 pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     match op {
         Op::Softmax | Op::LogSoftmax => {
-            arity(op, 1, 1, inputs, outputs)?;
-            let (x, y) = (device.operand(&inputs[0])?, device.operand(&outputs[0])?);
-            expect_shape(op, "y", &y, &x.shape)?;
-            expect_dtype(op, "y", &y, x.dtype)?;
+            let (ins, outs) = resolve(device, inputs, outputs)?;
+            let ([x], [y]) = checks::softmax(op, &ins, &outs)?;
             let (lead, d) = rows_of(&x.shape);
             let rows: usize = lead.iter().product();
             if rows == 0 || d == 0 {
                 return Ok(());
             }
-            with_rows(device, op, lead, &[(&x, true, false), (&y, true, true)], |views| {
+            with_rows(device, op, lead, &[(x, true, false), (y, true, true)], |views| {
                 launch(device, op, x.dtype, "softmax_fwd", rows, d, views)
             })
         }
         Op::SoftmaxBackward | Op::LogSoftmaxBackward => {
-            arity(op, 2, 1, inputs, outputs)?;
-            let (y, dy) = (device.operand(&inputs[0])?, device.operand(&inputs[1])?);
-            let dx = device.operand(&outputs[0])?;
-            expect_shape(op, "dy", &dy, &y.shape)?;
-            expect_shape(op, "dx", &dx, &y.shape)?;
-            expect_dtype(op, "dy", &dy, y.dtype)?;
-            expect_dtype(op, "dx", &dx, y.dtype)?;
+            let (ins, outs) = resolve(device, inputs, outputs)?;
+            let ([y, dy], [dx]) = checks::softmax_backward(op, &ins, &outs)?;
             let (lead, d) = rows_of(&y.shape);
             let rows: usize = lead.iter().product();
             if rows == 0 || d == 0 {
                 return Ok(());
             }
-            with_rows(device, op, lead, &[(&y, true, false), (&dy, true, false), (&dx, true, true)], |views| {
+            with_rows(device, op, lead, &[(y, true, false), (dy, true, false), (dx, true, true)], |views| {
                 launch(device, op, y.dtype, "softmax_bwd", rows, d, views)
             })
         }

@@ -1,0 +1,167 @@
+//! Operand checks of the op families, written once for every backend: a bad call gets the
+//! same error kind and message whichever backend runs it, and a new backend inherits the
+//! rules instead of copying them.
+//!
+//! The checks read an operand through [`Meta`] (dtype, shape, strides), which a backend
+//! implements on its own resolved-operand type. A family check takes the op's operand slices,
+//! refuses wrong counts, shapes and dtypes in a fixed order, and hands back the operands as
+//! arrays ready to destructure. What depends on the data (index and target values) stays
+//! with the backend, which alone can read it.
+
+mod adamw;
+mod attention;
+mod index;
+mod rows;
+
+pub use adamw::adamw;
+pub use attention::{attention, attention_backward, AttentionDims};
+pub use index::{cumsum, gather, index_add, index_select, scatter_add};
+pub use rows::{
+    cross_entropy, cross_entropy_backward, layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, rotary,
+    softmax, softmax_backward,
+};
+
+use crate::dtype::DType;
+use crate::error::{BackendError, Result};
+use crate::op::Op;
+
+/// What the checks read of an operand. Backends implement it on the type they resolve
+/// [`crate::TensorDesc`]s into (a pointer plus geometry); shapes and strides are in elements.
+pub trait Meta {
+    /// The element type.
+    fn dtype(&self) -> DType;
+    /// The size of each dim.
+    fn shape(&self) -> &[usize];
+    /// The stride of each dim, in elements (never negative).
+    fn strides(&self) -> &[isize];
+}
+
+/// The operands as fixed-size arrays, or `InvalidArgument` naming the expected counts (the
+/// message of [`super::expect_arity`]).
+pub fn operands<'a, T, const I: usize, const O: usize>(
+    op: &Op,
+    inputs: &'a [T],
+    outputs: &'a [T],
+) -> Result<(&'a [T; I], &'a [T; O])> {
+    match (<&[T; I]>::try_from(inputs), <&[T; O]>::try_from(outputs)) {
+        (Ok(i), Ok(o)) => Ok((i, o)),
+        _ => Err(BackendError::invalid(format!(
+            "{}: expected {I} input(s) and {O} output(s), got {} and {}",
+            op.name(),
+            inputs.len(),
+            outputs.len()
+        ))),
+    }
+}
+
+/// `ShapeMismatch` unless `t` has shape `shape`; `name` says which operand.
+pub fn expect_shape(op: &Op, name: &str, t: &impl Meta, shape: &[usize]) -> Result<()> {
+    if t.shape() != shape {
+        return Err(BackendError::shape(format!(
+            "{}: {name} has shape {:?}, expected {shape:?}",
+            op.name(),
+            t.shape()
+        )));
+    }
+    Ok(())
+}
+
+/// `DtypeMismatch` unless `t` has dtype `dtype`; `name` says which operand.
+pub fn expect_dtype(op: &Op, name: &str, t: &impl Meta, dtype: DType) -> Result<()> {
+    if t.dtype() != dtype {
+        return Err(BackendError::dtype(format!("{}: {name} is {}, expected {dtype}", op.name(), t.dtype())));
+    }
+    Ok(())
+}
+
+/// [`expect_shape`] then [`expect_dtype`] against `like`'s.
+pub fn expect_like(op: &Op, name: &str, t: &impl Meta, like: &impl Meta) -> Result<()> {
+    expect_shape(op, name, t, like.shape())?;
+    expect_dtype(op, name, t, like.dtype())
+}
+
+/// The shape of `t` as an array, or `ShapeMismatch` unless its rank is `R`; `name` describes
+/// the operand and its dims, e.g. `"x (n, c, h, w)"`.
+pub fn dims<const R: usize>(op: &Op, name: &str, t: &impl Meta) -> Result<[usize; R]> {
+    <[usize; R]>::try_from(t.shape()).map_err(|_| {
+        BackendError::shape(format!("{}: {name} must have rank {R}, got shape {:?}", op.name(), t.shape()))
+    })
+}
+
+/// True when no two positions of a view with `shape` and (non-negative) `strides` share an
+/// element, so writes to distinct positions never meet. Zero strides are not the only way to
+/// overlap: shape `[2, 2]` with strides `[1, 1]` reaches element 1 twice.
+pub fn is_non_overlapping(shape: &[usize], strides: &[isize]) -> bool {
+    if shape.iter().product::<usize>() <= 1 {
+        return true;
+    }
+    let mut dims: Vec<(usize, usize)> =
+        shape.iter().zip(strides).filter(|(&n, _)| n > 1).map(|(&n, &s)| (s.unsigned_abs(), n)).collect();
+    dims.sort_unstable();
+    // Sorted by stride, each stride must step past everything the smaller ones reach.
+    let mut reach = 0usize;
+    for (s, n) in dims {
+        if s <= reach {
+            return false;
+        }
+        reach = reach.saturating_add(s.saturating_mul(n - 1));
+    }
+    true
+}
+
+/// An in-place output must not overlap itself: two positions at one address would each get
+/// their `+=`.
+fn expect_self_disjoint(op: &Op, y: &impl Meta) -> Result<()> {
+    if !is_non_overlapping(y.shape(), y.strides()) {
+        return Err(BackendError::invalid(format!(
+            "{}: the output (shape {:?}, strides {:?}) overlaps itself",
+            op.name(),
+            y.shape(),
+            y.strides()
+        )));
+    }
+    Ok(())
+}
+
+/// A plain operand for tests: dtype and dense shape.
+#[cfg(test)]
+#[derive(Debug)]
+pub(crate) struct Fake(pub DType, pub Vec<usize>, pub Vec<isize>);
+
+#[cfg(test)]
+impl Fake {
+    pub(crate) fn new(dtype: DType, shape: &[usize]) -> Fake {
+        Fake(dtype, shape.to_vec(), crate::tensor::contiguous_strides(shape))
+    }
+}
+
+#[cfg(test)]
+impl Meta for Fake {
+    fn dtype(&self) -> DType {
+        self.0
+    }
+    fn shape(&self) -> &[usize] {
+        &self.1
+    }
+    fn strides(&self) -> &[isize] {
+        &self.2
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    #[test]
+    fn overlap_and_counts() {
+        assert!(is_non_overlapping(&[2, 3], &[3, 1]));
+        assert!(!is_non_overlapping(&[2, 2], &[1, 1]));
+        assert!(!is_non_overlapping(&[3], &[0]));
+        assert!(is_non_overlapping(&[1, 5], &[0, 1]));
+        let x = [Fake::new(DType::F32, &[2])];
+        let err = operands::<_, 1, 1>(&Op::Softmax, &x, &[]).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::InvalidArgument);
+        assert_eq!(err.message, "softmax: expected 1 input(s) and 1 output(s), got 1 and 0");
+    }
+}

@@ -1,0 +1,208 @@
+//! The "last dim" families: softmax, layer and RMS norm, cross-entropy, and rotary.
+
+use super::{dims, expect_dtype, expect_like, expect_shape, operands, Meta};
+use crate::dtype::DType;
+use crate::error::{BackendError, Result};
+use crate::op::Op;
+
+/// Operands of `Softmax`/`LogSoftmax`, `[x] -> [y]`: y has x's shape and dtype.
+pub fn softmax<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result<(&'a [T; 1], &'a [T; 1])> {
+    let (ins @ [x], outs @ [y]) = operands(op, inputs, outputs)?;
+    expect_like(op, "y", y, x)?;
+    Ok((ins, outs))
+}
+
+/// Operands of `SoftmaxBackward`/`LogSoftmaxBackward`, `[y, dy] -> [dx]`: dy and dx have y's
+/// shape and dtype.
+pub fn softmax_backward<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result<(&'a [T; 2], &'a [T; 1])> {
+    let (ins @ [y, dy], outs @ [dx]) = operands(op, inputs, outputs)?;
+    expect_shape(op, "dy", dy, y.shape())?;
+    expect_shape(op, "dx", dx, y.shape())?;
+    expect_dtype(op, "dy", dy, y.dtype())?;
+    expect_dtype(op, "dx", dx, y.dtype())?;
+    Ok((ins, outs))
+}
+
+fn expect_eps(op: &Op, eps: f64) -> Result<()> {
+    if eps.is_nan() || eps < 0.0 {
+        return Err(BackendError::invalid(format!("{}: eps must be >= 0, got {eps}", op.name())));
+    }
+    Ok(())
+}
+
+/// A per-feature tensor (weight, bias and their gradients): shape `[d]` with `d` the last dim
+/// of x, x's dtype. A rank-0 x is refused here: a norm over nothing has no weight shape.
+fn expect_param(op: &Op, name: &str, t: &impl Meta, x: &impl Meta) -> Result<()> {
+    let Some(&d) = x.shape().last() else {
+        return Err(BackendError::shape(format!("{}: x must have rank >= 1, got a scalar", op.name())));
+    };
+    if t.shape() != [d] {
+        return Err(BackendError::shape(format!(
+            "{}: {name} has shape {:?}, expected [{d}] (the last dim of x {:?})",
+            op.name(),
+            t.shape(),
+            x.shape()
+        )));
+    }
+    expect_dtype(op, name, t, x.dtype())
+}
+
+/// A saved statistic: f32 with x's leading dims.
+fn expect_stat(op: &Op, name: &str, t: &impl Meta, x: &impl Meta) -> Result<()> {
+    let lead = &x.shape()[..x.shape().len().saturating_sub(1)];
+    expect_shape(op, name, t, lead)?;
+    expect_dtype(op, name, t, DType::F32)
+}
+
+/// Operands of `LayerNorm { eps }`, `[x, weight, bias] -> [y, mean, rstd]`: eps >= 0, weight
+/// and bias `[d]` (x's last dim), y like x, mean and rstd f32 with x's leading dims.
+pub fn layer_norm<'a, T: Meta>(
+    op: &Op,
+    eps: f64,
+    inputs: &'a [T],
+    outputs: &'a [T],
+) -> Result<(&'a [T; 3], &'a [T; 3])> {
+    let (ins @ [x, w, b], outs @ [y, mean, rstd]) = operands(op, inputs, outputs)?;
+    expect_eps(op, eps)?;
+    expect_param(op, "weight", w, x)?;
+    expect_param(op, "bias", b, x)?;
+    expect_like(op, "y", y, x)?;
+    expect_stat(op, "mean", mean, x)?;
+    expect_stat(op, "rstd", rstd, x)?;
+    Ok((ins, outs))
+}
+
+/// Operands of `LayerNormBackward`, `[dy, x, weight, mean, rstd] -> [dx, dweight, dbias]`,
+/// with the forward's rules (dy and dx like x, the gradients like their parameters).
+pub fn layer_norm_backward<'a, T: Meta>(
+    op: &Op,
+    inputs: &'a [T],
+    outputs: &'a [T],
+) -> Result<(&'a [T; 5], &'a [T; 3])> {
+    let (ins @ [dy, x, w, mean, rstd], outs @ [dx, dw, db]) = operands(op, inputs, outputs)?;
+    expect_like(op, "dy", dy, x)?;
+    expect_param(op, "weight", w, x)?;
+    expect_stat(op, "mean", mean, x)?;
+    expect_stat(op, "rstd", rstd, x)?;
+    expect_like(op, "dx", dx, x)?;
+    expect_param(op, "dweight", dw, x)?;
+    expect_param(op, "dbias", db, x)?;
+    Ok((ins, outs))
+}
+
+/// Operands of `RmsNorm { eps }`, `[x, weight] -> [y, rstd]`, with [`layer_norm`]'s rules.
+pub fn rms_norm<'a, T: Meta>(op: &Op, eps: f64, inputs: &'a [T], outputs: &'a [T]) -> Result<(&'a [T; 2], &'a [T; 2])> {
+    let (ins @ [x, w], outs @ [y, rstd]) = operands(op, inputs, outputs)?;
+    expect_eps(op, eps)?;
+    expect_param(op, "weight", w, x)?;
+    expect_like(op, "y", y, x)?;
+    expect_stat(op, "rstd", rstd, x)?;
+    Ok((ins, outs))
+}
+
+/// Operands of `RmsNormBackward`, `[dy, x, weight, rstd] -> [dx, dweight]`.
+pub fn rms_norm_backward<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result<(&'a [T; 4], &'a [T; 2])> {
+    let (ins @ [dy, x, w, rstd], outs @ [dx, dw]) = operands(op, inputs, outputs)?;
+    expect_like(op, "dy", dy, x)?;
+    expect_param(op, "weight", w, x)?;
+    expect_stat(op, "rstd", rstd, x)?;
+    expect_like(op, "dx", dx, x)?;
+    expect_param(op, "dweight", dw, x)?;
+    Ok((ins, outs))
+}
+
+/// Logits `(.., c)` and an i64 target of their leading dims; label smoothing in `[0, 1)`.
+fn expect_logits(op: &Op, logits: &impl Meta, target: &impl Meta, smoothing: f64) -> Result<()> {
+    if !(0.0..1.0).contains(&smoothing) {
+        return Err(BackendError::invalid(format!(
+            "{}: label smoothing must be in [0, 1), got {smoothing}",
+            op.name()
+        )));
+    }
+    let Some((_, lead)) = logits.shape().split_last() else {
+        return Err(BackendError::shape(format!(
+            "{}: logits must have rank >= 1 (.., classes), got a scalar",
+            op.name()
+        )));
+    };
+    expect_shape(op, "target", target, lead)?;
+    expect_dtype(op, "target", target, DType::I64)
+}
+
+/// Operands of `CrossEntropy`, `[logits, target] -> [loss, lse]`: float logits `(.., c)`, an
+/// i64 target and f32 loss and lse of the leading dims. The target values are the backend's
+/// to check (each in `[0, c)` or `ignore_index`), before it writes anything.
+pub fn cross_entropy<'a, T: Meta>(
+    op: &Op,
+    label_smoothing: f64,
+    inputs: &'a [T],
+    outputs: &'a [T],
+) -> Result<(&'a [T; 2], &'a [T; 2])> {
+    let (ins @ [logits, target], outs @ [loss, lse]) = operands(op, inputs, outputs)?;
+    expect_logits(op, logits, target, label_smoothing)?;
+    for (name, t) in [("loss", loss), ("lse", lse)] {
+        expect_stat(op, name, t, logits)?;
+    }
+    Ok((ins, outs))
+}
+
+/// Operands of `CrossEntropyBackward`, `[logits, target, lse, dloss] -> [dlogits]`, with the
+/// forward's rules and dlogits like the logits.
+pub fn cross_entropy_backward<'a, T: Meta>(
+    op: &Op,
+    label_smoothing: f64,
+    inputs: &'a [T],
+    outputs: &'a [T],
+) -> Result<(&'a [T; 4], &'a [T; 1])> {
+    let (ins @ [logits, target, lse, dloss], outs @ [dlogits]) = operands(op, inputs, outputs)?;
+    expect_logits(op, logits, target, label_smoothing)?;
+    for (name, t) in [("lse", lse), ("dloss", dloss)] {
+        expect_stat(op, name, t, logits)?;
+    }
+    expect_like(op, "dlogits", dlogits, logits)?;
+    Ok((ins, outs))
+}
+
+/// Operands of `Rotary`, `[x, cos, sin] -> [y]`: x `(b, h, s, d)` with `d` even, cos and sin
+/// `(s, d/2)`, y like x, all of x's dtype. Returns x's dims with the operands.
+#[allow(clippy::type_complexity)]
+pub fn rotary<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result<([usize; 4], &'a [T; 3], &'a [T; 1])> {
+    let (ins @ [x, cos, sin], outs @ [y]) = operands(op, inputs, outputs)?;
+    let [b, h, s, d] = dims::<4>(op, "x (b, h, s, d)", x)?;
+    if d % 2 != 0 {
+        return Err(BackendError::shape(format!("{}: the head dim of x {:?} must be even", op.name(), x.shape())));
+    }
+    expect_shape(op, "cos", cos, &[s, d / 2])?;
+    expect_shape(op, "sin", sin, &[s, d / 2])?;
+    expect_shape(op, "y", y, x.shape())?;
+    for (name, t) in [("cos", cos), ("sin", sin), ("y", y)] {
+        expect_dtype(op, name, t, x.dtype())?;
+    }
+    Ok(([b, h, s, d], ins, outs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Fake;
+    use super::*;
+    use crate::ErrorKind;
+
+    #[test]
+    fn norm_and_cross_entropy_rules() {
+        let f = |shape: &[usize]| Fake::new(DType::F32, shape);
+        let op = Op::LayerNorm { eps: 1e-5 };
+        let outs = [f(&[2, 3]), f(&[2]), f(&[2])];
+        assert!(layer_norm(&op, 1e-5, &[f(&[2, 3]), f(&[3]), f(&[3])], &outs).is_ok());
+        let err = layer_norm(&op, 1e-5, &[f(&[2, 3]), f(&[4]), f(&[3])], &outs).unwrap_err();
+        assert_eq!(err.message, "layer_norm: weight has shape [4], expected [3] (the last dim of x [2, 3])");
+        let err = layer_norm(&op, -1.0, &[f(&[2, 3]), f(&[3]), f(&[3])], &outs).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::InvalidArgument);
+        let op = Op::CrossEntropy { ignore_index: -100, label_smoothing: 0.0 };
+        let ins = [f(&[4, 5]), Fake::new(DType::I64, &[4])];
+        let err = cross_entropy(&op, 0.0, &ins, &[f(&[4]), Fake::new(DType::F16, &[4])]).unwrap_err();
+        assert_eq!(
+            (err.kind, err.message.as_str()),
+            (ErrorKind::DtypeMismatch, "cross_entropy: lse is float16, expected float32")
+        );
+    }
+}
