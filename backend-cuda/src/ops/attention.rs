@@ -187,12 +187,12 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
                 if work <= i32::MAX as u64 {
                     let shape = (work as u32, TC_THREADS, tc_smem(tc));
                     let name = format!("attn_fwd_tc_{tc}");
-                    return launch_1d(device, &op.name(), "attention", q.dtype, &name, &mut a, shape);
+                    return launch_1d(device, op.name(), "attention", q.dtype, &name, &mut a, shape);
                 }
             }
             let work = (dm.b * dm.hq * dm.s.div_ceil(BR)) as u64;
             let shape = (grid(device, work, 8), THREADS, smem(q.dtype, dm.d, BR + 2 * BC, 0));
-            launch_1d(device, &op.name(), "attention", q.dtype, &format!("attn_fwd_{dmax}"), &mut a, shape)
+            launch_1d(device, op.name(), "attention", q.dtype, &format!("attn_fwd_{dmax}"), &mut a, shape)
         }
         Op::AttentionBackward { causal, scale } => {
             let (ins, outs) = resolve(device, inputs, outputs)?;
@@ -229,15 +229,15 @@ fn backward(
     let name = op.name();
     let rows = dm.b * dm.hq * dm.s;
     if rows > 0 {
-        delta(device, &name, rows, dtype, a, scratch)?;
+        delta(device, name, rows, dtype, a, scratch)?;
         let work = (dm.b * dm.hq * dm.s.div_ceil(BR)) as u64;
         let shape = (grid(device, work, 8), THREADS, smem(dtype, dm.d, 2 * BR + 2 * BC, 0));
-        launch_1d(device, &name, "attention", dtype, &format!("attn_bwd_dq_{dmax}"), a, shape)?;
+        launch_1d(device, name, "attention", dtype, &format!("attn_bwd_dq_{dmax}"), a, shape)?;
     }
     // dk and dv are written for every key (zeros where no query sees it), even when s = 0.
     let work = (dm.b * dm.hk * dm.t.div_ceil(BR)) as u64;
     let shape = (grid(device, work, 8), THREADS, smem(dtype, dm.d, 2 * BR + 2 * BC, 2 * BC));
-    launch_1d(device, &name, "attention", dtype, &format!("attn_bwd_dkv_{dmax}"), a, shape)
+    launch_1d(device, name, "attention", dtype, &format!("attn_bwd_dkv_{dmax}"), a, shape)
 }
 
 /// D = rowsum(do ∘ o) into scratch (`a.delta`), a warp per row.
@@ -278,11 +278,11 @@ fn backward_tc(
         // writes it here for the dk/dv pass.
         a.delta = scratch.dense(device, compute_dtype(dtype), &[rows])?.ptr;
         let shape = (q_work as u32, TC_THREADS, tc_dq_smem(dpad));
-        launch_1d(device, &name, "attention", dtype, &format!("attn_bwd_dq_tc_{dpad}"), a, shape)?;
+        launch_1d(device, name, "attention", dtype, &format!("attn_bwd_dq_tc_{dpad}"), a, shape)?;
     }
     // dk and dv are written for every key (zeros where no query sees it), even when s = 0.
     let shape = (k_work as u32, TC_THREADS, tc_dkv_smem(dpad));
-    launch_1d(device, &name, "attention", dtype, &format!("attn_bwd_dkv_tc_{dpad}"), a, shape)
+    launch_1d(device, name, "attention", dtype, &format!("attn_bwd_dkv_tc_{dpad}"), a, shape)
 }
 
 #[cfg(test)]

@@ -61,7 +61,7 @@ impl Scratch {
 pub fn copy(device: &CudaDevice, op: &Op, x: &Operand, y: &Operand) -> Result<()> {
     let mut args = Args::default();
     set_geometry(&mut args, &[x, y]);
-    device.launch(&op.name(), x.dtype, "copy_s", &mut args, 1)
+    device.launch(op.name(), x.dtype, "copy_s", &mut args, 1)
 }
 
 /// Zero `bytes` bytes at `ptr` on the device's stream.

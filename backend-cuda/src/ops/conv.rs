@@ -117,7 +117,7 @@ impl ConvArgs {
 /// Launch `name` of the window module (conv.cu + pool.cu) over `work` elements.
 pub fn launch(device: &CudaDevice, op: &Op, dtype: DType, name: &str, a: &mut ConvArgs, work: u64) -> Result<()> {
     let blocks = grid(device, work.div_ceil(256), 32);
-    launch_1d(device, &op.name(), "window", dtype, name, a, (blocks, 256, 0))
+    launch_1d(device, op.name(), "window", dtype, name, a, (blocks, 256, 0))
 }
 
 /// The argument block of `g`.
@@ -407,7 +407,7 @@ fn backward_weight(
             b.p = [dy.ptr, db.ptr, 0, 0];
             let smem = 256 * compute_dtype(dtype).size_in_bytes() as u32;
             let blocks = grid(device, g.o as u64, 64);
-            launch_1d(device, &op.name(), "window", dtype, "conv_bias_grad", &mut b, (blocks, 256, smem))?;
+            launch_1d(device, op.name(), "window", dtype, "conv_bias_grad", &mut b, (blocks, 256, smem))?;
         }
     }
     Ok(())

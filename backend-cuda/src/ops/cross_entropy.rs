@@ -65,7 +65,7 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
                 let ty = 256 / tx;
                 let blocks = rows.div_ceil(ty as usize).min(i32::MAX as usize) as u32;
                 let name = format!("cross_entropy_fwd_v{}", vec as u8);
-                device.launch_grid(&op.name(), "softmax", dtype, &name, &mut args, (blocks, 1), (tx, ty), 0)
+                device.launch_grid(op.name(), "softmax", dtype, &name, &mut args, (blocks, 1), (tx, ty), 0)
             })
         }
         Op::CrossEntropyBackward { ignore_index, label_smoothing } => {
@@ -100,7 +100,7 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
                 let chunks = c.div_ceil(pack_width(dtype) * THREADS * BACKWARD_PACKS).min(i32::MAX as usize) as u32;
                 let grid = (chunks, rows.min(65535) as u32);
                 let name = format!("cross_entropy_bwd_v{}", vec as u8);
-                device.launch_grid(&op.name(), "softmax", dtype, &name, &mut args, grid, (THREADS as u32, 1), 0)
+                device.launch_grid(op.name(), "softmax", dtype, &name, &mut args, grid, (THREADS as u32, 1), 0)
             })
         }
         _ => Err(BackendError::unsupported(format!("cuda: {} is not a cross-entropy op", op.name()))),

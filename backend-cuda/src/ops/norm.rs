@@ -155,7 +155,7 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             }
             let grid = blocks(device, &a, threads, per_sm);
             // Every operand was validated against its buffer with the shapes the kernel is given.
-            device.launch_grid(&op.name(), "norm", x.dtype, &name, &mut a, (grid, 1), (threads, 1), 0)
+            device.launch_grid(op.name(), "norm", x.dtype, &name, &mut a, (grid, 1), (threads, 1), 0)
         }
         Op::LayerNormBackward | Op::RmsNormBackward => {
             let ln = *op == Op::LayerNormBackward;

@@ -145,7 +145,7 @@ fn rows(device: &CudaDevice, op: &Op, r: ReduceOp, dtype: DType, mut args: Args)
     let grid = (blocks.min(sms * 64) as u32, 1);
     with_parts(device, op, r, dtype, args, parts, |a| {
         device.launch_grid(
-            &op.name(),
+            op.name(),
             "elementwise",
             dtype,
             &format!("reduce_rows_{}", r.name()),
@@ -178,7 +178,7 @@ fn cols(device: &CudaDevice, op: &Op, r: ReduceOp, dtype: DType, mut args: Args,
     let grid = (tiles.min(sms * 64) as u32, parts as u32);
     with_parts(device, op, r, dtype, args, parts, |a| {
         device.launch_grid(
-            &op.name(),
+            op.name(),
             "elementwise",
             dtype,
             &format!("reduce_cols_{}", r.name()),
