@@ -5,8 +5,8 @@
 // (at most NE elements) in registers, so the forward reads x once: the mean, the variance
 // (two-pass, from the registered values) and the output all come from registers. Rows longer
 // than NE*MAXG elements take the "big" path (mode 2), which re-reads the row from memory
-// for each pass. The forward of dense rows has its own path (mode 3, norm_fwd_vec): raw
-// packs in registers and one multiply per row offset.
+// for each pass. Dense rows have their own paths (mode 3, norm_fwd_vec and norm_bwd_vec):
+// raw packs in registers and one multiply per row offset.
 //
 // Statistics and accumulations are in the compute type C (f32 for f32/f16/bf16, f64 for f64),
 // as the CPU reference computes them; mean and rstd are stored as f32.
@@ -426,6 +426,106 @@ template <bool LN, int MODE> __device__ void norm_bwd(const RowArgs& a) {
     }
 }
 
+// The backward's fast path (mode 3, the same conditions as the forward's): x and dy are held
+// as loaded (raw T packs, half the registers of their f32 values for f16/bf16) and converted
+// on each use, w is re-read per row (L1 hits), and a row's offsets are one multiply. The mode
+// 1 kernel held w, x, dy, gw and gb as C values (80 registers of data for 16 columns; the LN
+// kernel spilled at 128); here 16 columns take 48, so more rows are in flight per SM.
+// Thread t of a group holds packs k*G + t; group p writes partial row p as in norm_bwd.
+template <bool LN, int PK> __device__ void norm_bwd_vec(const RowArgs& a) {
+    __shared__ C red[2][32];
+    int phase = 0;
+    const int G = a.group, t = threadIdx.x % G, rpb = blockDim.x / G;
+    const i64 row0 = (i64)(threadIdx.x / G);
+    const i64 d = a.d;
+    // Packs per row: at most MAXG * PK (ops/norm.rs), so int.
+    const int np = (int)(d / NV);
+    const int nout = LN ? 2 : 1;
+    const C n = (C)d;
+    typedef Pack<T, NV> P;
+    const P* wp = (const P*)a.p[S_W];
+    C gw[PK][NV], gb[PK][NV];
+#pragma unroll
+    for (int k = 0; k < PK; ++k)
+#pragma unroll
+        for (int i = 0; i < NV; ++i) gw[k][i] = gb[k][i] = (C)0;
+    for (i64 base = (i64)blockIdx.x * rpb; base < a.rows; base += (i64)gridDim.x * rpb) {
+        const i64 row = base + row0;
+        const bool active = row < a.rows;
+        const i64 rr = active ? row : 0;
+        const P* xp = (const P*)((const T*)a.p[S_X] + rr * a.st[S_X][0]);
+        const P* gp = (const P*)((const T*)a.p[S_DY] + rr * a.st[S_DY][0]);
+        // Packs past the row's end (or of a row past the last) are zeros: with mean = rstd = 0
+        // below, they add nothing to any sum.
+        P xr[PK], gr[PK];
+#pragma unroll
+        for (int k = 0; k < PK; ++k) {
+            const int pk = k * G + t;
+            if (active && pk < np) {
+                xr[k] = xp[pk];
+                gr[k] = gp[pk];
+            } else {
+                xr[k] = P{};
+                gr[k] = P{};
+            }
+        }
+        C mu = (C)0, r = (C)0;
+        if (active) {
+            if (LN) mu = (C)((const float*)a.p[S_MEAN])[row * a.st[S_MEAN][0]];
+            r = (C)((const float*)a.p[S_RSTD])[row * a.st[S_RSTD][0]];
+        }
+        C sg = (C)0, sgx = (C)0;
+#pragma unroll
+        for (int k = 0; k < PK; ++k) {
+            const int pk = k * G + t;
+            // Skipped past the row's end, where xhat = -mean*rstd could be inf (0 * inf = NaN).
+            if (pk < np) {
+                const P w = wp[pk];
+#pragma unroll
+                for (int i = 0; i < NV; ++i) {
+                    const C xh = (TT::load(xr[k].v[i]) - mu) * r, dv = TT::load(gr[k].v[i]);
+                    const C g = dv * TT::load(w.v[i]);
+                    sg += g;
+                    sgx += g * xh;
+                    gw[k][i] += dv * xh;
+                    gb[k][i] += dv;
+                }
+            }
+        }
+        const C mean_g = LN ? group_sum(sg, G, red, phase) / n : (C)0;
+        const C mean_gx = group_sum(sgx, G, red, phase) / n;
+        if (!active) continue;
+        P* dxp = (P*)((T*)a.p[S_Y] + row * a.st[S_Y][0]);
+#pragma unroll
+        for (int k = 0; k < PK; ++k) {
+            const int pk = k * G + t;
+            if (pk < np) {
+                const P w = wp[pk];
+                P o;
+#pragma unroll
+                for (int i = 0; i < NV; ++i) {
+                    // xhat recomputed with the same operations as above, so the same value.
+                    const C xh = (TT::load(xr[k].v[i]) - mu) * r;
+                    o.v[i] = TT::store(r * (TT::load(gr[k].v[i]) * TT::load(w.v[i]) - mean_g - xh * mean_gx));
+                }
+                dxp[pk] = o;
+            }
+        }
+    }
+    C* part = (C*)a.p[S_PART] + ((i64)blockIdx.x * rpb + row0) * nout * d;
+#pragma unroll
+    for (int k = 0; k < PK; ++k) {
+        const int pk = k * G + t;
+        if (pk < np) {
+#pragma unroll
+            for (int i = 0; i < NV; ++i) {
+                part[(i64)pk * NV + i] = gw[k][i];
+                if (LN) part[d + (i64)pk * NV + i] = gb[k][i];
+            }
+        }
+    }
+}
+
 // Column sums of the partial rows: out_j[c] = sum over p of part[p][j][c], for the `parts`
 // (here: nout) outputs in slots 0 and 1. Blocks of 32 columns x 16 row slices; each slice
 // sums its rows in order, then slice 0 adds the 16 slice sums in order (deterministic).
@@ -470,3 +570,14 @@ extern "C" __global__ void __launch_bounds__(MAXG, VMinBlocks<T>::value) norm_fw
 }
 KERNELS(norm_bwd_ln, norm_bwd, true)
 KERNELS(norm_bwd_rms, norm_bwd, false)
+// The backward's fast path (mode 3), by packs per thread: ops/norm.rs gives each thread 8
+// columns (1 pack of f16/bf16, 2 of f32).
+#define BWD_V(PK)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(MAXG) norm_bwd_ln_v##PK(const RowArgs a) {              \
+        norm_bwd_vec<true, PK>(a);                                                                        \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(MAXG) norm_bwd_rms_v##PK(const RowArgs a) {             \
+        norm_bwd_vec<false, PK>(a);                                                                       \
+    }
+BWD_V(1)
+BWD_V(2)
