@@ -230,15 +230,26 @@ impl CudaDevice {
         self.memory().free(id)
     }
 
-    fn function(&self, module: &'static str, dtype: DType, name: &str) -> Result<sys::CUfunction> {
-        let mut modules = Self::lock(&self.modules);
-        let loaded = match modules.entry((module, dtype)) {
+    /// The loaded module `module` for `dtype`, loading it on first use (the caller holds the
+    /// module lock).
+    fn loaded<'m>(
+        &self,
+        modules: &'m mut HashMap<(&'static str, DType), LoadedModule>,
+        module: &'static str,
+        dtype: DType,
+    ) -> Result<&'m mut LoadedModule> {
+        Ok(match modules.entry((module, dtype)) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
                 let handle = self.load_module(module, dtype)?;
                 e.insert(LoadedModule { handle, functions: HashMap::new(), globals: HashMap::new() })
             }
-        };
+        })
+    }
+
+    fn function(&self, module: &'static str, dtype: DType, name: &str) -> Result<sys::CUfunction> {
+        let mut modules = Self::lock(&self.modules);
+        let loaded = self.loaded(&mut modules, module, dtype)?;
         if let Some(&f) = loaded.functions.get(name) {
             return Ok(f);
         }
@@ -253,13 +264,8 @@ impl CudaDevice {
     /// Device address of the `__device__` variable `name` of kernel module `module` built for
     /// `dtype` (loading the module if needed).
     pub fn module_global(&self, module: &'static str, dtype: DType, name: &'static str) -> Result<u64> {
-        // Loads the module when it is not yet (any kernel of it will do; check_index is in
-        // every module that has index_fault).
-        self.function(module, dtype, "check_index")?;
         let mut modules = Self::lock(&self.modules);
-        let loaded = modules
-            .get_mut(&(module, dtype))
-            .ok_or_else(|| BackendError::internal(format!("cuda: module {module} is not loaded")))?;
+        let loaded = self.loaded(&mut modules, module, dtype)?;
         if let Some(&ptr) = loaded.globals.get(name) {
             return Ok(ptr);
         }
