@@ -220,6 +220,9 @@ pub fn worker(target: &Target, ids_file: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// How long a worker may take to load the backend and reach its first case (or the next one).
+const WORKER_START_LIMIT: Duration = Duration::from_secs(60);
+
 fn run_batch(cfg: &RunConfig, ids: &[String], record: &mut dyn FnMut(&str, Outcome, u128)) {
     let mut remaining: Vec<String> = ids.to_vec();
     let mut attempt = 0;
@@ -270,7 +273,13 @@ fn run_batch(cfg: &RunConfig, ids: &[String], record: &mut dyn FnMut(&str, Outco
         let mut current: Option<(String, Instant)> = None;
         let mut progressed = false;
         loop {
-            let wait = current.as_ref().map(|(_, t)| cfg.timeout.saturating_sub(t.elapsed())).unwrap_or(cfg.timeout);
+            // Before a case starts the worker may still be loading the plugin (a debug build on a
+            // busy machine can take seconds): that time is not any case's, so it gets its own,
+            // longer limit rather than being charged to the first case's timeout.
+            let wait = match &current {
+                Some((_, started)) => cfg.timeout.saturating_sub(started.elapsed()),
+                None => cfg.timeout.max(WORKER_START_LIMIT),
+            };
             match rx.recv_timeout(wait) {
                 Ok(line) => {
                     if let Some(id) = line.strip_prefix("START ") {
@@ -289,9 +298,22 @@ fn run_batch(cfg: &RunConfig, ids: &[String], record: &mut dyn FnMut(&str, Outco
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    let id = current.take().map(|c| c.0).unwrap_or_else(|| remaining[0].clone());
-                    let msg = format!("no result after {:.0} s; the worker was killed", cfg.timeout.as_secs_f64());
-                    record(&id, Outcome::with(Status::Timeout, msg), cfg.timeout.as_millis());
+                    let (id, msg, limit) = match current.take() {
+                        Some((id, _)) => (
+                            id,
+                            format!("no result after {:.0} s; the worker was killed", cfg.timeout.as_secs_f64()),
+                            cfg.timeout,
+                        ),
+                        None => {
+                            let limit = cfg.timeout.max(WORKER_START_LIMIT);
+                            let msg = format!(
+                                "the worker started no case within {:.0} s (loading the backend hung?); it was killed",
+                                limit.as_secs_f64()
+                            );
+                            (remaining[0].clone(), msg, limit)
+                        }
+                    };
+                    record(&id, Outcome::with(Status::Timeout, msg), limit.as_millis());
                     remaining.retain(|r| *r != id);
                     break;
                 }
