@@ -24,6 +24,7 @@ pub use rows::{
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 use crate::op::Op;
+use crate::tensor::TensorDesc;
 
 /// What the checks read of an operand. Backends implement it on the type they resolve
 /// [`crate::TensorDesc`]s into (a pointer plus geometry); shapes and strides are in elements.
@@ -34,6 +35,34 @@ pub trait Meta {
     fn shape(&self) -> &[usize];
     /// The stride of each dim, in elements (never negative).
     fn strides(&self) -> &[isize];
+}
+
+/// A descriptor's dtype, shape and strides as a [`Meta`]: lets a backend that works on
+/// [`TensorDesc`]s directly (no resolved-operand type of its own) use the family checks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Geometry {
+    dtype: DType,
+    shape: Vec<usize>,
+    strides: Vec<isize>,
+}
+
+impl Geometry {
+    /// The geometry of `desc`; `Unsupported` for an unknown dtype code.
+    pub fn of(desc: &TensorDesc) -> Result<Geometry> {
+        Ok(Geometry { dtype: desc.dtype()?, shape: desc.shape(), strides: desc.strides() })
+    }
+}
+
+impl Meta for Geometry {
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn strides(&self) -> &[isize] {
+        &self.strides
+    }
 }
 
 /// The operands as fixed-size arrays, or `InvalidArgument` naming the expected counts (the

@@ -6,7 +6,7 @@
 //! Operands are read and written through their strides (no contiguous copies): a tile's rows
 //! are loaded a warp per row, so views with a dense head dim stay coalesced.
 
-use super::checks::{compute_dtype, grid, launch_1d, Scratch};
+use super::launch::{compute_dtype, grid, launch_1d, Scratch};
 use super::resolve;
 use crate::device::CudaDevice;
 use crate::kernels::Operand;

@@ -9,7 +9,7 @@
 //! matmul. x, dy, y, dx, bias and dbias are used through their strides; the weight is copied
 //! dense when it is not (cuBLAS needs one leading dimension).
 
-use super::checks::{compute_dtype, grid, launch_1d, zero, Scratch};
+use super::launch::{compute_dtype, grid, launch_1d, zero, Scratch};
 use super::resolve;
 use crate::blas::{compute, data_type, Blas, Gemm};
 use crate::device::CudaDevice;
@@ -241,7 +241,7 @@ fn dy_columns(device: &CudaDevice, op: &Op, g: &Geom, dy: &Operand, (n0, nc): (u
     };
     let dense =
         Operand { ptr: dst, dtype: dy.dtype, shape: view.shape.clone(), strides: contiguous_strides(&view.shape) };
-    super::checks::copy(device, op, &view, &dense)
+    super::launch::copy(device, op, &view, &dense)
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -4,11 +4,11 @@
 
 mod adamw;
 mod attention;
-mod checks;
 mod conv;
 mod cross_entropy;
 mod elementwise;
 mod index;
+mod launch;
 mod matmul;
 mod norm;
 mod pool;

@@ -10,6 +10,7 @@
 
 use crate::math;
 use crate::memory::{Memory, Values};
+use genesis_backend_api::sdk::checks::{self, Geometry, Meta};
 use genesis_backend_api::sdk::{self, philox};
 use genesis_backend_api::{
     contiguous_strides, BackendError, BinaryOp, Capability, DType, Op, OpKind, ReduceOp, Result, TensorDesc, UnaryOp,
@@ -482,27 +483,23 @@ fn matmul(mem: &mut Memory, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
 // Indexing
 // ---------------------------------------------------------------------------------------
 
+// The index ops check shapes with the SDK's family checks (through `Geometry`, the `Meta`
+// view of a descriptor); this backend adds its own dtype limit (f32 data).
+
 fn gather(mem: &mut Memory, op: &Op, dim: u32, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-    sdk::expect_arity(op, inputs, outputs, 2, 1)?;
-    let (x, index, y) = (&inputs[0], &inputs[1], &outputs[0]);
-    sdk::expect_dtype(op, index, DType::I64)?;
+    let ([x, index], [y]) = checks::operands(op, inputs, outputs)?;
+    let (gx, gi, gy) = (Geometry::of(x)?, Geometry::of(index)?, Geometry::of(y)?);
+    let d = dim as usize;
+    checks::gather(op, &gx, &gi, &gy, d)?;
     sdk::expect_dtype(op, y, DType::F32)?;
-    sdk::expect_same_shape(op, index, y)?;
-    let (xs, is) = (x.shape(), index.shape());
-    let d = axis(op, dim, xs.len())?;
-    if is.len() != xs.len() || is.iter().zip(&xs).enumerate().any(|(e, (&ni, &nx))| e != d && ni > nx) {
-        return Err(BackendError::shape(format!(
-            "{}: index of shape {is:?} does not fit input {xs:?} along dim {d}",
-            op.name()
-        )));
-    }
     sdk::expect_no_overlap(op, inputs, outputs, false)?;
 
+    let (xs, is) = (gx.shape(), gi.shape());
     let (xv, idx) = (mem.load::<f32>(x)?, mem.load::<i64>(index)?);
-    let x_strides = contiguous_strides(&xs);
+    let x_strides = contiguous_strides(xs);
     // Walking the index with x's strides, zeroed on `dim`, gives each element's position in
     // x without its `dim` coordinate; the index value supplies that coordinate.
-    let bases = sdk::offsets(&is, &zero_at(&x_strides, d));
+    let bases = sdk::offsets(is, &zero_at(&x_strides, d));
     let mut out = Vec::with_capacity(idx.len());
     for (&i, base) in idx.iter().zip(bases) {
         let i = checked_index(op, i, xs[d])?;
@@ -512,28 +509,18 @@ fn gather(mem: &mut Memory, op: &Op, dim: u32, inputs: &[TensorDesc], outputs: &
 }
 
 fn scatter_add(mem: &mut Memory, op: &Op, dim: u32, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-    sdk::expect_arity(op, inputs, outputs, 2, 1)?;
-    let (src, index, y) = (&inputs[0], &inputs[1], &outputs[0]);
-    sdk::expect_dtype(op, index, DType::I64)?;
+    let ([src, index], [y]) = checks::operands(op, inputs, outputs)?;
+    let (gs, gi, gy) = (Geometry::of(src)?, Geometry::of(index)?, Geometry::of(y)?);
+    let d = dim as usize;
+    checks::scatter_add(op, &gs, &gi, &gy, d)?;
     sdk::expect_dtype(op, y, DType::F32)?;
-    let (ss, is, ys) = (src.shape(), index.shape(), y.shape());
-    let d = axis(op, dim, ys.len())?;
-    // As in PyTorch: the index may be smaller than src everywhere, and than y off `dim`.
-    let fits = is.len() == ys.len()
-        && ss.len() == ys.len()
-        && (0..is.len()).all(|e| is[e] <= ss[e] && (e == d || is[e] <= ys[e]));
-    if !fits {
-        return Err(BackendError::shape(format!(
-            "{}: index {is:?} does not fit src {ss:?} and output {ys:?} along dim {d}",
-            op.name()
-        )));
-    }
     sdk::expect_no_overlap(op, inputs, outputs, false)?;
 
+    let (ss, is, ys) = (gs.shape(), gi.shape(), gy.shape());
     let (sv, idx, mut out) = (mem.load::<f32>(src)?, mem.load::<i64>(index)?, mem.load::<f32>(y)?);
-    let y_strides = contiguous_strides(&ys);
-    let src_positions = sdk::offsets(&is, &contiguous_strides(&ss));
-    let bases = sdk::offsets(&is, &zero_at(&y_strides, d));
+    let y_strides = contiguous_strides(ys);
+    let src_positions = sdk::offsets(is, &contiguous_strides(ss));
+    let bases = sdk::offsets(is, &zero_at(&y_strides, d));
     for ((&i, s), base) in idx.iter().zip(src_positions).zip(bases) {
         let i = checked_index(op, i, ys[d])?;
         out[base as usize + i * y_strides[d] as usize] += sv[s as usize];
@@ -543,22 +530,21 @@ fn scatter_add(mem: &mut Memory, op: &Op, dim: u32, inputs: &[TensorDesc], outpu
 }
 
 fn index_select(mem: &mut Memory, op: &Op, dim: u32, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-    sdk::expect_arity(op, inputs, outputs, 2, 1)?;
-    let (x, index, y) = (&inputs[0], &inputs[1], &outputs[0]);
-    sdk::expect_dtype(op, index, DType::I64)?;
+    let ([x, index], [y]) = checks::operands(op, inputs, outputs)?;
+    let (gx, gi, gy) = (Geometry::of(x)?, Geometry::of(index)?, Geometry::of(y)?);
+    let d = dim as usize;
+    checks::index_select(op, &gx, &gi, &gy, d)?;
     sdk::expect_dtype(op, y, DType::F32)?;
-    let (xs, ys) = (x.shape(), y.shape());
-    let d = axis(op, dim, xs.len())?;
-    expect_selected_shape(op, &ys, &xs, d, index)?;
     sdk::expect_no_overlap(op, inputs, outputs, false)?;
 
+    let (xs, ys) = (gx.shape(), gy.shape());
     let xv = mem.load::<f32>(x)?;
     let rows = checked_indices(op, &mem.load::<i64>(index)?, xs[d])?;
-    let x_strides = contiguous_strides(&xs);
+    let x_strides = contiguous_strides(xs);
     // Each y element's coordinate along `dim` picks an index entry; the rest of its position
     // in x comes from walking y with x's strides zeroed on `dim`.
-    let bases = sdk::offsets(&ys, &zero_at(&x_strides, d));
-    let out: Vec<f32> = coordinates_along(&ys, d)
+    let bases = sdk::offsets(ys, &zero_at(&x_strides, d));
+    let out: Vec<f32> = coordinates_along(ys, d)
         .zip(bases)
         .map(|(c, base)| xv[base as usize + rows[c] * x_strides[d] as usize])
         .collect();
@@ -566,39 +552,23 @@ fn index_select(mem: &mut Memory, op: &Op, dim: u32, inputs: &[TensorDesc], outp
 }
 
 fn index_add(mem: &mut Memory, op: &Op, dim: u32, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-    sdk::expect_arity(op, inputs, outputs, 2, 1)?;
-    let (src, index, y) = (&inputs[0], &inputs[1], &outputs[0]);
-    sdk::expect_dtype(op, index, DType::I64)?;
+    let ([src, index], [y]) = checks::operands(op, inputs, outputs)?;
+    let (gs, gi, gy) = (Geometry::of(src)?, Geometry::of(index)?, Geometry::of(y)?);
+    let d = dim as usize;
+    checks::index_add(op, &gs, &gi, &gy, d)?;
     sdk::expect_dtype(op, y, DType::F32)?;
-    let (ss, ys) = (src.shape(), y.shape());
-    let d = axis(op, dim, ys.len())?;
-    expect_selected_shape(op, &ss, &ys, d, index)?;
     sdk::expect_no_overlap(op, inputs, outputs, false)?;
 
+    let (ss, ys) = (gs.shape(), gy.shape());
     let sv = mem.load::<f32>(src)?;
     let rows = checked_indices(op, &mem.load::<i64>(index)?, ys[d])?;
     let mut out = mem.load::<f32>(y)?;
-    let y_strides = contiguous_strides(&ys);
-    let bases = sdk::offsets(&ss, &zero_at(&y_strides, d));
-    for ((&v, c), base) in sv.iter().zip(coordinates_along(&ss, d)).zip(bases) {
+    let y_strides = contiguous_strides(ys);
+    let bases = sdk::offsets(ss, &zero_at(&y_strides, d));
+    for ((&v, c), base) in sv.iter().zip(coordinates_along(ss, d)).zip(bases) {
         out[base as usize + rows[c] * y_strides[d] as usize] += v;
     }
     mem.store(y, &out)
-}
-
-/// Check that `selected` is `full` with dim `d` replaced by the length of the rank-1 `index`
-/// (the shape relation of index_select's output and index_add's source).
-fn expect_selected_shape(op: &Op, selected: &[usize], full: &[usize], d: usize, index: &TensorDesc) -> Result<()> {
-    let mut expected = full.to_vec();
-    expected[d] = index.numel();
-    if index.rank() != 1 || selected != expected {
-        return Err(BackendError::shape(format!(
-            "{}: with a rank-1 index, {selected:?} should be {expected:?} (index shape {:?}, dim {d})",
-            op.name(),
-            index.shape()
-        )));
-    }
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-//! Helpers shared by the attention, convolution and pooling families: grids, compute types,
-//! scratch buffers and launches. (Their operand checks are the SDK's `sdk::checks`.)
+//! Launch helpers shared by the attention, convolution and pooling families: grids, compute
+//! types, scratch buffers and 1-D launches. (Their operand checks are the SDK's `sdk::checks`.)
 
 use crate::device::CudaDevice;
 use crate::kernels::{set_geometry, Args, Operand};
