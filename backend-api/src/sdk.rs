@@ -136,12 +136,16 @@ pub fn expect_disjoint_updates(
 /// The reduced axes of a reduction: where the output has size 1 and the input does not.
 /// Fails when ranks differ or a kept axis changes size.
 pub fn reduced_axes(op: &Op, input: &TensorDesc, output: &TensorDesc) -> Result<Vec<bool>> {
-    let (is, os) = (input.shape(), output.shape());
+    reduced_by_shape(op, &input.shape(), &output.shape())
+}
+
+/// [`reduced_axes`] on bare shapes (also the rule of [`checks::reduce`]).
+pub(crate) fn reduced_by_shape(op: &Op, is: &[usize], os: &[usize]) -> Result<Vec<bool>> {
     if is.len() != os.len() {
         return Err(BackendError::shape(format!("{}: input {is:?} and output {os:?} differ in rank", op.name())));
     }
     is.iter()
-        .zip(&os)
+        .zip(os)
         .map(|(&i, &o)| match (i, o) {
             (i, o) if i == o => Ok(false),
             (_, 1) => Ok(true),

@@ -12,6 +12,7 @@ mod adamw;
 mod attention;
 mod index;
 mod rows;
+mod shape;
 
 pub use adamw::adamw;
 pub use attention::{attention, attention_backward, AttentionDims};
@@ -20,6 +21,7 @@ pub use rows::{
     cross_entropy, cross_entropy_backward, layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, rotary,
     softmax, softmax_backward,
 };
+pub use shape::{reduce, same_shapes};
 
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};

@@ -4,6 +4,7 @@
 use super::{for_chunks, map1, map2, unsupported, Kernel, SyncPtr, View};
 use crate::element::{Arith, Bool, Element};
 use crate::with_dtype;
+use genesis_backend_api::sdk::checks;
 use genesis_backend_api::{BackendError, BinaryOp, DType, Op, OpKind, Result, UnaryOp};
 
 fn claims() -> Vec<(OpKind, DType)> {
@@ -53,67 +54,48 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
     match *op {
         Op::Unary(u) => {
             let ([x], [y]) = (inputs, outputs) else { return Err(wrong()) };
-            check_shapes(op, &[x, y])?;
+            checks::same_shapes(op, &[x, y])?;
             if !unary_supported(u, x.dtype) {
                 return Err(unsupported(op, x.dtype));
             }
             let out_dtype = if u == UnaryOp::IsNan { DType::Bool } else { x.dtype };
-            check_dtype(op, y, out_dtype)?;
+            checks::expect_dtype(op, "the output", y, out_dtype)?;
             with_dtype!(x.dtype, T => unary::<T>(u, x, y));
         }
         Op::Binary(b) => {
             let ([x, z], [y]) = (inputs, outputs) else { return Err(wrong()) };
-            check_shapes(op, &[x, z, y])?;
-            check_dtype(op, z, x.dtype)?;
+            checks::same_shapes(op, &[x, z, y])?;
+            checks::expect_dtype(op, "the second operand", z, x.dtype)?;
             if !binary_supported(b, x.dtype) {
                 return Err(unsupported(op, x.dtype));
             }
-            check_dtype(op, y, if b.is_predicate() { DType::Bool } else { x.dtype })?;
+            checks::expect_dtype(op, "the output", y, if b.is_predicate() { DType::Bool } else { x.dtype })?;
             with_dtype!(x.dtype, T => binary::<T>(b, x, Operand::Tensor(z), false, y));
         }
         Op::BinaryScalar { op: b, scalar, scalar_first } => {
             let ([x], [y]) = (inputs, outputs) else { return Err(wrong()) };
-            check_shapes(op, &[x, y])?;
+            checks::same_shapes(op, &[x, y])?;
             if !binary_supported(b, x.dtype) {
                 return Err(unsupported(op, x.dtype));
             }
-            check_dtype(op, y, if b.is_predicate() { DType::Bool } else { x.dtype })?;
+            checks::expect_dtype(op, "the output", y, if b.is_predicate() { DType::Bool } else { x.dtype })?;
             with_dtype!(x.dtype, T => binary::<T>(b, x, Operand::Scalar(scalar), scalar_first, y));
         }
         Op::Clamp { min, max } => {
             let ([x], [y]) = (inputs, outputs) else { return Err(wrong()) };
-            check_shapes(op, &[x, y])?;
-            check_dtype(op, y, x.dtype)?;
+            checks::same_shapes(op, &[x, y])?;
+            checks::expect_dtype(op, "the output", y, x.dtype)?;
             with_dtype!(x.dtype, T => clamp::<T>(x, y, min, max));
         }
         Op::Where => {
             let ([c, a, b], [y]) = (inputs, outputs) else { return Err(wrong()) };
-            check_shapes(op, &[c, a, b, y])?;
-            check_dtype(op, c, DType::Bool)?;
-            check_dtype(op, b, a.dtype)?;
-            check_dtype(op, y, a.dtype)?;
+            checks::same_shapes(op, &[c, a, b, y])?;
+            checks::expect_dtype(op, "the condition", c, DType::Bool)?;
+            checks::expect_dtype(op, "the second operand", b, a.dtype)?;
+            checks::expect_dtype(op, "the output", y, a.dtype)?;
             with_dtype!(a.dtype, T => where_::<T>(c, a, b, y));
         }
         _ => return Err(unsupported(op, inputs.first().map_or(DType::F32, |v| v.dtype))),
-    }
-    Ok(())
-}
-
-fn check_shapes(op: &Op, views: &[&View]) -> Result<()> {
-    let first = &views[0].shape;
-    match views.iter().find(|v| &v.shape != first) {
-        Some(other) => Err(BackendError::shape(format!(
-            "{}: operand shapes {first:?} and {:?} differ (the core broadcasts before calling)",
-            op.name(),
-            other.shape
-        ))),
-        None => Ok(()),
-    }
-}
-
-fn check_dtype(op: &Op, v: &View, dtype: DType) -> Result<()> {
-    if v.dtype != dtype {
-        return Err(BackendError::dtype(format!("{}: expected {dtype}, got {}", op.name(), v.dtype)));
     }
     Ok(())
 }

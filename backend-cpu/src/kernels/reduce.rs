@@ -1,5 +1,5 @@
 //! Reductions: sum, mean, max, min, prod, argmax and argmin over the axes where the output
-//! (same rank as the input) has size 1 and the input does not (`sdk::reduced_axes`).
+//! (same rank as the input) has size 1 and the input does not (`sdk::checks::reduce`).
 //!
 //! Every op is a [`Fold`]: a state per output element, stepped with the reduced elements in
 //! row-major order of the reduced axes and merged in that order across blocks. One engine
@@ -22,7 +22,8 @@
 use super::{for_each_run, map_tasks, merge_dims, unsupported, Kernel, SyncPtr, View, PAR_MIN};
 use crate::element::{Accumulate, Arith, Element};
 use crate::with_dtype;
-use genesis_backend_api::{sdk, BackendError, BufferId, DType, Op, OpKind, ReduceOp, Result, TensorDesc};
+use genesis_backend_api::sdk::checks;
+use genesis_backend_api::{BackendError, DType, Op, OpKind, ReduceOp, Result};
 
 /// Input elements folded by one task into one partial state (or one vector of them).
 const BLOCK: usize = 1 << 15;
@@ -67,37 +68,7 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
     if !supported(r, x.dtype) {
         return Err(unsupported(op, x.dtype));
     }
-    let is_arg = matches!(r, ReduceOp::ArgMax | ReduceOp::ArgMin);
-    let out_dtype = if is_arg { DType::I64 } else { x.dtype };
-    if y.dtype != out_dtype {
-        return Err(BackendError::dtype(format!(
-            "{}: a {} input needs a {out_dtype} output, got {}",
-            op.name(),
-            x.dtype,
-            y.dtype
-        )));
-    }
-    // The normative rule lives in the SDK; it reads only shapes, so a placeholder buffer does.
-    let desc = |v: &View| TensorDesc::new(BufferId(0), 0, v.dtype, &v.shape, &v.strides);
-    let reduced = sdk::reduced_axes(op, &desc(x)?, &desc(y)?)?;
-    let axes: Vec<usize> = (0..reduced.len()).filter(|&d| reduced[d]).collect();
-    let n_red: usize = axes.iter().map(|&d| x.shape[d]).product();
-    if is_arg && axes.len() > 1 {
-        return Err(BackendError::invalid(format!(
-            "{}: reduces exactly one axis, but input {:?} -> output {:?} reduces axes {axes:?}",
-            op.name(),
-            x.shape,
-            y.shape
-        )));
-    }
-    if n_red == 0 && !matches!(r, ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Prod) {
-        return Err(BackendError::invalid(format!(
-            "{}: cannot reduce an empty axis (input {:?}, output {:?}): the op has no identity",
-            op.name(),
-            x.shape,
-            y.shape
-        )));
-    }
+    let reduced = checks::reduce(op, r, x, y)?;
     with_dtype!(x.dtype, T => match r {
         ReduceOp::Sum => reduce::<T, _>(&SumFold { mean: false }, x, y, &reduced),
         ReduceOp::Mean => reduce::<T, _>(&SumFold { mean: true }, x, y, &reduced),

@@ -5,6 +5,7 @@ use super::arity;
 use crate::device::CudaDevice;
 use crate::kernels::{set_geometry, Args, KernelName, Operand};
 use cudarc::driver::result;
+use genesis_backend_api::sdk::checks;
 use genesis_backend_api::{BackendError, BinaryOp, DType, Op, OpKind, Result, TensorDesc, UnaryOp};
 
 fn unary_supported(op: UnaryOp, dtype: DType) -> bool {
@@ -47,25 +48,6 @@ pub fn claims() -> Vec<(OpKind, DType)> {
         }
     }
     claims
-}
-
-fn same_shape(op: &Op, operands: &[&Operand]) -> Result<()> {
-    let first = &operands[0].shape;
-    match operands.iter().find(|o| &o.shape != first) {
-        Some(other) => Err(BackendError::shape(format!(
-            "{}: operand shapes {first:?} and {:?} differ (the core broadcasts before calling)",
-            op.name(),
-            other.shape
-        ))),
-        None => Ok(()),
-    }
-}
-
-fn expect(op: &Op, o: &Operand, dtype: DType) -> Result<()> {
-    if o.dtype != dtype {
-        return Err(BackendError::dtype(format!("{}: expected {dtype}, got {}", op.name(), o.dtype)));
-    }
-    Ok(())
 }
 
 /// Launch kernel `base` (its name in two parts, "unary_" + "exp") over `operands` (output
@@ -151,17 +133,17 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
         Op::Unary(u) => {
             arity(op, 1, 1, inputs, outputs)?;
             let (x, y) = (device.operand(&inputs[0])?, device.operand(&outputs[0])?);
-            same_shape(op, &[&x, &y])?;
-            expect(op, &y, if u == UnaryOp::IsNan { DType::Bool } else { x.dtype })?;
+            checks::same_shapes(op, &[&x, &y])?;
+            checks::expect_dtype(op, "the output", &y, if u == UnaryOp::IsNan { DType::Bool } else { x.dtype })?;
             launch(device, op, x.dtype, ["unary_", u.name()], &[&x, &y], Args::default(), true)
         }
         Op::Binary(b) => {
             arity(op, 2, 1, inputs, outputs)?;
             let v = resolve(inputs)?;
             let y = device.operand(&outputs[0])?;
-            same_shape(op, &[&v[0], &v[1], &y])?;
-            expect(op, &v[1], v[0].dtype)?;
-            expect(op, &y, if b.is_predicate() { DType::Bool } else { v[0].dtype })?;
+            checks::same_shapes(op, &[&v[0], &v[1], &y])?;
+            checks::expect_dtype(op, "the second operand", &v[1], v[0].dtype)?;
+            checks::expect_dtype(op, "the output", &y, if b.is_predicate() { DType::Bool } else { v[0].dtype })?;
             let base = ["binary_", b.name()];
             let operands = [&v[0], &v[1], &y];
             let mut args = Args::default();
@@ -178,8 +160,8 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
         Op::BinaryScalar { op: b, scalar, scalar_first } => {
             arity(op, 1, 1, inputs, outputs)?;
             let (x, y) = (device.operand(&inputs[0])?, device.operand(&outputs[0])?);
-            same_shape(op, &[&x, &y])?;
-            expect(op, &y, if b.is_predicate() { DType::Bool } else { x.dtype })?;
+            checks::same_shapes(op, &[&x, &y])?;
+            checks::expect_dtype(op, "the output", &y, if b.is_predicate() { DType::Bool } else { x.dtype })?;
             let mut args = Args::default();
             args.s[0] = scalar;
             args.flag = scalar_first as i32;
@@ -188,8 +170,8 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
         Op::Clamp { min, max } => {
             arity(op, 1, 1, inputs, outputs)?;
             let (x, y) = (device.operand(&inputs[0])?, device.operand(&outputs[0])?);
-            same_shape(op, &[&x, &y])?;
-            expect(op, &y, x.dtype)?;
+            checks::same_shapes(op, &[&x, &y])?;
+            checks::expect_dtype(op, "the output", &y, x.dtype)?;
             let mut args = Args::default();
             args.s[0] = min;
             args.s[1] = max;
@@ -200,16 +182,16 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             arity(op, 3, 1, inputs, outputs)?;
             let v = resolve(inputs)?;
             let y = device.operand(&outputs[0])?;
-            same_shape(op, &[&v[0], &v[1], &v[2], &y])?;
-            expect(op, &v[0], DType::Bool)?;
-            expect(op, &v[2], v[1].dtype)?;
-            expect(op, &y, v[1].dtype)?;
+            checks::same_shapes(op, &[&v[0], &v[1], &v[2], &y])?;
+            checks::expect_dtype(op, "the condition", &v[0], DType::Bool)?;
+            checks::expect_dtype(op, "the second operand", &v[2], v[1].dtype)?;
+            checks::expect_dtype(op, "the output", &y, v[1].dtype)?;
             launch(device, op, v[1].dtype, ["where", ""], &[&v[0], &v[1], &v[2], &y], Args::default(), false)
         }
         Op::Copy | Op::Cast => {
             arity(op, 1, 1, inputs, outputs)?;
             let (x, y) = (device.operand(&inputs[0])?, device.operand(&outputs[0])?);
-            same_shape(op, &[&x, &y])?;
+            checks::same_shapes(op, &[&x, &y])?;
             if *op == Op::Copy && x.dtype != y.dtype {
                 return Err(BackendError::dtype(format!("copy: {} to {} needs cast", x.dtype, y.dtype)));
             }

@@ -4,7 +4,8 @@
 use super::arity;
 use crate::device::CudaDevice;
 use crate::kernels::{merge_dims, Args};
-use genesis_backend_api::{sdk, BackendError, DType, Op, OpKind, ReduceOp, Result, TensorDesc};
+use genesis_backend_api::sdk::checks;
+use genesis_backend_api::{BackendError, DType, Op, OpKind, ReduceOp, Result, TensorDesc};
 
 fn supported(op: ReduceOp, dtype: DType) -> bool {
     match op {
@@ -35,35 +36,8 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
     };
     arity(op, 1, 1, inputs, outputs)?;
     let (x, y) = (device.operand(&inputs[0])?, device.operand(&outputs[0])?);
-    let is_arg = matches!(r, ReduceOp::ArgMax | ReduceOp::ArgMin);
-    let out_dtype = if is_arg { DType::I64 } else { x.dtype };
-    if y.dtype != out_dtype {
-        return Err(BackendError::dtype(format!(
-            "{}: a {} input needs a {out_dtype} output, got {}",
-            op.name(),
-            x.dtype,
-            y.dtype
-        )));
-    }
-    let reduced = sdk::reduced_axes(op, &inputs[0], &outputs[0])?;
-    let axes: Vec<usize> = (0..reduced.len()).filter(|&d| reduced[d]).collect();
-    let n_red: usize = axes.iter().map(|&d| x.shape[d]).product();
-    if is_arg && axes.len() > 1 {
-        return Err(BackendError::invalid(format!(
-            "{}: reduces exactly one axis, but input {:?} -> output {:?} reduces axes {axes:?}",
-            op.name(),
-            x.shape,
-            y.shape
-        )));
-    }
-    if n_red == 0 && !matches!(r, ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Prod) {
-        return Err(BackendError::invalid(format!(
-            "{}: cannot reduce an empty axis (input {:?}, output {:?}): the op has no identity",
-            op.name(),
-            x.shape,
-            y.shape
-        )));
-    }
+    let reduced = checks::reduce(op, r, &x, &y)?;
+    let n_red: usize = (0..reduced.len()).filter(|&d| reduced[d]).map(|d| x.shape[d]).product();
     // Split the dims into kept (with input and output strides) and reduced, then merge each.
     let (mut ks, mut kx, mut ky, mut rs, mut rx) = (vec![], vec![], vec![], vec![], vec![]);
     for (d, &is_reduced) in reduced.iter().enumerate() {

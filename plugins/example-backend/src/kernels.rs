@@ -342,25 +342,12 @@ fn random_fill(
 fn reduce(mem: &mut Memory, op: &Op, r: ReduceOp, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     sdk::expect_arity(op, inputs, outputs, 1, 1)?;
     let (x, y) = (&inputs[0], &outputs[0]);
-    let reduced = sdk::reduced_axes(op, x, y)?;
+    let reduced = checks::reduce(op, r, &Geometry::of(x)?, &Geometry::of(y)?)?;
     let is_arg = matches!(r, ReduceOp::ArgMax | ReduceOp::ArgMin);
     sdk::expect_dtype(op, y, if is_arg { DType::I64 } else { DType::F32 })?;
     sdk::expect_no_overlap(op, inputs, outputs, false)?;
 
     let x_shape = x.shape();
-    if is_arg && reduced.iter().filter(|&&r| r).count() > 1 {
-        return Err(BackendError::invalid(format!(
-            "{}: reduces exactly one axis, but {:?} -> {:?} reduces several",
-            op.name(),
-            x_shape,
-            y.shape()
-        )));
-    }
-    let reduction_len: usize = x_shape.iter().zip(&reduced).filter(|(_, &r)| r).map(|(&n, _)| n).product();
-    if reduction_len == 0 && matches!(r, ReduceOp::Max | ReduceOp::Min | ReduceOp::ArgMax | ReduceOp::ArgMin) {
-        return Err(BackendError::invalid(format!("{}: cannot reduce over an empty axis ({x_shape:?})", op.name())));
-    }
-
     let groups = group_by_output(&mem.load::<f32>(x)?, &x_shape, &y.shape(), &reduced);
     if is_arg {
         let better: fn(f32, f32) -> bool = if r == ReduceOp::ArgMax { |a, b| a > b } else { |a, b| a < b };
