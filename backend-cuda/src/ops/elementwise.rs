@@ -239,5 +239,23 @@ fn copy(device: &CudaDevice, op: &Op, x: &Operand, y: &Operand) -> Result<()> {
         return unsafe { result::memcpy_dtod_async(y.ptr, x.ptr, bytes, device.stream()) }
             .map_err(|e| crate::device::driver_error("copy (cuMemcpyDtoD)", e));
     }
+    if let Some((da, db)) = transposed_plane(&args) {
+        // One tile per block: 32x32 elements of 4 bytes or more, 64x64 below.
+        let tile = if x.dtype.size_in_bytes() >= 4 { 32 * 32 } else { 64 * 64 };
+        args.u = [da as u64, db as u64];
+        return device.launch(op.name(), x.dtype, "copy_t", &mut args, tile / 256);
+    }
     device.launch(op.name(), x.dtype, "copy_s", &mut args, 1)
+}
+
+/// The (y, x) unit-stride dims of a merged copy geometry when they differ and both are long
+/// enough for tiles to pay: then the copy transposes a plane, and `copy_t` keeps both its
+/// reads and its writes coalesced.
+fn transposed_plane(args: &Args) -> Option<(usize, usize)> {
+    let ndim = args.ndim as usize;
+    let unit = |set: usize| (0..ndim).find(|&d| args.st[set][d] == 1 && args.shape[d] >= 16);
+    match (unit(1), unit(0)) {
+        (Some(da), Some(db)) if da != db => Some((da, db)),
+        _ => None,
+    }
 }
