@@ -22,7 +22,8 @@ typedef typename TT::C C;
 // Mirror of `AttnArgs` in ops/attention.rs.
 struct AttnArgs {
     char* p[9];     // q k v o lse do dq dk dv
-    char* delta;    // backward: rowsum(do ∘ o) per query, dense (b, hq, s), type C
+    char* delta;    // backward: rowsum(do ∘ o) per query, dense (b, hq, s), type C; the
+                    // tensor-core backward adds lse·log2 e after it (2·b·hq·s floats)
     i64 st[9][4];   // element strides of each operand (lse: b, h, s)
     i64 b, hq, hk, s, t, d;
     double scale;
@@ -497,6 +498,10 @@ __device__ __forceinline__ u32 tc_smem_addr(const void* p) {
 __device__ __forceinline__ void tc_cp16(u32 dst, const void* src, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
+// 4 bytes global -> shared; `bytes` 0 fills zeros (src is then not read).
+__device__ __forceinline__ void tc_cp4(u32 dst, const void* src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void tc_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void tc_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
@@ -925,7 +930,6 @@ template <int D, int BM, int S> __device__ void attn_bwd_dkv_tc(const AttnArgs& 
     const T* q = (const T*)a.p[0];
     const T* k = (const T*)a.p[1];
     const T* v = (const T*)a.p[2];
-    const float* lse = (const float*)a.p[4];
     const T* dout = (const T*)a.p[5];
     T* dk = (T*)a.p[7];
     T* dv = (T*)a.p[8];
@@ -941,22 +945,24 @@ template <int D, int BM, int S> __device__ void attn_bwd_dkv_tc(const AttnArgs& 
     const int nq = first < s ? (s + BM - 1) / BM - qt0 : 0;
     const int total = (int)group * nq;  // (query head, query tile) steps
 
-    // Stage `st` <- step `it`: Q and dO by cp.async (committed by the caller), lse and D by
-    // plain stores (visible after the barrier that precedes their use).
+    // Stage `st` <- step `it`, all by cp.async (committed by the caller): Q, dO, and the
+    // queries' lse·log2 e and D, which the dQ pass wrote densely, zero for rows that see no
+    // key. (Plain loads here stalled each warp on global latency in the middle of the step
+    // until its shared-memory store could issue.)
+    const float* lse2 = delta + a.b * a.hq * a.s;
     auto stage = [&](int it, int st) {
         const i64 h = kh * group + it / nq;
         const int i0 = (qt0 + it % nq) * BM;
         T* qd = qbuf + 2 * st * QT;
         tc_copy_rows<D, BM>(tc_smem_addr(qd), q + bi * a.st[0][0] + h * a.st[0][1], a.st[0][2], i0, s, d);
         tc_copy_rows<D, BM>(tc_smem_addr(qd + QT), dout + bi * a.st[5][0] + h * a.st[5][1], a.st[5][2], i0, s, d);
-        float* fd = fbuf + 2 * st * BM;
-        for (int r = threadIdx.x; r < BM; r += TC_THREADS) {
-            const int i = i0 + r;
-            // Rows past s and rows that see no key (NaN lse and D) read as 0; all their
-            // pairs are masked.
-            const bool live = i < s && t > 0 && (!causal || i + off > 0);
-            fd[r] = live ? lse[bi * a.st[4][0] + h * a.st[4][1] + (i64)i * a.st[4][2]] * TC_LOG2E : 0.f;
-            fd[BM + r] = live ? delta[(bi * a.hq + h) * a.s + i] : 0.f;
+        const u32 fd = tc_smem_addr(fbuf + 2 * st * BM);
+        const i64 row0 = (bi * a.hq + h) * a.s;
+        for (int r = threadIdx.x; r < 2 * BM; r += TC_THREADS) {
+            const int i = i0 + r % BM;
+            // Rows past s read as 0; all their pairs are masked.
+            const float* src = (r < BM ? lse2 : delta) + row0 + i;
+            tc_cp4(fd + 4 * r, i < s ? src : delta, i < s ? 4 : 0);
         }
     };
 
@@ -1104,6 +1110,16 @@ template <int D, int S> __device__ void attn_bwd_dq_tc(const AttnArgs& a, T* sm)
     const int nkeys = (int)visible(a, last);
     const int ntiles = (nkeys + TC_BN - 1) / TC_BN;
     const int vmin = (int)visible(a, i0);  // key tiles below this need no mask
+    const i64 rows = a.b * a.hq * a.s;
+    // O pairs as one 4-byte load: a dense head dim and even strides from a 4-byte aligned base.
+    const bool opair = a.st[3][3] == 1 && ((a.st[3][0] | a.st[3][1] | a.st[3][2]) & 1) == 0 && ((size_t)o & 3) == 0;
+    if (ntiles == 0) {
+        // Rows that see no key: D and lse·log2 e are 0 for the dK/dV pass (which masks all
+        // their pairs); dq is written as zeros below.
+        for (int r = threadIdx.x; r < TC_BM; r += TC_THREADS) {
+            if (i0 + r < s) delta[bh * a.s + i0 + r] = delta[rows + bh * a.s + i0 + r] = 0.f;
+        }
+    }
 
     auto load_kv = [&](int tile) {
         T* st = kv + (tile % S) * 2 * TILE;
@@ -1145,22 +1161,44 @@ template <int D, int S> __device__ void attn_bwd_dq_tc(const AttnArgs& a, T* sm)
         tc_commit();
         if (tile == 0) {
             // D = rowsum(dO ∘ O) of the warp's 16 rows, from dO in shared memory (now landed)
-            // and O in global memory, two lanes per row; written out for the dK/dV pass, which
-            // runs after this one. (A block without key tiles has only rows that see no key:
-            // the dK/dV pass reads no D of theirs.)
+            // and O in global memory, two lanes per row; written out with lse·log2 e for the
+            // dK/dV pass, which runs after this one, both 0 for rows that see no key. The O
+            // loads of a lane are independent (unrolled, pairs where O allows): a loop of
+            // dependent loads cost each warp a global round trip per element.
             const int rr = 16 * warp + (lane >> 1), i = i0 + rr, c0 = (lane & 1) * (D / 2);
             float acc = 0.f;
             if (i < s) {
                 const T* orow = o + bi * a.st[3][0] + h * a.st[3][1] + (i64)i * a.st[3][2];
-                for (int c = c0; c < c0 + D / 2 && c < d; ++c) {
-                    acc += TT::load(dos[rr * LD + c]) * TT::load(orow[c * a.st[3][3]]);
+                if (opair) {
+                    u32 ov[D / 4];
+#pragma unroll
+                    for (int c = 0; c < D / 2; c += 2) ov[c / 2] = c0 + c < d ? *(const u32*)(orow + c0 + c) : 0u;
+#pragma unroll
+                    for (int c = 0; c < D / 2; c += 2) {
+                        T o0, o1;
+                        o0.x = (unsigned short)(ov[c / 2] & 0xffffu);
+                        o1.x = (unsigned short)(ov[c / 2] >> 16);
+                        acc += TT::load(dos[rr * LD + c0 + c]) * TT::load(o0);
+                        acc += TT::load(dos[rr * LD + c0 + c + 1]) * TT::load(o1);
+                    }
+                } else {
+                    for (int c = c0; c < c0 + D / 2 && c < d; ++c) {
+                        acc += TT::load(dos[rr * LD + c]) * TT::load(orow[c * a.st[3][3]]);
+                    }
                 }
             }
             acc += __shfl_xor_sync(FULL, acc, 1);
-            if ((lane & 1) == 0 && i < s) delta[bh * a.s + i] = acc;
             const float dlo = __shfl_sync(FULL, acc, 2 * g), dhi = __shfl_sync(FULL, acc, 2 * g + 16);
             dl[0] = ilo < s && vlo > 0 ? dlo : 0.f;
             dl[1] = ihi < s && vhi > 0 ? dhi : 0.f;
+            // Lane 2m holds row 16·warp + m: m = 8r + g' of the accumulator layout.
+            const int m = lane >> 1, src = 4 * (m & 7);
+            const float dm0 = __shfl_sync(FULL, dl[0], src), dm1 = __shfl_sync(FULL, dl[1], src);
+            const float lm0 = __shfl_sync(FULL, l2[0], src), lm1 = __shfl_sync(FULL, l2[1], src);
+            if ((lane & 1) == 0 && i < s) {
+                delta[bh * a.s + i] = m < 8 ? dm0 : dm1;
+                delta[rows + bh * a.s + i] = m < 8 ? lm0 : lm1;
+            }
         }
         const T* ks = kv + (tile % S) * 2 * TILE;
         const T* vs = ks + TILE;

@@ -33,7 +33,8 @@ pub fn claims() -> Vec<(OpKind, DType)> {
 struct AttnArgs {
     /// q k v o lse do dq dk dv (those the op has).
     p: [u64; 9],
-    /// Backward scratch: rowsum(do ∘ o), dense (b, hq, s), compute type.
+    /// Backward scratch: rowsum(do ∘ o), dense (b, hq, s), compute type; the tensor-core
+    /// backward adds lse·log2 e (f32) after it.
     delta: u64,
     /// Element strides of each operand.
     st: [[i64; 4]; 9],
@@ -275,8 +276,9 @@ fn backward_tc(
     let rows = dm.b * dm.hq * dm.s;
     if rows > 0 {
         // The dq pass computes D = rowsum(do ∘ o) itself (it has do in shared memory) and
-        // writes it here for the dk/dv pass.
-        a.delta = scratch.dense(device, compute_dtype(dtype), &[rows])?.ptr;
+        // writes it here for the dk/dv pass, followed by lse·log2 e, so that the dk/dv pass
+        // fetches both per-query scalars with cp.async.
+        a.delta = scratch.dense(device, compute_dtype(dtype), &[2 * rows])?.ptr;
         let shape = (q_work as u32, TC_THREADS, tc_dq_smem(dpad));
         launch_1d(device, name, "attention", dtype, &format!("attn_bwd_dq_tc_{dpad}"), a, shape)?;
     }
