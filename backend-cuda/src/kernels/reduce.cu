@@ -144,8 +144,8 @@ extern "C" __global__ void reduce_argmin(const Args a) { SMEM; extreme<false, tr
 // a partial state S: `add` folds one element (positions increase per thread), `merge` joins
 // two states of any split of the work and is symmetric, so the butterfly shuffles below give
 // every lane the same bits. Long reductions are cut into parts whose states go to a scratch
-// array [part][output]; `reduce_finish_*` (or, for columns, the tile's last block) folds
-// them in part order, so results do not depend on timing.
+// array [part][output]; `reduce_finish_*` folds them in part order, so results do not
+// depend on timing.
 
 // Shuffles for the state members (u8 states travel as int).
 __device__ __forceinline__ float shfl_x(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
@@ -278,31 +278,6 @@ template <class R> __device__ void rows(const Args& a, unsigned char* smem) {
     }
 }
 
-// A partial state written by another block of this launch: read through L2 (`.cg`), since this
-// SM's L1 may hold an older copy of the line.
-template <class S> __device__ __forceinline__ S load_cg(const S* p) {
-    S s;
-    if constexpr (sizeof(S) % 4 == 0) {
-#pragma unroll
-        for (int k = 0; k < (int)(sizeof(S) / 4); ++k)
-            asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(((u32*)&s)[k]) : "l"((const u32*)p + k));
-    } else {
-#pragma unroll
-        for (int k = 0; k < (int)sizeof(S); ++k) {
-            unsigned short b;
-            asm volatile("ld.global.cg.u8 %0, [%1];" : "=h"(b) : "l"((const u8*)p + k));
-            ((u8*)&s)[k] = (u8)b;
-        }
-    }
-    return s;
-}
-
-// Arrival counters of the column kernel's tiles (flag bit 2): the last block of a tile to
-// finish folds the tile's parts, then re-arms its counter for the next launch. Launches on
-// one stream never overlap, so one array per module serves every call.
-#define COLS_TILES 8192
-__device__ unsigned int cols_arrived[COLS_TILES];
-
 // Columns: the last kept dim (I = shape[ndim-1]) has input stride 1; one reduced axis of
 // length u[0] and input stride st[2][0]. A block is TX x TY threads (TX = 1 << (flag >> 8)):
 // TX threads side by side along I, V elements each (coalesced), TY threads interleaved over
@@ -360,29 +335,6 @@ template <class R, int V> __device__ void cols(const Args& a, unsigned char* sme
                 if (parts == 1) R::write(a.p[1], offset_in(a.shape, a.st[1], a.ndim, out), s[e], Rn);
                 else ((S*)a.p[2])[blockIdx.y * a.n + out] = s[e];
             }
-        }
-        if (a.flag & 4) {
-            // Fold in place instead of a second launch: the last of the tile's `parts` blocks
-            // to arrive folds every part in part order, so the bits do not depend on which
-            // block that was. (One tile per block: the launcher's grid covers the tiles.)
-            __threadfence();
-            __syncthreads();
-            if (threadIdx.x == 0) ((int*)smem)[0] = atomicAdd(&cols_arrived[b], 1u) == parts - 1;
-            __syncthreads();
-            if (((int*)smem)[0]) {
-                __threadfence();
-                const S* part = (const S*)a.p[2];
-                for (int k = threadIdx.x; k < TX * V; k += blockDim.x) {
-                    const u64 ivk = (b - o * tiles) * TX + k / V;
-                    if (ivk >= ivec || ivk * V + k % V >= I) continue;
-                    const u64 out = o * I + ivk * V + k % V;
-                    S acc = load_cg(part + out);
-                    for (u64 q = 1; q < parts; ++q) acc = R::merge(acc, load_cg(part + q * a.n + out));
-                    R::write(a.p[1], offset_in(a.shape, a.st[1], a.ndim, out), acc, Rn);
-                }
-                if (threadIdx.x == 0) cols_arrived[b] = 0;
-            }
-            __syncthreads();
         }
     }
 }

@@ -117,7 +117,7 @@ fn rows(device: &CudaDevice, op: &Op, r: ReduceOp, dtype: DType, mut args: Args)
     let units = n_rows * parts;
     let blocks = if block { units } else { units.div_ceil(THREADS as u64 / 32) };
     let grid = (blocks.min(sms * 64) as u32, 1);
-    with_parts(device, op, r, dtype, args, parts, true, |a| {
+    with_parts(device, op, r, dtype, args, parts, |a| {
         device.launch_grid(
             op.name(),
             "elementwise",
@@ -148,13 +148,9 @@ fn cols(device: &CudaDevice, op: &Op, r: ReduceOp, dtype: DType, mut args: Args,
     let chunk = n_red.div_ceil(wanted);
     let parts = n_red.div_ceil(chunk);
     args.u[1] = parts;
+    args.flag = (tx.trailing_zeros() << 8) as i32 | if packs { 2 } else { 0 };
     let grid = (tiles.min(sms * 64) as u32, parts as u32);
-    // With parts, the tile's last block folds them (bit 2) when every tile has its own block
-    // and an arrival counter (kernels/reduce.cu's COLS_TILES): one launch instead of two.
-    let fold_in_place = parts > 1 && tiles <= grid.0 as u64 && tiles <= COLS_TILES;
-    args.flag = (tx.trailing_zeros() << 8) as i32 | if packs { 2 } else { 0 } | if fold_in_place { 4 } else { 0 };
-    let finish = !fold_in_place;
-    with_parts(device, op, r, dtype, args, parts, finish, |a| {
+    with_parts(device, op, r, dtype, args, parts, |a| {
         device.launch_grid(
             op.name(),
             "elementwise",
@@ -168,12 +164,8 @@ fn cols(device: &CudaDevice, op: &Op, r: ReduceOp, dtype: DType, mut args: Args,
     })
 }
 
-/// Tiles with an arrival counter in the column kernel (`COLS_TILES` in kernels/reduce.cu).
-const COLS_TILES: u64 = 8192;
-
 /// Run `main` with a scratch array for `parts` partial states per output when `parts > 1`,
-/// then (when `finish`: `main` did not fold them itself) fold them into the output.
-#[allow(clippy::too_many_arguments)]
+/// then fold them into the output.
 fn with_parts(
     device: &CudaDevice,
     op: &Op,
@@ -181,7 +173,6 @@ fn with_parts(
     dtype: DType,
     mut args: Args,
     parts: u64,
-    finish: bool,
     main: impl FnOnce(&mut Args) -> Result<()>,
 ) -> Result<()> {
     if parts == 1 {
@@ -189,12 +180,8 @@ fn with_parts(
     }
     let (id, ptr) = device.scratch(args.n as usize * parts as usize * 16)?;
     args.p[2] = ptr;
-    let done = main(&mut args).and_then(|_| {
-        if !finish {
-            return Ok(());
-        }
-        device.launch(op.name(), dtype, &format!("reduce_finish_{}", r.name()), &mut args, 1)
-    });
+    let done = main(&mut args)
+        .and_then(|_| device.launch(op.name(), dtype, &format!("reduce_finish_{}", r.name()), &mut args, 1));
     // Stream order keeps the scratch alive for the queued kernels.
     let freed = device.free_scratch(id);
     done.and(freed)
