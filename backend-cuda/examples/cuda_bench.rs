@@ -397,6 +397,30 @@ fn softmax(cx: &mut Cx, dtype: DType) -> R<(f64, Check)> {
     Ok((ms, ck.done()))
 }
 
+/// Softmax backward over 8192x8192: dx = y * (dy - sum(y * dy)) per row, y a softmax output.
+fn softmax_backward(cx: &mut Cx, dtype: DType) -> R<(f64, Check)> {
+    let (rows, c) = (8192, 8192);
+    let sets = Cx::sets(3 * rows * c * dtype.size_in_bytes());
+    let mut v = Vec::new();
+    for _ in 0..sets {
+        // y in [0, 2/c]: the scale of a softmax row, without the forward's cost.
+        let y = cx.tensor(dtype, &[rows, c], 0.0, 2.0 / c as f64)?;
+        v.push([y, cx.tensor(dtype, &[rows, c], -1.0, 1.0)?, cx.empty(dtype, &[rows, c])?]);
+    }
+    let [y, dy, dx] = v[0];
+    cx.dev.exec(&Op::SoftmaxBackward, &[y, dy], &[dx])?;
+    let mut ck = Verdict::default();
+    for r in [0, rows / 2 + 3, rows - 1] {
+        let (yr, gr) = (cx.vals(&y, r * c, c)?, cx.vals(&dy, r * c, c)?);
+        let s: f64 = yr.iter().zip(&gr).map(|(a, b)| a * b).sum();
+        let want: Vec<f64> = yr.iter().zip(&gr).map(|(a, b)| a * (b - s)).collect();
+        let scale: Vec<f64> = yr.iter().zip(&gr).map(|(a, b)| a * (b.abs() + s.abs())).collect();
+        ck.add(&format!("dx row {r}"), &cx.vals(&dx, r * c, c)?, &want, &scale, rtol(dtype, 1e-5));
+    }
+    let ms = time_ops(&cx.dev, sets, |i| cx.dev.exec(&Op::SoftmaxBackward, &v[i][..2], &v[i][2..]))?;
+    Ok((ms, ck.done()))
+}
+
 /// Per-row statistics in f64: (mean, rstd) for layer norm, (0, rstd) for RMS norm.
 fn row_stats(x: &[f64], rms: bool, eps: f64) -> (f64, f64) {
     let d = x.len() as f64;
@@ -890,6 +914,10 @@ fn main() {
     cx.row("matmul 4096^3 f32 (TF32)", "ms", &[(Op::Matmul, f32_)], |cx| matmul(cx, f32_, true));
     for d in [f32_, bf16_] {
         cx.row(&format!("softmax 8192x8192 {}", short(d)), "ms", &[(Op::Softmax, d)], |cx| softmax(cx, d));
+    }
+    for d in [f32_, bf16_] {
+        let needs = [(Op::SoftmaxBackward, d)];
+        cx.row(&format!("softmax backward 8192x8192 {}", short(d)), "ms", &needs, |cx| softmax_backward(cx, d));
     }
     for (name, rms) in [("layer norm", false), ("rms norm", true)] {
         let eps = 1e-5;

@@ -70,6 +70,10 @@ def works():
         m = 8192 * 8192
         rows.append(dict(work=f"softmax 8192x8192 {d}", bytes=2 * m * SIZE[d], floor_bytes=2 * m * SIZE[d],
                          goal=2.0 if d == "f32" else 3.0))
+    for d in ("f32", "bf16"):
+        m = 8192 * 8192
+        # Reads y and dy, writes dx; no PERFORMANCE.md goal.
+        rows.append(dict(work=f"softmax backward 8192x8192 {d}", bytes=3 * m * SIZE[d], floor_bytes=3 * m * SIZE[d]))
     for name in ("layer norm", "rms norm"):
         for d in ("f32", "bf16"):
             rows.append(dict(work=f"{name} 4096x4096 {d} forward", bytes=2 * n * SIZE[d],
@@ -160,6 +164,11 @@ def build(w, sets):
         elif name.startswith("matmul"):
             a, b, y = rnd(S, S, lo=-1, hi=1), rnd(S, S, lo=-1, hi=1), torch.empty(S, S, device=dev, dtype=dt)
             fns.append(lambda a=a, b=b, y=y: torch.matmul(a, b, out=y))
+        elif name.startswith("softmax backward"):
+            # The kernel autograd runs for softmax (aten's _softmax_backward_data), called alone.
+            y = torch.softmax(rnd(8192, 8192, lo=-4, hi=4).float(), dim=-1).to(dt)
+            dy = rnd(8192, 8192, lo=-1, hi=1)
+            fns.append(lambda y=y, dy=dy: torch.ops.aten._softmax_backward_data(dy, y, -1, dt))
         elif name.startswith("softmax"):
             x = rnd(8192, 8192, lo=-4, hi=4)
             fns.append(lambda x=x: F.softmax(x, dim=-1))

@@ -94,7 +94,23 @@ template <bool VEC, bool LOG> __device__ __forceinline__ void softmax_loop(const
     }
 }
 
-template <int P, bool VEC, bool LOG> __device__ __forceinline__ void softmax_bwd_reg(const Args& a, C* sh) {
+// Forward declaration: kernels softmax_bwd_reg does not run fall back to it.
+template <bool VEC, bool LOG> __device__ __forceinline__ void softmax_bwd_loop(const Args& a, C* sh);
+
+// The vector path keeps y and dy as loaded (raw 16-byte packs: a bf16 pack takes 4 registers
+// rather than the 8 of its f32 values) and converts on each use, so the f16/bf16 4-pack
+// kernel holds 32 registers of data instead of 64 (it spilled about 600 bytes at the
+// 1024-thread bound's 64-register cap). Still more than 64 with the addressing, so
+// ops/softmax.rs runs 4 packs of f16/bf16 only in the 256-thread kernel (80 registers); the
+// 1024-bound one (WIDE), and the element-by-element one with no packs to keep, loop instead:
+// never picked, they exist so that every kernel name resolves.
+template <int P, bool VEC, bool LOG, bool WIDE>
+__device__ __forceinline__ void softmax_bwd_reg(const Args& a, C* sh) {
+    if (P * VW > 16 && (!VEC || WIDE)) {
+        softmax_bwd_loop<VEC, LOG>(a, sh);
+        return;
+    }
+    typedef Pack<T, VW> PT;
     const i64 d = (i64)a.u[0];
     FOR_ROWS(a) {
         const u64 row = r0 + threadIdx.y;
@@ -102,15 +118,36 @@ template <int P, bool VEC, bool LOG> __device__ __forceinline__ void softmax_bwd
         const T* y = (const T*)a.p[0] + (row < a.n ? (i64)row * a.st[0][0] : 0);
         const T* dy = (const T*)a.p[1] + (row < a.n ? (i64)row * a.st[1][0] : 0);
         T* dx = (T*)a.p[2] + (row < a.n ? (i64)row * a.st[2][0] : 0);
-        C yv[P][VW], gv[P][VW];
+        PT yr[VEC ? P : 1], gr[VEC ? P : 1];
+        C yv[VEC ? 1 : P][VW], gv[VEC ? 1 : P][VW];
         C s = (C)0;
 #pragma unroll
         for (int p = 0; p < P; ++p) {
             const i64 j = ((i64)p * blockDim.x + threadIdx.x) * VW;
-            load_pack<VEC>(y, a.st[0][1], len, j, (C)0, yv[p]);
-            load_pack<VEC>(dy, a.st[1][1], len, j, (C)0, gv[p]);
+            if (VEC) {
+                // Zero packs past the row's end add nothing to the sum and are not stored.
+                if (j + VW <= len) {
+                    yr[p] = *(const PT*)(y + j);
+                    gr[p] = *(const PT*)(dy + j);
+                } else {
+                    // The pack that straddles the row's end (or one past it), element by element.
 #pragma unroll
-            for (int k = 0; k < VW; ++k) s += LOG ? gv[p][k] : yv[p][k] * gv[p][k];
+                    for (int k = 0; k < VW; ++k) {
+                        yr[p].v[k] = j + k < len ? y[j + k] : T{};
+                        gr[p].v[k] = j + k < len ? dy[j + k] : T{};
+                    }
+                }
+#pragma unroll
+                for (int k = 0; k < VW; ++k) {
+                    const C yk = TT::load(yr[p].v[k]), gk = TT::load(gr[p].v[k]);
+                    s += LOG ? gk : yk * gk;
+                }
+            } else {
+                load_pack<false>(y, a.st[0][1], len, j, (C)0, yv[p]);
+                load_pack<false>(dy, a.st[1][1], len, j, (C)0, gv[p]);
+#pragma unroll
+                for (int k = 0; k < VW; ++k) s += LOG ? gv[p][k] : yv[p][k] * gv[p][k];
+            }
         }
         s = group_reduce<false>(s, sh);
 #pragma unroll
@@ -118,7 +155,10 @@ template <int P, bool VEC, bool LOG> __device__ __forceinline__ void softmax_bwd
             const i64 j = ((i64)p * blockDim.x + threadIdx.x) * VW;
             C o[VW];
 #pragma unroll
-            for (int k = 0; k < VW; ++k) o[k] = LOG ? gv[p][k] - exp_diff(yv[p][k], (C)0) * s : yv[p][k] * (gv[p][k] - s);
+            for (int k = 0; k < VW; ++k) {
+                const C yk = VEC ? TT::load(yr[p].v[k]) : yv[p][k], gk = VEC ? TT::load(gr[p].v[k]) : gv[p][k];
+                o[k] = LOG ? gk - exp_diff(yk, (C)0) * s : yk * (gk - s);
+            }
             store_pack<VEC>(dx, a.st[2][1], len, j, o);
         }
     }
@@ -169,7 +209,11 @@ template <bool VEC, bool LOG> __device__ __forceinline__ void softmax_bwd_loop(c
 #define SOFTMAX_BWD(P, V, L)                                                                    \
     KERNEL softmax_bwd_reg##P##_v##V##_l##L(const Args a) {                                    \
         RED_SMEM;                                                                               \
-        softmax_bwd_reg<P, (V != 0), (L != 0)>(a, sh);                                          \
+        softmax_bwd_reg<P, (V != 0), (L != 0), true>(a, sh);                                    \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(256, 3) softmax_bwd_reg##P##_t256_v##V##_l##L(const Args a) { \
+        RED_SMEM;                                                                               \
+        softmax_bwd_reg<P, (V != 0), (L != 0), false>(a, sh);                                   \
     }
 #define SOFTMAX_ALL(V, L)                                                                       \
     SOFTMAX_FWD(1, V, L)                                                                        \

@@ -189,6 +189,9 @@ fn backward(device: &CudaDevice, op: &Op, ln: bool, ins: &[Operand], outs: &[Ope
     let nout = if ln { 2 } else { 1 };
     let mut threads = threads;
     let mut stem = format!("{}", a.flag & 3);
+    // Resident threads per SM the grid is sized for: the backward holds more row shares per
+    // thread than the forward.
+    let mut per_sm = 1024;
     // The fast path (mode 3) for f32/f16/bf16: dense aligned rows whose leading dims merge
     // into one, in groups sized for BWD_COLS columns per thread. f64 keeps mode 1 (not measured).
     let size = x.dtype.size_in_bytes();
@@ -199,11 +202,16 @@ fn backward(device: &CudaDevice, op: &Op, ln: bool, ins: &[Operand], outs: &[Ope
             a.group = group as i32;
             a.flag = 3;
             threads = group.max(128) as u32;
-            stem = format!("v{}", BWD_COLS / (16 / size));
+            let packs = BWD_COLS / (16 / size);
+            stem = format!("v{packs}");
+            // The f32 kernel (2 packs, with the next row's prefetched) takes 96 registers:
+            // five 128-thread blocks, two of 256 or one of 512 per SM.
+            if packs == 2 {
+                per_sm = 640;
+            }
         }
     }
-    // Fewer resident threads than the forward: the backward holds more row shares per thread.
-    let grid = blocks(device, &a, threads, 1024);
+    let grid = blocks(device, &a, threads, per_sm);
     let parts = grid as usize * (threads / a.group as u32) as usize;
     let acc = if x.dtype == DType::F64 { 8 } else { 4 };
     let scratch = if parts > 0 { Some(device.scratch(parts * nout * d * acc)?) } else { None };

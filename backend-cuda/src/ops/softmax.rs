@@ -1,8 +1,8 @@
 //! Softmax and log-softmax over the last dim, forward and backward (`kernels/softmax.cu`),
 //! for the float dtypes, with the CPU backend's checks.
 //!
-//! Rows that fit in registers (up to 32768 elements of f32, or f64; 16384 of f16/bf16 and
-//! half that in the backward) are read once and written once; longer rows take the looping
+//! Rows that fit in registers (up to 32768 elements of f32, or f64; 16384 of f16/bf16, and
+//! in the backward half that, or all of it when the rows are kept as loaded packs) are read once and written once; longer rows take the looping
 //! kernels, which read the input again per pass. Any strides: the column stride is a kernel
 //! argument and the rows only need to be evenly spaced (`with_rows` copies the rare layouts
 //! where they are not).
@@ -33,13 +33,21 @@ pub(super) fn pack_width(dtype: DType) -> usize {
 /// Threads per row and packs per thread of the register kernels for rows of `d` columns, or
 /// the threads per row of the looping kernel (`None` packs). `arrays` is how many rows a
 /// thread keeps (1 forward, 2 backward): at most 32 registers of data per thread, so that the
-/// kernels fit 1024-thread blocks without spilling.
-fn plan(dtype: DType, d: usize, arrays: usize) -> (u32, Option<u32>) {
+/// kernels fit 1024-thread blocks without spilling. `raw`: the rows are kept as loaded
+/// (the backward's vector path), so an f16/bf16 value takes half a register.
+fn plan(dtype: DType, d: usize, arrays: usize, raw: bool) -> (u32, Option<u32>) {
     let vw = pack_width(dtype);
-    let words = if dtype == DType::F64 { 2 } else { 1 };
     let packs = d.div_ceil(vw);
-    let max_p =
-        [8usize, 4, 2, 1].into_iter().find(|&p| p * vw * words * arrays <= 32 && (arrays == 1 || p <= 4)).unwrap_or(1);
+    // Registers of data per pack and array, times 2 (half registers for raw 2-byte values).
+    let half_words = match dtype {
+        DType::F64 => 4,
+        DType::F16 | DType::BF16 if raw => 1,
+        _ => 2,
+    };
+    let max_p = [8usize, 4, 2, 1]
+        .into_iter()
+        .find(|&p| p * vw * half_words * arrays <= 64 && (arrays == 1 || p <= 4))
+        .unwrap_or(1);
     let threads = |p: usize| packs.div_ceil(p).next_power_of_two().max(32);
     // Prefer blocks of at most 256 threads per row (several blocks per SM hide latency),
     // then up to 1024 with the most packs per thread.
@@ -48,8 +56,11 @@ fn plan(dtype: DType, d: usize, arrays: usize) -> (u32, Option<u32>) {
             return (threads(p) as u32, Some(p as u32));
         }
     }
-    if threads(max_p) <= 1024 {
-        return (threads(max_p) as u32, Some(max_p as u32));
+    // Wider blocks run the 1024-thread kernels (64 registers), where 4 raw 2-byte packs
+    // still spill: at most 2 there.
+    let wide_p = if raw { max_p.min(2) } else { max_p };
+    if threads(wide_p) <= 1024 {
+        return (threads(wide_p) as u32, Some(wide_p as u32));
     }
     (1024, None)
 }
@@ -65,9 +76,11 @@ fn launch(
     views: &[RowView],
 ) -> Result<()> {
     let log = matches!(op, Op::LogSoftmax | Op::LogSoftmaxBackward);
-    let arrays = if base == "softmax_bwd" { 2 } else { 1 };
-    let (tx, p) = plan(dtype, d, arrays);
+    let backward = base == "softmax_bwd";
+    let arrays = if backward { 2 } else { 1 };
     let vec = RowView::vectorizable(views, rows);
+    let raw = backward && vec && dtype.size_in_bytes() == 2;
+    let (tx, p) = plan(dtype, d, arrays, raw);
     let mut args = Args { n: rows as u64, flag: if vec { 2 } else { 0 }, ..Args::default() };
     args.u[0] = d as u64;
     for (k, v) in views.iter().enumerate() {
@@ -78,7 +91,10 @@ fn launch(
     // The forward's blocks of at most 256 threads get kernels bounded for 256 threads and 3
     // blocks per SM (85 registers): the 1024-thread bound capped them at 64, and the f32 reg8
     // kernel (8192 columns) spilled. H100, softmax 8192x8192: f32 0.212 -> 0.183 ms.
-    let t256 = base == "softmax_fwd" && tx <= 256;
+    // The backward of f16/bf16 rows kept as loaded packs likewise (H100, 8192x8192 bf16: 4
+    // packs at 256 threads 0.139 ms against 2 packs at 512 threads 0.149, and 0.177 before
+    // the rows were kept raw).
+    let t256 = (base == "softmax_fwd" || raw) && tx <= 256;
     let kind = p.map_or("loop".to_string(), |p| if t256 { format!("reg{p}_t256") } else { format!("reg{p}") });
     let name = format!("{base}_{kind}_v{}_l{}", vec as u8, log as u8);
     // Short rows: several rows (a warp each, or more) per 256-thread block.
@@ -125,16 +141,19 @@ mod tests {
     #[test]
     fn rows_that_fit_stay_in_registers() {
         // 8192 f32: 2048 packs of 4, 8 per thread over 256 threads.
-        assert_eq!(plan(DType::F32, 8192, 1), (256, Some(8)));
-        assert_eq!(plan(DType::BF16, 8192, 1), (256, Some(4)));
+        assert_eq!(plan(DType::F32, 8192, 1, false), (256, Some(8)));
+        assert_eq!(plan(DType::BF16, 8192, 1, false), (256, Some(4)));
         // Backward holds two rows: fewer packs per thread, more threads.
-        assert_eq!(plan(DType::F32, 8192, 2), (512, Some(4)));
-        assert_eq!(plan(DType::BF16, 8192, 2), (512, Some(2)));
+        assert_eq!(plan(DType::F32, 8192, 2, false), (512, Some(4)));
+        assert_eq!(plan(DType::BF16, 8192, 2, false), (512, Some(2)));
+        // Unless they are kept as loaded 2-byte packs.
+        assert_eq!(plan(DType::BF16, 8192, 2, true), (256, Some(4)));
+        assert_eq!(plan(DType::BF16, 16384, 2, true), (1024, Some(2)));
         // Short rows: a warp per row, one pack per thread.
-        assert_eq!(plan(DType::F32, 7, 1), (32, Some(1)));
-        assert_eq!(plan(DType::F64, 130, 1), (128, Some(1)));
+        assert_eq!(plan(DType::F32, 7, 1, false), (32, Some(1)));
+        assert_eq!(plan(DType::F64, 130, 1, false), (128, Some(1)));
         // The register limit, then the looping kernel.
-        assert_eq!(plan(DType::F32, 32768, 1), (1024, Some(8)));
-        assert_eq!(plan(DType::F32, 32769, 1), (1024, None));
+        assert_eq!(plan(DType::F32, 32768, 1, false), (1024, Some(8)));
+        assert_eq!(plan(DType::F32, 32769, 1, false), (1024, None));
     }
 }
