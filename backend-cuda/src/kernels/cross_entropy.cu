@@ -129,9 +129,8 @@ template <bool VEC> __device__ __forceinline__ void ce_forward(const Args& a, C*
 }
 
 // Grid: x over column spans of B packs per thread, y over rows (grid-stride in both). This
-// is the strided path (VEC false); dense rows take ce_backward_vec below.
-template <bool VEC, int B> __device__ __forceinline__ void ce_backward(const Args& a) {
-    typedef Pack<T, VW> P;
+// is the strided path; dense rows take ce_backward_vec below.
+template <int B> __device__ __forceinline__ void ce_backward(const Args& a) {
     const i64 c = (i64)a.u[0], ignore = (i64)a.u[1];
     const C eps = (C)a.s[0];
     const C keep = (C)1 - eps, smooth = eps / (C)(c > 0 ? c : 1);
@@ -143,13 +142,7 @@ template <bool VEC, int B> __device__ __forceinline__ void ce_backward(const Arg
         for (i64 j0 = (i64)blockIdx.x * span + (i64)threadIdx.x * VW; j0 < c; j0 += (i64)gridDim.x * span) {
             // Whole for every thread of the block or for none: j0 - threadIdx.x * VW is uniform.
             const bool full = j0 - (i64)threadIdx.x * VW + span <= c;
-            P raw[B];
             C v[VW];
-            if (VEC && full) {
-#pragma unroll
-                for (int p = 0; p < B; ++p) raw[p] = *(const P*)(x + j0 + p * step);
-            }
-            // Ignored rows read their logits too (rare; it keeps the loads ahead of the branch).
             const i64 t = ((const i64*)a.p[1])[(i64)row * a.st[1][0]];
             const C l = (C)((const float*)a.p[2])[(i64)row * a.st[2][0]];
             const C dl = (C)((const float*)a.p[3])[(i64)row * a.st[3][0]];
@@ -158,18 +151,13 @@ template <bool VEC, int B> __device__ __forceinline__ void ce_backward(const Arg
 #pragma unroll
             for (int p = 0; p < B; ++p) {
                 const i64 j = j0 + p * step, dt = t - j;
-                if (VEC && full) {
-#pragma unroll
-                    for (int k = 0; k < VW; ++k) v[k] = TT::load(raw[p].v[k]);
-                } else {
-                    load_pack<VEC>(x, xcs, c, j, (C)0, v);
-                }
+                load_pack<false>(x, xcs, c, j, (C)0, v);
                 const int hot = dt >= 0 && dt < VW ? (int)dt : -1;  // the target's slot in this pack
 #pragma unroll
                 for (int k = 0; k < VW; ++k)
                     v[k] = ignored ? (C)0 : dl * exp_diff(v[k], l) - ds - (k == hot ? dk : (C)0);
-                if (full) store_full<VEC>(g, gcs, j, v);
-                else store_pack<VEC>(g, gcs, c, j, v);
+                if (full) store_full<false>(g, gcs, j, v);
+                else store_pack<false>(g, gcs, c, j, v);
             }
         }
     }
@@ -260,7 +248,7 @@ CE_KERNEL cross_entropy_fwd_v1(const Args a) {
     ce_forward<true>(a, sh);
 }
 CE_KERNEL cross_entropy_bwd_v0(const Args a) {
-    if (!index_faulted()) ce_backward<false, CE_B>(a);
+    if (!index_faulted()) ce_backward<CE_B>(a);
 }
 CE_KERNEL cross_entropy_bwd_v1(const Args a) {
     if (!index_faulted()) ce_backward_vec<CE_B, true>(a);
