@@ -14,14 +14,17 @@ use crate::tensor::TensorDesc;
 /// Check the operand counts of `op`.
 pub fn expect_arity(op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc], n_in: usize, n_out: usize) -> Result<()> {
     if inputs.len() != n_in || outputs.len() != n_out {
-        return Err(BackendError::invalid(format!(
-            "{}: expected {n_in} input(s) and {n_out} output(s), got {} and {}",
-            op.name(),
-            inputs.len(),
-            outputs.len()
-        )));
+        return Err(arity_error(op, n_in, n_out, inputs.len(), outputs.len()));
     }
     Ok(())
+}
+
+/// The wrong-operand-count error of [`expect_arity`] and [`checks::operands`].
+fn arity_error(op: &Op, n_in: usize, n_out: usize, got_in: usize, got_out: usize) -> BackendError {
+    BackendError::invalid(format!(
+        "{}: expected {n_in} input(s) and {n_out} output(s), got {got_in} and {got_out}",
+        op.name()
+    ))
 }
 
 /// Check that `a` and `b` have one shape.

@@ -76,12 +76,7 @@ pub fn operands<'a, T, const I: usize, const O: usize>(
 ) -> Result<(&'a [T; I], &'a [T; O])> {
     match (<&[T; I]>::try_from(inputs), <&[T; O]>::try_from(outputs)) {
         (Ok(i), Ok(o)) => Ok((i, o)),
-        _ => Err(BackendError::invalid(format!(
-            "{}: expected {I} input(s) and {O} output(s), got {} and {}",
-            op.name(),
-            inputs.len(),
-            outputs.len()
-        ))),
+        _ => Err(super::arity_error(op, I, O, inputs.len(), outputs.len())),
     }
 }
 

@@ -7,7 +7,8 @@
 // shape) and its row and column strides in st[0][2], st[0][3].
 // Both: u[0] = classes c, u[1] = ignore_index (i64 bits), s[0] = label smoothing eps; flag
 // bit 1: vector loads (unit column strides and 16-byte aligned rows of logits [and dlogits]).
-// Targets were checked on the host side (check_index) before either kernel runs.
+// Targets are checked on the device first (check_index); while a check has failed
+// (index_fault) both kernels return without writing.
 //
 // Forward per row, in one read of the logits: each thread keeps a running max m and sum
 // s = sum(exp(x - m)), rescaling s once per chunk of packs when the chunk raises the max;
@@ -34,16 +35,10 @@ template <bool VEC> __device__ __forceinline__ void load_full(const T* row, i64 
     }
 }
 
-template <bool VEC> __device__ __forceinline__ void store_full(T* row, i64 cs, i64 j, const C* v) {
-    if (VEC) {
-        Pack<T, VW> p;
+// Columns j..j+VW of a row known to lie inside it, strided (the backward's strided path).
+__device__ __forceinline__ void store_full(T* row, i64 cs, i64 j, const C* v) {
 #pragma unroll
-        for (int k = 0; k < VW; ++k) p.v[k] = TT::store(v[k]);
-        *(Pack<T, VW>*)(row + j) = p;
-    } else {
-#pragma unroll
-        for (int k = 0; k < VW; ++k) row[(j + k) * cs] = TT::store(v[k]);
-    }
+    for (int k = 0; k < VW; ++k) row[(j + k) * cs] = TT::store(v[k]);
 }
 
 // Fold one chunk (CE_P packs, `step` columns apart, from column `base`) into this thread's
@@ -156,7 +151,7 @@ template <int B> __device__ __forceinline__ void ce_backward(const Args& a) {
 #pragma unroll
                 for (int k = 0; k < VW; ++k)
                     v[k] = ignored ? (C)0 : dl * exp_diff(v[k], l) - ds - (k == hot ? dk : (C)0);
-                if (full) store_full<false>(g, gcs, j, v);
+                if (full) store_full(g, gcs, j, v);
                 else store_pack<false>(g, gcs, c, j, v);
             }
         }
@@ -168,23 +163,16 @@ template <int B> __device__ __forceinline__ void ce_backward(const Args& a) {
 // few dependent loads overlap instead of queueing before the data streams. Every pack that
 // lies inside the row is loaded up front, also in a row's last (partial) span, which with
 // 32000 classes is nearly a quarter of the data; only a pack that straddles the row's end
-// takes the checked path. CS: streaming (evict-first) loads and stores, for data touched
-// once. H100, 8192x32000 bf16: 387 -> 364 us (the same kernel with plain loads and stores
-// took 1029 us, and 2 or 8 packs per thread were slower).
-template <bool CS> __device__ __forceinline__ Pack<T, VW> ld_raw(const T* p) {
-    typedef Pack<T, VW> P;
-    if (CS) {
-        const int4 v = __ldcs((const int4*)p);
-        return *(const P*)&v;
-    }
-    return *(const P*)p;
+// takes the checked path. Loads and stores stream (evict-first): the data is touched once.
+// H100, 8192x32000 bf16: 387 -> 364 us (the same kernel with plain loads and stores took
+// 1029 us, and 2 or 8 packs per thread were slower).
+__device__ __forceinline__ Pack<T, VW> ld_raw(const T* p) {
+    const int4 v = __ldcs((const int4*)p);
+    return *(const Pack<T, VW>*)&v;
 }
-template <bool CS> __device__ __forceinline__ void st_raw(T* p, const Pack<T, VW>& v) {
-    if (CS) __stcs((int4*)p, *(const int4*)&v);
-    else *(Pack<T, VW>*)p = v;
-}
+__device__ __forceinline__ void st_raw(T* p, const Pack<T, VW>& v) { __stcs((int4*)p, *(const int4*)&v); }
 
-template <int B, bool CS> __device__ __forceinline__ void ce_backward_vec(const Args& a) {
+template <int B> __device__ __forceinline__ void ce_backward_vec(const Args& a) {
     typedef Pack<T, VW> P;
     const i64 c = (i64)a.u[0], ignore = (i64)a.u[1];
     const C eps = (C)a.s[0];
@@ -197,7 +185,7 @@ template <int B, bool CS> __device__ __forceinline__ void ce_backward_vec(const 
             P raw[B];
 #pragma unroll
             for (int p = 0; p < B; ++p)
-                if (j0 + p * step + VW <= c) raw[p] = ld_raw<CS>(x + j0 + p * step);
+                if (j0 + p * step + VW <= c) raw[p] = ld_raw(x + j0 + p * step);
             const i64 t = ((const i64*)a.p[1])[(i64)row * a.st[1][0]];
             const C l = (C)((const float*)a.p[2])[(i64)row * a.st[2][0]];
             const C dl = (C)((const float*)a.p[3])[(i64)row * a.st[3][0]];
@@ -223,7 +211,7 @@ template <int B, bool CS> __device__ __forceinline__ void ce_backward_vec(const 
                     P o;
 #pragma unroll
                     for (int k = 0; k < VW; ++k) o.v[k] = TT::store(v[k]);
-                    st_raw<CS>(g + j, o);
+                    st_raw(g + j, o);
                 } else {
                     store_pack<true>(g, 1, c, j, v);
                 }
@@ -251,7 +239,7 @@ CE_KERNEL cross_entropy_bwd_v0(const Args a) {
     if (!index_faulted()) ce_backward<CE_B>(a);
 }
 CE_KERNEL cross_entropy_bwd_v1(const Args a) {
-    if (!index_faulted()) ce_backward_vec<CE_B, true>(a);
+    if (!index_faulted()) ce_backward_vec<CE_B>(a);
 }
 
 #endif

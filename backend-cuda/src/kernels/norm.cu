@@ -43,7 +43,7 @@ struct RowArgs {
     i64 d;               // row length
     double eps;          // added to the variance / mean square
     int flag;            // mode: 0 registers, 1 registers in packs (see ops/norm.rs), 2 big rows,
-                         // 3 the forward's fast path (norm_fwd_vec)
+                         // 3 the fast paths (norm_fwd_vec, norm_bwd_vec)
     int ndim;            // merged leading dims
     int group;           // threads per row
     int parts;           // backward: partial rows (= groups in the grid); colsum: outputs
@@ -243,9 +243,10 @@ template <bool LN, int MODE> __device__ void norm_fwd(const RowArgs& a) {
     }
 }
 
-// The forward's fast path (mode 1: every row and parameter dense along the row, 16-byte
-// aligned, d a multiple of NV; and the leading dims merged into one, ndim <= 1, so a row's
-// offsets are one multiply each rather than the general loop of 64-bit divisions). Each thread holds PK packs of x as loaded (raw T, so a bf16
+// The forward's fast path (mode 3: mode 1's layout, every row and parameter dense along the
+// row, 16-byte aligned, d a multiple of NV; and the leading dims merged into one, ndim <= 1,
+// so a row's offsets are one multiply each rather than the general loop of 64-bit
+// divisions). Each thread holds PK packs of x as loaded (raw T, so a bf16
 // row takes half the registers of its f32 values) and converts on each use; fewer registers
 // per row means more rows in flight per SM, which is what this memory-bound kernel lacks.
 // Thread t of a group holds packs k*G + t, so a warp's loads are contiguous.

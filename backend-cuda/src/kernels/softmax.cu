@@ -192,7 +192,8 @@ template <bool VEC, bool LOG> __device__ __forceinline__ void softmax_bwd_loop(c
     }
 }
 
-// Kernel names: softmax_{fwd,bwd}_{reg<P>,loop}_v{0,1}_l{0,1} (v: vector loads, l: log).
+// Kernel names: softmax_{fwd,bwd}_{reg<P>,reg<P>_t256,loop}_v{0,1}_l{0,1} (v: vector loads,
+// l: log; t256: bounded for 256-thread blocks).
 // The backward keeps two arrays per thread, so it stops at P = 4 (ops/softmax.rs never asks
 // for more registers than these hold).
 #define RED_SMEM __shared__ C sh[1024]

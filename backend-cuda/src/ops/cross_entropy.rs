@@ -4,8 +4,8 @@
 //! backward reads them once more and writes the gradient.
 //!
 //! Targets are checked on the device first: one outside `[0, c)` that is not `ignore_index`
-//! fails the op with `InvalidArgument` before anything is written (the check waits for the
-//! device, as the index ops' does).
+//! makes the op write nothing and is reported as `InvalidArgument` at the next read or
+//! synchronize (the deferred check the index ops share, `rows::check_indices`).
 
 use super::resolve;
 use super::rows::{check_indices, rows_of, with_rows, RowView};

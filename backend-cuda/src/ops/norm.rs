@@ -109,7 +109,7 @@ fn row_args(x: &Operand, rows_ops: &[Slot], stats: &[Slot], params: &[Slot]) -> 
     let (group, big) = if need > MAX_GROUP { (MAX_GROUP, true) } else { (need.next_power_of_two().max(32), false) };
     a.group = group as i32;
     // The mode of norm.cu (kernel suffix): 0 registers, 1 registers in packs, 2 big rows (the
-    // forward may then switch mode 1 to its fast path, mode 3).
+    // forward and backward may then switch mode 1 to their fast paths, mode 3).
     a.flag = if big { 2 } else { vec as i32 };
     (a, group.max(128) as u32)
 }

@@ -2,6 +2,7 @@
 //! check, flat launches over a module's kernels, row geometry for the last-dim ops, and
 //! scratch buffers with contiguous copies for layouts the kernels do not take directly.
 
+use super::launch;
 use crate::device::{CudaDevice, IndexCheck};
 use crate::kernels::{merge_dims, set_geometry, Args, Operand};
 use genesis_backend_api::{BufferId, DType, Op, Result};
@@ -131,13 +132,6 @@ impl<'a> Scratch<'a> {
         }
         Ok(Operand { ptr, dtype: like.dtype, shape: like.shape.clone(), strides })
     }
-
-    /// Copy `from` into `to` (same shape and dtype) with the strided copy kernel.
-    pub fn copy(&self, op: &Op, from: &Operand, to: &Operand) -> Result<()> {
-        let mut args = Args::default();
-        set_geometry(&mut args, &[from, to]);
-        self.device.launch(op.name(), from.dtype, "copy_s", &mut args, 1)
-    }
 }
 
 impl Drop for Scratch<'_> {
@@ -185,11 +179,11 @@ pub fn with_rows(
     // Dense copies: rows of a dense operand with columns are its last dim apart.
     let mut scratch = Scratch::new(device);
     let mut dense = Vec::with_capacity(operands.len());
-    for &(o, _, is_output) in operands {
+    for &(o, _, _) in operands {
         let d = scratch.dense(o)?;
-        if !is_output {
-            scratch.copy(op, o, &d)?;
-        }
+        // Outputs too start as the caller's values: an op that writes nothing (a deferred
+        // index fault, index_check.cu) then copies back what was there.
+        launch::copy(device, op, o, &d)?;
         dense.push(d);
     }
     let views: Vec<RowView> = operands
@@ -206,7 +200,7 @@ pub fn with_rows(
     f(&views)?;
     for (&(o, _, is_output), d) in operands.iter().zip(&dense) {
         if is_output {
-            scratch.copy(op, d, o)?;
+            launch::copy(device, op, d, o)?;
         }
     }
     Ok(())

@@ -2,17 +2,10 @@
 //! PyTorch's shape rules. A rank-0 operand should be passed as shape `[1]` (PyTorch accepts
 //! `dim = 0` on scalars). The index values are the backend's to check, before it writes.
 
-use super::{expect_self_disjoint, Meta};
+use super::{expect_dtype, expect_self_disjoint, Meta};
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 use crate::op::Op;
-
-fn expect_dtype(op: &Op, what: &str, t: &impl Meta, dtype: DType) -> Result<()> {
-    if t.dtype() != dtype {
-        return Err(BackendError::dtype(format!("{}: {what} must be {dtype}, got {}", op.name(), t.dtype())));
-    }
-    Ok(())
-}
 
 fn expect_dim(op: &Op, dim: usize, t: &impl Meta) -> Result<()> {
     if dim >= t.shape().len() {
