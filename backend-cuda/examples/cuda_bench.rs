@@ -13,13 +13,19 @@
 //! latency of the first op and the synchronize negligible); the median of 7 rounds is kept.
 //! Working sets under 100 MiB are rotated between several copies so the L2 cache (50-60 MB
 //! on H100/H200) does not serve the inputs.
+//!
+//! With two or more GPUs, all-reduce rows time the plugin's NCCL collective over all of them
+//! (host clock around 10 calls and a synchronize of every device; `torch_bench.py` times
+//! `torch.cuda.nccl.all_reduce` the same way).
 
 #[allow(dead_code)]
 #[path = "common/mod.rs"]
 mod common;
 
 use common::{load_plugin, values, Dev, Rng, R};
-use genesis_backend_api::{BackendError, BinaryOp, BufferId, DType, Op, OpKind, ReduceOp, TensorDesc};
+use genesis_backend_api::{
+    BackendError, BinaryOp, BufferId, CollectiveArg, CollectiveOp, DType, Op, OpKind, ReduceOp, TensorDesc,
+};
 use half::{bf16, f16};
 use std::collections::HashSet;
 use std::time::Instant;
@@ -29,6 +35,9 @@ const ROUND_MS: f64 = 20.0;
 const ROTATE_BELOW: usize = 100 << 20;
 const ROTATE_TOTAL: usize = 256 << 20;
 const S: usize = 4096;
+/// Elements per device of the all-reduce rows (256 MiB of f32: a mid-sized model's gradients).
+const ALL_REDUCE_ELEMS: usize = 64 << 20;
+const ALL_REDUCE_REPS: usize = 10;
 
 struct Row {
     work: String,
@@ -814,6 +823,97 @@ fn small_op(cx: &mut Cx) -> R<(f64, Check)> {
     Ok((samples[ROUNDS / 2], ck.done()))
 }
 
+/// All-reduce (sum) of `ALL_REDUCE_ELEMS` elements over devices `0..count`, out of place,
+/// through the plugin's `collective` (NCCL). Device 0 is the `Cx`'s; the others are driven
+/// through the module directly. The host clock brackets the calls and a synchronize of
+/// every device.
+fn all_reduce(cx: &mut Cx, dtype: DType, count: u32) -> R<(f64, Check)> {
+    let m = cx.dev.m;
+    let Some(collective) = m.collective() else {
+        return Err(BackendError::unsupported("the plugin has no `collective` entry"));
+    };
+    let n = ALL_REDUCE_ELEMS;
+    let bytes = (n * dtype.size_in_bytes()) as u64;
+    let mut buffers: Vec<(u32, BufferId)> = Vec::new();
+    let result = (|| -> R<(f64, Check)> {
+        let mut args = Vec::new();
+        for device in 0..count {
+            let mut pair = Vec::with_capacity(2);
+            for k in 0..2 {
+                let b = (m.allocate())(device, bytes).into_result().map_err(BackendError::from)?;
+                buffers.push((device, b));
+                let t = TensorDesc::contiguous(b, 0, dtype, &[n])?;
+                if k == 0 {
+                    let op = Op::RandUniform { seed: cx.rng.next(), offset: 0, low: -4.0, high: 4.0 }.encode();
+                    (m.execute())(device, &op, (&[][..]).into(), std::slice::from_ref(&t).into())
+                        .into_result()
+                        .map_err(BackendError::from)?;
+                }
+                pair.push(t);
+            }
+            args.push(CollectiveArg { device, input: pair[0], output: pair[1] });
+        }
+        let run = || -> R<()> {
+            (collective)(CollectiveOp::AllReduceSum as u32, args.as_slice().into()).into_result().map_err(Into::into)
+        };
+        let sync_all = || -> R<()> {
+            for device in 0..count {
+                (m.synchronize())(device).into_result().map_err(BackendError::from)?;
+            }
+            Ok(())
+        };
+        run()?;
+        sync_all()?;
+        // A slice at the start, the middle and the end of every output against the host sum.
+        let size = dtype.size_in_bytes();
+        let read = |device: u32, b: BufferId, at: usize, len: usize| -> R<Vec<f64>> {
+            let mut out = vec![0u8; len * size];
+            (m.read())(device, b, (at * size) as u64, out.as_mut_slice().into())
+                .into_result()
+                .map_err(BackendError::from)?;
+            Ok(values(dtype, &out))
+        };
+        let mut ck = Verdict::default();
+        for at in [0, n / 2 + 7, n - 4096] {
+            let mut want = vec![0.0; 4096];
+            let mut scale = vec![0.0; 4096];
+            for a in &args {
+                for (i, x) in read(a.device, a.input.buffer, at, 4096)?.into_iter().enumerate() {
+                    want[i] += x;
+                    scale[i] += x.abs();
+                }
+            }
+            for a in &args {
+                ck.add(
+                    &format!("cuda:{} output", a.device),
+                    &read(a.device, a.output.buffer, at, 4096)?,
+                    &want,
+                    &scale,
+                    rtol(dtype, 1e-6),
+                );
+            }
+        }
+        let mut samples = Vec::new();
+        for _ in 0..ROUNDS {
+            let t = Instant::now();
+            for _ in 0..ALL_REDUCE_REPS {
+                run()?;
+            }
+            sync_all()?;
+            samples.push(t.elapsed().as_secs_f64() * 1e3 / ALL_REDUCE_REPS as f64);
+        }
+        samples.sort_by(f64::total_cmp);
+        let ms = samples[ROUNDS / 2];
+        // NCCL's "bus bandwidth": what each link carries for a ring all-reduce.
+        let bus = bytes as f64 * 2.0 * (count as f64 - 1.0) / count as f64 / (ms * 1e-3) / 1e9;
+        Ok((ms, ck.done().map(|d| format!("{d}; bus bandwidth {bus:.0} GB/s"))))
+    })();
+    for (device, b) in buffers {
+        let _ = (m.free())(device, b);
+    }
+    result
+}
+
 fn json_str(s: &str) -> String {
     let mut out = String::from("\"");
     for ch in s.chars() {
@@ -951,6 +1051,14 @@ fn main() {
     cx.row("adamw step 24 tensors 503M params f32", "ms", &[(adam, f32_)], adamw);
     cx.row("caching allocator 1000 mixed alloc/free", "ms", &[], allocator);
     cx.row("small-op overhead (tiny add, host per op)", "us", &[(add_op, f32_)], small_op);
+    // Multi-GPU rows only where there are several GPUs (torch_bench.py does the same).
+    let count = (cx.dev.m.probe())().into_result().map_or(0, |p| p.device_count);
+    if count >= 2 {
+        for d in [f32_, bf16_] {
+            let work = format!("all-reduce sum 64M {} over {count} GPUs", short(d));
+            cx.row(&work, "ms", &[], |cx| all_reduce(cx, d, count));
+        }
+    }
     if let Some(path) = json {
         if let Err(e) = write_json(&path, &device.name, &cx.rows) {
             eprintln!("cannot write {path}: {e}");

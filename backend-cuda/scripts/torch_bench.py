@@ -6,7 +6,8 @@ the Genesis CUDA plugin, in PyTorch eager on the same GPU.
 Timing: CUDA events around N back-to-back calls (N chosen so a round lasts about 20 ms), median
 of 7 rounds after a warm-up, rotating between copies of working sets under 100 MiB exactly as
 cuda_bench does, so the L2 cache serves neither side. The host-side rows (allocator, small-op
-overhead) use the host clock on both sides.
+overhead) use the host clock on both sides, and so do the all-reduce rows (only with two or more
+GPUs: single-process NCCL over all of them, like the plugin's collective).
 
 With --genesis, prints the combined markdown table (and writes it to --out): work, Genesis,
 PyTorch, speed-up (PyTorch ms / Genesis ms), the PERFORMANCE.md goal, whether it is met, and
@@ -44,6 +45,7 @@ ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
 ALLOC_SIZES = [4 << 20, 123, 64 << 20, 3000, 1 << 20, 17 << 20, 512, 40_000, 9 << 20, 1]
 
 SIZE = {"f32": 4, "bf16": 2}
+ALL_REDUCE_ELEMS = 64 << 20
 
 
 def works():
@@ -292,7 +294,52 @@ def run_torch(filt):
         ms = "-" if row["ms"] is None else f"{row['ms']:.4f}"
         print(f"| {name} | {ms} {row['unit']} | {row['status']} | {row['detail']} |", flush=True)
         rows.append(row)
+    count = torch.cuda.device_count()
+    for d in ("f32", "bf16") if count >= 2 else ():
+        name = f"all-reduce sum 64M {d} over {count} GPUs"
+        if filt and filt.lower() not in name.lower():
+            continue
+        t = time.perf_counter()
+        try:
+            row = dict(work=name, ms=all_reduce(d, count), unit="ms", status="ok", detail="")
+        except Exception as e:
+            row = dict(work=name, ms=None, unit="ms", status="error", detail=f"{type(e).__name__}: {e}")
+        row["detail"] = (row["detail"] + f"; row took {time.perf_counter() - t:.1f} s").lstrip("; ")
+        ms = "-" if row["ms"] is None else f"{row['ms']:.4f}"
+        print(f"| {name} | {ms} ms | {row['status']} | {row['detail']} |", flush=True)
+        rows.append(row)
     return dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, rows=rows)
+
+
+def all_reduce(d, count):
+    """Single-process NCCL all-reduce over every GPU, out of place, as cuda_bench's row: host
+    clock around 10 calls and a synchronize of every device, median of 7 rounds."""
+    import torch
+    import torch.cuda.nccl as nccl
+    dt = torch.bfloat16 if d == "bf16" else torch.float32
+    n = ALL_REDUCE_ELEMS
+    ins = [torch.empty(n, device=f"cuda:{i}", dtype=dt).uniform_(-4, 4) for i in range(count)]
+    outs = [torch.empty_like(x) for x in ins]
+
+    def sync_all():
+        for i in range(count):
+            torch.cuda.synchronize(i)
+
+    nccl.all_reduce(ins, outs)
+    sync_all()
+    want = sum(x.double() for x in ins)
+    for o in outs:
+        if not torch.allclose(o.double(), want, rtol=1e-2 if d == "bf16" else 1e-6, atol=1e-2 if d == "bf16" else 1e-5):
+            raise ValueError("all-reduce result differs from the sum")
+    del want
+    samples = []
+    for _ in range(ROUNDS):
+        t = time.perf_counter()
+        for _ in range(10):
+            nccl.all_reduce(ins, outs)
+        sync_all()
+        samples.append((time.perf_counter() - t) * 1e3 / 10)
+    return statistics.median(samples)
 
 
 def fmt(x, digits=4):
