@@ -327,9 +327,9 @@ def all_reduce(d, count):
 
     nccl.all_reduce(ins, outs)
     sync_all()
-    want = sum(x.double() for x in ins)
+    want = sum(x.to("cuda:0", torch.float64) for x in ins)
     for o in outs:
-        if not torch.allclose(o.double(), want, rtol=1e-2 if d == "bf16" else 1e-6, atol=1e-2 if d == "bf16" else 1e-5):
+        if not torch.allclose(o.to("cuda:0", torch.float64), want, rtol=1e-2 if d == "bf16" else 1e-6, atol=1e-2 if d == "bf16" else 1e-5):
             raise ValueError("all-reduce result differs from the sum")
     del want
     samples = []
