@@ -459,6 +459,8 @@ fn check_errors(ck: &mut Checker) {
         expect(what, r, kind, ck);
     }
     check_deferred_index_error(ck);
+    check_deferred_index_error_in_scratch(ck);
+    check_index_check_list_full(ck);
     if let Err(e) = ck.cuda.alloc(1 << 47) {
         println!("out-of-memory message: {}", e.message);
     }
@@ -520,6 +522,141 @@ fn check_deferred_index_error(ck: &mut Checker) {
         Ok(Ok(())) => *ck.passed.entry("error: index out of range reported at synchronize".into()).or_default() += 1,
         Ok(Err(e)) => ck.failed.push(format!("error: deferred index check: {e}")),
         Err(e) => ck.failed.push(format!("error: deferred index check could not run: {e}")),
+    }
+}
+
+/// The row ops' slow path (leading dims that do not merge, so inputs and outputs go through
+/// dense scratch copies) with a deferred index fault: cross-entropy over a permuted batch with
+/// a target out of range must leave its outputs as they were; with good targets it must give
+/// the host's losses.
+fn check_deferred_index_error_in_scratch(ck: &mut Checker) {
+    let dev = &ck.cuda;
+    let (b0, b1, c) = (2usize, 3usize, 4usize);
+    let run = || -> R<Result<(), String>> {
+        let logits: Vec<f32> = (0..b0 * b1 * c).map(|i| ((i * 7 % 11) as f32 - 5.0) / 3.0).collect();
+        let x = dev.alloc(logits.len() * 4)?;
+        let t = dev.alloc(b0 * b1 * 8)?;
+        let outs = [dev.alloc(b0 * b1 * 4)?, dev.alloc(b0 * b1 * 4)?];
+        dev.write(x, &logits.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>())?;
+        // Stored as [b1, b0, c], seen as [b0, b1, c]: dims 0 and 1 swapped do not merge.
+        let xd = TensorDesc::new(x, 0, DType::F32, &[b0, b1, c], &[c as isize, (b0 * c) as isize, 1])?;
+        let td = TensorDesc::contiguous(t, 0, DType::I64, &[b0, b1])?;
+        let od = [
+            TensorDesc::contiguous(outs[0], 0, DType::F32, &[b0, b1])?,
+            TensorDesc::contiguous(outs[1], 0, DType::F32, &[b0, b1])?,
+        ];
+        let op = Op::CrossEntropy { ignore_index: -100, label_smoothing: 0.0 };
+        let put = |v: &[i64]| dev.write(t, &v.iter().flat_map(|i| i.to_le_bytes()).collect::<Vec<_>>());
+        for o in outs {
+            dev.write(o, &vec![0xA7; b0 * b1 * 4])?;
+        }
+        put(&[0, 1, 9, 3, 2, 1])?;
+        dev.exec(&op, &[xd, td], &od)?;
+        let outcome = match dev.sync() {
+            Ok(()) => Err("synchronize succeeded after a bad target".to_string()),
+            Err(e) if e.kind != ErrorKind::InvalidArgument || !e.message.contains("target 9") => {
+                Err(format!("expected InvalidArgument naming target 9, got {e}"))
+            }
+            Err(_) if outs.iter().any(|&o| dev.read(o, b0 * b1 * 4).map_or(true, |v| v != vec![0xA7; b0 * b1 * 4])) => {
+                Err("the outputs changed".to_string())
+            }
+            Err(_) => {
+                let target = [0i64, 1, 2, 3, 2, 1];
+                put(&target)?;
+                dev.exec(&op, &[xd, td], &od)?;
+                let got: Vec<f32> = dev
+                    .read(outs[0], b0 * b1 * 4)?
+                    .chunks(4)
+                    .map(|q| f32::from_le_bytes([q[0], q[1], q[2], q[3]]))
+                    .collect();
+                let want: Vec<f32> = (0..b0 * b1)
+                    .map(|r| {
+                        let (i, j) = (r / b1, r % b1);
+                        let row = &logits[(j * b0 + i) * c..][..c];
+                        let lse = row.iter().map(|v| (*v as f64).exp()).sum::<f64>().ln();
+                        (lse - row[target[r] as usize] as f64) as f32
+                    })
+                    .collect();
+                if got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= 1e-5 * (1.0 + w.abs())) {
+                    Ok(())
+                } else {
+                    Err(format!("losses {got:?}, host {want:?}"))
+                }
+            }
+        };
+        for b in [x, t].into_iter().chain(outs) {
+            dev.free(b)?;
+        }
+        Ok(outcome)
+    };
+    match run() {
+        Ok(Ok(())) => {
+            *ck.passed.entry("error: deferred index fault on the row ops' scratch path".into()).or_default() += 1
+        }
+        Ok(Err(e)) => ck.failed.push(format!("error: deferred index fault on the scratch path: {e}")),
+        Err(e) => ck.failed.push(format!("error: deferred index fault on the scratch path could not run: {e}")),
+    }
+}
+
+/// A loop that never synchronizes still gets a deferred index error: once the device's list
+/// of pending index checks is full, the next index op reports the earlier fault; after that
+/// the lists start over (synchronize succeeds, gathers work).
+fn check_index_check_list_full(ck: &mut Checker) {
+    let dev = &ck.cuda;
+    let run = || -> R<Result<(), String>> {
+        let x = dev.alloc(4 * 8)?;
+        let idx = [dev.alloc(8 * 4)?, dev.alloc(8 * 4)?];
+        let y = dev.alloc(4 * 4)?;
+        dev.write(x, &(0..8).flat_map(|i| (i as f32).to_le_bytes()).collect::<Vec<_>>())?;
+        let put = |b, v: [i64; 4]| dev.write(b, &v.iter().flat_map(|i| i.to_le_bytes()).collect::<Vec<_>>());
+        put(idx[0], [1, 9, 2, 3])?;
+        put(idx[1], [3, 2, 1, 0])?;
+        let xd = TensorDesc::contiguous(x, 0, DType::F32, &[8])?;
+        let ids = [
+            TensorDesc::contiguous(idx[0], 0, DType::I64, &[4])?,
+            TensorDesc::contiguous(idx[1], 0, DType::I64, &[4])?,
+        ];
+        let yd = TensorDesc::contiguous(y, 0, DType::F32, &[4])?;
+        let gather = Op::Gather { dim: 0 };
+        dev.exec(&gather, &[xd, ids[0]], &[yd])?;
+        // The list holds 65536 checks (device.rs); allow a few more calls than that.
+        let mut reported = None;
+        for call in 1..=70_000 {
+            if let Err(e) = dev.exec(&gather, &[xd, ids[1]], &[yd]) {
+                reported = Some((call, e));
+                break;
+            }
+        }
+        let outcome = match reported {
+            None => Err("70000 gathers after a bad one and no error".to_string()),
+            Some((_, e)) if e.kind != ErrorKind::InvalidArgument || !e.message.contains("gather: index 9") => {
+                Err(format!("expected InvalidArgument naming gather and 9, got {e}"))
+            }
+            Some((call, _)) => match dev.sync() {
+                Err(e) => Err(format!("synchronize after the report failed: {e}")),
+                Ok(()) => {
+                    dev.exec(&gather, &[xd, ids[1]], &[yd])?;
+                    dev.sync()?;
+                    let back: Vec<f32> =
+                        dev.read(y, 16)?.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                    if back == [3.0, 2.0, 1.0, 0.0] {
+                        println!("deferred index error reported by gather call {call} after the bad one");
+                        Ok(())
+                    } else {
+                        Err(format!("a good gather after the error gave {back:?}"))
+                    }
+                }
+            },
+        };
+        for b in [x, idx[0], idx[1], y] {
+            dev.free(b)?;
+        }
+        Ok(outcome)
+    };
+    match run() {
+        Ok(Ok(())) => *ck.passed.entry("error: index checks list full reports the fault".into()).or_default() += 1,
+        Ok(Err(e)) => ck.failed.push(format!("error: index check list full: {e}")),
+        Err(e) => ck.failed.push(format!("error: index check list full could not run: {e}")),
     }
 }
 

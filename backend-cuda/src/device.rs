@@ -282,9 +282,9 @@ impl CudaDevice {
     pub fn queue_index_check(&self, check: IndexCheck, launch: impl FnOnce(u32) -> Result<()>) -> Result<()> {
         let mut checks = Self::lock(&self.index_checks);
         if checks.len() == INDEX_CHECKS_KEPT {
-            // SAFETY: our stream.
-            unsafe { result::stream::synchronize(self.stream) }.map_err(|e| driver_error("cuStreamSynchronize", e))?;
-            Self::take_index_fault(&mut checks)?;
+            // A full list is a synchronization like any other: a fault found here is
+            // reported now (naming its op), and the lists start over either way.
+            self.wait_locked(&mut checks, "before an index check, the list of pending ones full")?;
         }
         checks.push(check);
         launch(checks.len() as u32)
@@ -294,6 +294,12 @@ impl CudaDevice {
     /// error its op would have returned on the CPU; the fault words are reset and the list
     /// emptied either way.
     fn take_index_fault(checks: &mut Vec<IndexCheck>) -> Result<()> {
+        let result = Self::first_index_fault(checks);
+        checks.clear();
+        result
+    }
+
+    fn first_index_fault(checks: &[IndexCheck]) -> Result<()> {
         if checks.is_empty() {
             return Ok(());
         }
@@ -316,7 +322,7 @@ impl CudaDevice {
             }
         }
         let found = first.and_then(|(number, value)| Some((checks.get(number as usize - 1)?, value)));
-        let result = match found {
+        match found {
             Some((c, value)) => {
                 let ignored = c.ignore.map_or(String::new(), |i| format!(" and is not ignore_index ({i})"));
                 Err(BackendError::invalid(format!(
@@ -327,9 +333,7 @@ impl CudaDevice {
             }
             None if first.is_some() => Err(BackendError::internal("cuda: an index check failed that was not recorded")),
             None => Ok(()),
-        };
-        checks.clear();
-        result
+        }
     }
 
     /// Compile (or fetch from the disk cache) and load kernel module `module` for `dtype`.
@@ -469,11 +473,16 @@ impl CudaDevice {
 
     /// Wait for the stream; an error names the ops that may have caused it.
     fn wait(&self, when: &str) -> Result<()> {
-        let mut checks = Self::lock(&self.index_checks);
+        self.wait_locked(&mut Self::lock(&self.index_checks), when)
+    }
+
+    /// [`CudaDevice::wait`] for a caller that holds the index-check lock (always taken
+    /// before `pending`'s).
+    fn wait_locked(&self, checks: &mut Vec<IndexCheck>, when: &str) -> Result<()> {
         // SAFETY: our stream.
         let Err(e) = (unsafe { result::stream::synchronize(self.stream) }) else {
             Self::lock(&self.pending).clear();
-            return Self::take_index_fault(&mut checks);
+            return Self::take_index_fault(checks);
         };
         checks.clear();
         let ops: Vec<String> = Self::lock(&self.pending).drain(..).map(|(what, d)| pending_text(&what, d)).collect();

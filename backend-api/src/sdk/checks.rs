@@ -39,6 +39,26 @@ pub trait Meta {
     fn strides(&self) -> &[isize];
 }
 
+/// Implements [`Meta`] for a struct with the fields `dtype: DType`, `shape: Vec<usize>` and
+/// `strides: Vec<isize>` (the usual resolved-operand type):
+/// `genesis_backend_api::impl_meta!(View);`.
+#[macro_export]
+macro_rules! impl_meta {
+    ($operand:ty) => {
+        impl $crate::sdk::checks::Meta for $operand {
+            fn dtype(&self) -> $crate::DType {
+                self.dtype
+            }
+            fn shape(&self) -> &[usize] {
+                &self.shape
+            }
+            fn strides(&self) -> &[isize] {
+                &self.strides
+            }
+        }
+    };
+}
+
 /// A descriptor's dtype, shape and strides as a [`Meta`]: lets a backend that works on
 /// [`TensorDesc`]s directly (no resolved-operand type of its own) use the family checks.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,17 +75,7 @@ impl Geometry {
     }
 }
 
-impl Meta for Geometry {
-    fn dtype(&self) -> DType {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn strides(&self) -> &[isize] {
-        &self.strides
-    }
-}
+crate::impl_meta!(Geometry);
 
 /// The operands as fixed-size arrays, or `InvalidArgument` naming the expected counts (the
 /// message of [`super::expect_arity`]).

@@ -71,17 +71,7 @@ pub struct View {
     pub strides: Vec<isize>,
 }
 
-impl genesis_backend_api::sdk::checks::Meta for View {
-    fn dtype(&self) -> DType {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn strides(&self) -> &[isize] {
-        &self.strides
-    }
-}
+genesis_backend_api::impl_meta!(View);
 
 // SAFETY: a View is an address plus geometry; the op contract keeps outputs disjoint from
 // the other operands, which is what makes handing views to worker threads sound.

@@ -161,17 +161,7 @@ pub struct Operand {
     pub strides: Vec<isize>,
 }
 
-impl genesis_backend_api::sdk::checks::Meta for Operand {
-    fn dtype(&self) -> DType {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn strides(&self) -> &[isize] {
-        &self.strides
-    }
-}
+genesis_backend_api::impl_meta!(Operand);
 
 impl Operand {
     /// Check `desc` against a buffer of `len` bytes at `base`.
