@@ -1266,6 +1266,8 @@ template <int D, int S> __device__ void attn_bwd_dq_tc(const AttnArgs& a, T* sm)
 // registers, three blocks (12 warps) per SM: the products are latency bound at two blocks,
 // and a few spilled bytes cost less (H100 bench shape: backward 0.52 -> 0.42 ms; a 32-query
 // dK/dV step that fits without spilling measured 0.50 ms, four dQ blocks per SM 0.50 ms).
+// The dK/dV template arguments <D, BM, S> are mirrored by `tc_dkv_rows` and `TC_DKV_STAGES` in
+// ops/attention.rs (which size shared memory from them), the dQ pass's S by `tc_stages`.
 extern "C" __global__ void __launch_bounds__(TC_THREADS, 3) attn_bwd_dkv_tc_64(const AttnArgs a) {
     ASMEM;
     attn_bwd_dkv_tc<64, 64, 2>(a, (T*)smem_raw);

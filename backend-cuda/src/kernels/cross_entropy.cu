@@ -123,10 +123,33 @@ template <bool VEC> __device__ __forceinline__ void ce_forward(const Args& a, C*
     }
 }
 
+// One row's target, log-sum-exp and upstream gradient, and from them the gradient of a pack
+// of logits starting at column j: dl * (softmax - smooth) - dl * keep at the target, zero on an
+// ignored row. Both backward kernels build one per row before their pack loop.
+struct CeGrad {
+    i64 t;
+    C l, dl, dk, ds;
+    bool ignored;
+    __device__ __forceinline__ CeGrad(const Args& a, u64 row, C keep, C smooth) {
+        t = ((const i64*)a.p[1])[(i64)row * a.st[1][0]];
+        l = (C)((const float*)a.p[2])[(i64)row * a.st[2][0]];
+        dl = (C)((const float*)a.p[3])[(i64)row * a.st[3][0]];
+        ignored = t == (i64)a.u[1];
+        dk = dl * keep;
+        ds = dl * smooth;
+    }
+    __device__ __forceinline__ void apply(i64 j, C (&v)[VW]) const {
+        const i64 dt = t - j;
+        const int hot = dt >= 0 && dt < VW ? (int)dt : -1;  // the target's slot in this pack
+#pragma unroll
+        for (int k = 0; k < VW; ++k) v[k] = ignored ? (C)0 : dl * exp_diff(v[k], l) - ds - (k == hot ? dk : (C)0);
+    }
+};
+
 // Grid: x over column spans of B packs per thread, y over rows (grid-stride in both). This
 // is the strided path; dense rows take ce_backward_vec below.
 template <int B> __device__ __forceinline__ void ce_backward(const Args& a) {
-    const i64 c = (i64)a.u[0], ignore = (i64)a.u[1];
+    const i64 c = (i64)a.u[0];
     const C eps = (C)a.s[0];
     const C keep = (C)1 - eps, smooth = eps / (C)(c > 0 ? c : 1);
     const i64 xcs = a.st[0][1], gcs = a.st[0][3];
@@ -138,19 +161,12 @@ template <int B> __device__ __forceinline__ void ce_backward(const Args& a) {
             // Whole for every thread of the block or for none: j0 - threadIdx.x * VW is uniform.
             const bool full = j0 - (i64)threadIdx.x * VW + span <= c;
             C v[VW];
-            const i64 t = ((const i64*)a.p[1])[(i64)row * a.st[1][0]];
-            const C l = (C)((const float*)a.p[2])[(i64)row * a.st[2][0]];
-            const C dl = (C)((const float*)a.p[3])[(i64)row * a.st[3][0]];
-            const bool ignored = t == ignore;
-            const C dk = dl * keep, ds = dl * smooth;
+            const CeGrad r(a, row, keep, smooth);
 #pragma unroll
             for (int p = 0; p < B; ++p) {
-                const i64 j = j0 + p * step, dt = t - j;
+                const i64 j = j0 + p * step;
                 load_pack<false>(x, xcs, c, j, (C)0, v);
-                const int hot = dt >= 0 && dt < VW ? (int)dt : -1;  // the target's slot in this pack
-#pragma unroll
-                for (int k = 0; k < VW; ++k)
-                    v[k] = ignored ? (C)0 : dl * exp_diff(v[k], l) - ds - (k == hot ? dk : (C)0);
+                r.apply(j, v);
                 if (full) store_full(g, gcs, j, v);
                 else store_pack<false>(g, gcs, c, j, v);
             }
@@ -174,7 +190,7 @@ __device__ __forceinline__ void st_raw(T* p, const Pack<T, VW>& v) { __stcs((int
 
 template <int B> __device__ __forceinline__ void ce_backward_vec(const Args& a) {
     typedef Pack<T, VW> P;
-    const i64 c = (i64)a.u[0], ignore = (i64)a.u[1];
+    const i64 c = (i64)a.u[0];
     const C eps = (C)a.s[0];
     const C keep = (C)1 - eps, smooth = eps / (C)(c > 0 ? c : 1);
     const i64 step = (i64)blockDim.x * VW, span = step * B;
@@ -186,14 +202,10 @@ template <int B> __device__ __forceinline__ void ce_backward_vec(const Args& a) 
 #pragma unroll
             for (int p = 0; p < B; ++p)
                 if (j0 + p * step + VW <= c) raw[p] = ld_raw(x + j0 + p * step);
-            const i64 t = ((const i64*)a.p[1])[(i64)row * a.st[1][0]];
-            const C l = (C)((const float*)a.p[2])[(i64)row * a.st[2][0]];
-            const C dl = (C)((const float*)a.p[3])[(i64)row * a.st[3][0]];
-            const bool ignored = t == ignore;
-            const C dk = dl * keep, ds = dl * smooth;
+            const CeGrad r(a, row, keep, smooth);
 #pragma unroll
             for (int p = 0; p < B; ++p) {
-                const i64 j = j0 + p * step, dt = t - j;
+                const i64 j = j0 + p * step;
                 const bool inside = j + VW <= c;
                 if (!inside && j >= c) continue;
                 C v[VW];
@@ -203,10 +215,7 @@ template <int B> __device__ __forceinline__ void ce_backward_vec(const Args& a) 
                 } else {
                     load_pack<true>(x, 1, c, j, (C)0, v);
                 }
-                const int hot = dt >= 0 && dt < VW ? (int)dt : -1;
-#pragma unroll
-                for (int k = 0; k < VW; ++k)
-                    v[k] = ignored ? (C)0 : dl * exp_diff(v[k], l) - ds - (k == hot ? dk : (C)0);
+                r.apply(j, v);
                 if (inside) {
                     P o;
 #pragma unroll

@@ -137,12 +137,14 @@ fn tc_dkv_rows(dpad: usize) -> usize {
     }
 }
 
-/// Shared memory of `attn_bwd_dkv_tc_{dpad}` (two stages; three measured slower): the block's K
-/// and V (64 rows each), two stages of a Q and a dO tile, and two stages of the tile's lse and
-/// D (f32).
+/// Q/dO pipeline stages of `attn_bwd_dkv_tc_{dpad}` (its `S`; three measured slower).
+const TC_DKV_STAGES: usize = 2;
+
+/// Shared memory of `attn_bwd_dkv_tc_{dpad}`: the block's K and V (64 rows each), and per
+/// stage a Q and a dO tile and the tile's lse and D (f32).
 fn tc_dkv_smem(dpad: usize) -> u32 {
     let bm = tc_dkv_rows(dpad);
-    ((2 * 64 + 4 * bm) * (dpad + 8) * 2 + 4 * bm * 4) as u32
+    ((2 * 64 + TC_DKV_STAGES * 2 * bm) * (dpad + 8) * 2 + TC_DKV_STAGES * 2 * bm * 4) as u32
 }
 
 /// Shared memory of `attn_bwd_dq_tc_{dpad}`: the block's Q and dO (64 rows each) and the
