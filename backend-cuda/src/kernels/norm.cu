@@ -583,7 +583,7 @@ template <bool LN, int PK> __device__ void norm_bwd_vec(const RowArgs& a) {
 // each thread streams its x and dy packs of the next S rows into shared memory with cp.async
 // instead of holding one prefetched row in registers, and the per-row instruction count is
 // cut. Nsight Compute on the H200 (layer norm bf16 4096x4096) showed the earlier kernels
-// issue-bound rather than waiting on memory: 54 instructions per element, "not selected" the
+// issue-bound rather than waiting on memory: 58 instructions per element, "not selected" the
 // largest stall; most of it was the bit-exact bf16 rounding of dx (10 instructions an
 // element), the unpacking of each bf16 twice, a 32-bit division for the group's first warp and
 // two IEEE divisions per row, and 64-bit row address arithmetic.
