@@ -870,7 +870,7 @@ BWD_V(2, 1)
 // The pipelined backward (sm_80+), by packs per thread as BWD_V. Stages: PIPE_STAGES in
 // ops/norm.rs sizes the dynamic shared memory for it. Prototype on the H200 (4096x4096, kernel
 // and column sums; norm_bwd_vec 71.8 / 53.4 us for layer / RMS norm bf16): 2 stages 53.8 /
-// 38.8 us, 3 stages 54.6 / 39.3, 4 stages 55.7 / 41.2 (more stages only took L1 away); f32
+// 38.8 us, 3 stages 54.6 / 39.3, 4 stages 55.7 / 41.2; f32
 // layer norm 61.8 -> 59.7 us, RMS 58.1 -> 56.5.
 #define NORM_PIPE_S 2
 #if __CUDA_ARCH__ >= 800
