@@ -22,6 +22,10 @@ const MAX_GROUP: usize = 512;
 /// Packs of 16 bytes per thread in the forward's fast path (`norm_fwd_vec<LN, 4>`).
 const VEC_PACKS: usize = 4;
 
+/// Rows in flight per thread group in the backward's pipelined path (`NORM_PIPE_S` in
+/// norm.cu): each thread stages its x and dy packs of that many rows in shared memory.
+const PIPE_STAGES: usize = 2;
+
 /// Columns per thread in the backward's fast path (`norm_bwd_vec`: 1 pack of bf16/f16, 2 of
 /// f32). Measured on an H100 (4096x4096, 1024 resident threads per SM): 8 columns beat 16
 /// and 32 for bf16 (LN 0.086 ms against 0.106 and 0.135) and 4 and 16 for f32 LN.
@@ -192,6 +196,7 @@ fn backward(device: &CudaDevice, op: &Op, ln: bool, ins: &[Operand], outs: &[Ope
     // Resident threads per SM the grid is sized for: the backward holds more row shares per
     // thread than the forward.
     let mut per_sm = 1024;
+    let mut smem = 0u32;
     // The fast path (mode 3) for f32/f16/bf16: dense aligned rows whose leading dims merge
     // into one, in groups sized for BWD_COLS columns per thread. f64 keeps mode 1 (not measured).
     let size = x.dtype.size_in_bytes();
@@ -203,9 +208,16 @@ fn backward(device: &CudaDevice, op: &Op, ln: bool, ins: &[Operand], outs: &[Ope
             a.flag = 3;
             threads = group.max(128) as u32;
             let packs = BWD_COLS / (16 / size);
-            stem = format!("v{packs}");
-            // The f32 kernel (2 packs, with the next row's prefetched) takes 96 registers:
-            // five 128-thread blocks, two of 256 or one of 512 per SM.
+            // sm_80+ (cp.async): the pipelined kernel, x and dy of PIPE_STAGES rows staged in
+            // shared memory per thread (16-byte packs).
+            if device.facts.arch >= 80 {
+                stem = format!("p{packs}");
+                smem = (PIPE_STAGES * 2 * packs * 16) as u32 * threads;
+            } else {
+                stem = format!("v{packs}");
+            }
+            // The f32 kernels (2 packs) take 87-96 registers: five 128-thread blocks, two of
+            // 256 or one of 512 per SM.
             if packs == 2 {
                 per_sm = 640;
             }
@@ -222,7 +234,7 @@ fn backward(device: &CudaDevice, op: &Op, ln: bool, ins: &[Operand], outs: &[Ope
             a.parts = parts as i32;
             let kernel = format!("{}_{stem}", if ln { "norm_bwd_ln" } else { "norm_bwd_rms" });
             // As in the forward; the scratch holds `parts` partial rows of `nout * d`.
-            device.launch_grid(name, "norm", x.dtype, &kernel, &mut a, (grid, 1), (threads, 1), 0)?;
+            device.launch_grid(name, "norm", x.dtype, &kernel, &mut a, (grid, 1), (threads, 1), smem)?;
         }
         // Column sums (zeros when there are no rows).
         let mut c = RowArgs { rows: parts as i64, d: d as i64, parts: nout as i32, ..RowArgs::default() };
