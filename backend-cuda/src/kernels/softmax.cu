@@ -195,26 +195,40 @@ template <bool VEC, bool LOG> __device__ __forceinline__ void softmax_bwd_loop(c
 // Kernel names: softmax_{fwd,bwd}_{reg<P>,reg<P>_t256,loop}_v{0,1}_l{0,1} (v: vector loads,
 // l: log; t256: bounded for 256-thread blocks).
 // The backward keeps two arrays per thread, so it stops at P = 4 (ops/softmax.rs never asks
-// for more registers than these hold).
+// for more registers than these hold). Its t256 kernels run only for f16/bf16 rows kept as
+// loaded packs, so there is no _t256_v0 backward, and the other types' t256 ones loop.
+// The forward's t256 bound: 3 blocks per SM (85 registers; the f32 8-pack kernel needs
+// them), 4 for 2-byte types (64 registers, which their 4-pack kernel fits without spilling;
+// more rows in flight per SM for a kernel that waits on memory): H200, cuda_bench softmax
+// 8192x8192 bf16 0.1040 -> 0.1007 ms. The f16/bf16 8-pack forward is never picked
+// (ops/softmax.rs stops them at 4 packs) and loops, which costs no compile time.
 #define RED_SMEM __shared__ C sh[1024]
 #define KERNEL extern "C" __global__ void __launch_bounds__(1024)
+#define FWD_T256_BLOCKS (sizeof(T) == 2 ? 4 : 3)
+template <int P, bool VEC, bool LOG> __device__ __forceinline__ void softmax_fwd(const Args& a, C* sh) {
+    if (P * VW > 32) softmax_loop<VEC, LOG>(a, sh);
+    else softmax_reg<P, VEC, LOG>(a, sh);
+}
 #define SOFTMAX_FWD(P, V, L)                                                                    \
     KERNEL softmax_fwd_reg##P##_v##V##_l##L(const Args a) {                                    \
         RED_SMEM;                                                                               \
-        softmax_reg<P, (V != 0), (L != 0)>(a, sh);                                              \
+        softmax_fwd<P, (V != 0), (L != 0)>(a, sh);                                              \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(256, 3) softmax_fwd_reg##P##_t256_v##V##_l##L(const Args a) { \
+    extern "C" __global__ void __launch_bounds__(256, FWD_T256_BLOCKS)                         \
+        softmax_fwd_reg##P##_t256_v##V##_l##L(const Args a) {                                  \
         RED_SMEM;                                                                               \
-        softmax_reg<P, (V != 0), (L != 0)>(a, sh);                                              \
+        softmax_fwd<P, (V != 0), (L != 0)>(a, sh);                                              \
     }
 #define SOFTMAX_BWD(P, V, L)                                                                    \
     KERNEL softmax_bwd_reg##P##_v##V##_l##L(const Args a) {                                    \
         RED_SMEM;                                                                               \
         softmax_bwd_reg<P, (V != 0), (L != 0), true>(a, sh);                                    \
-    }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(256, 3) softmax_bwd_reg##P##_t256_v##V##_l##L(const Args a) { \
+    }
+#define SOFTMAX_BWD_T256(P, L)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, 3) softmax_bwd_reg##P##_t256_v1_l##L(const Args a) { \
         RED_SMEM;                                                                               \
-        softmax_bwd_reg<P, (V != 0), (L != 0), false>(a, sh);                                   \
+        if (sizeof(T) == 2) softmax_bwd_reg<P, true, (L != 0), false>(a, sh);                   \
+        else softmax_bwd_loop<true, (L != 0)>(a, sh);                                           \
     }
 #define SOFTMAX_ALL(V, L)                                                                       \
     SOFTMAX_FWD(1, V, L)                                                                        \
@@ -236,5 +250,11 @@ SOFTMAX_ALL(0, 0)
 SOFTMAX_ALL(0, 1)
 SOFTMAX_ALL(1, 0)
 SOFTMAX_ALL(1, 1)
+SOFTMAX_BWD_T256(1, 0)
+SOFTMAX_BWD_T256(2, 0)
+SOFTMAX_BWD_T256(4, 0)
+SOFTMAX_BWD_T256(1, 1)
+SOFTMAX_BWD_T256(2, 1)
+SOFTMAX_BWD_T256(4, 1)
 
 #endif
