@@ -198,13 +198,14 @@ template <bool VEC, bool LOG> __device__ __forceinline__ void softmax_bwd_loop(c
 // for more registers than these hold). Its t256 kernels run only for f16/bf16 rows kept as
 // loaded packs, so there is no _t256_v0 backward, and the other types' t256 ones loop.
 // The forward's t256 bound: 3 blocks per SM (85 registers; the f32 8-pack kernel needs
-// them), 4 for 2-byte types (64 registers, which their 4-pack kernel fits without spilling;
-// more rows in flight per SM for a kernel that waits on memory): H200, cuda_bench softmax
-// 8192x8192 bf16 0.1040 -> 0.1007 ms. The f16/bf16 8-pack forward is never picked
+// them), 4 for the contiguous f16/bf16 softmax (64 registers, which its 4-pack kernel fits
+// without spilling; more rows in flight per SM for a kernel that waits on memory): H200,
+// cuda_bench softmax 8192x8192 bf16 0.1040 -> 0.1007 ms. Not for log-softmax or strided
+// rows: their 4-pack kernels spill 4 and 40 bytes at 64 registers (not measured there). The f16/bf16 8-pack forward is never picked
 // (ops/softmax.rs stops them at 4 packs) and loops, which costs no compile time.
 #define RED_SMEM __shared__ C sh[1024]
 #define KERNEL extern "C" __global__ void __launch_bounds__(1024)
-#define FWD_T256_BLOCKS (sizeof(T) == 2 ? 4 : 3)
+#define FWD_T256_BLOCKS(V, L) (sizeof(T) == 2 && V == 1 && L == 0 ? 4 : 3)
 template <int P, bool VEC, bool LOG> __device__ __forceinline__ void softmax_fwd(const Args& a, C* sh) {
     if (P * VW > 32) softmax_loop<VEC, LOG>(a, sh);
     else softmax_reg<P, VEC, LOG>(a, sh);
@@ -214,7 +215,7 @@ template <int P, bool VEC, bool LOG> __device__ __forceinline__ void softmax_fwd
         RED_SMEM;                                                                               \
         softmax_fwd<P, (V != 0), (L != 0)>(a, sh);                                              \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(256, FWD_T256_BLOCKS)                         \
+    extern "C" __global__ void __launch_bounds__(256, FWD_T256_BLOCKS(V, L))                   \
         softmax_fwd_reg##P##_t256_v##V##_l##L(const Args a) {                                  \
         RED_SMEM;                                                                               \
         softmax_fwd<P, (V != 0), (L != 0)>(a, sh);                                              \
