@@ -27,13 +27,30 @@ template <int P, bool VEC, bool LOG> __device__ __forceinline__ void softmax_reg
         T* y = (T*)a.p[1] + (row < a.n ? (i64)row * a.st[1][0] : 0);
         C v[P][VW];
         C m = neg_inf();
+        if (VEC && !LOG && ((i64)(P - 1) * blockDim.x + threadIdx.x) * VW + VW <= len) {
+            // Every pack of this thread lies inside the row: the P loads go out back to back,
+            // one memory latency per row (the general path's per-pack range checks made the
+            // compiler issue them one pack after another). Not for log-softmax, whose kernels
+            // then spilled more (8 f32 packs at 85 registers: 24 -> 84 bytes).
+            Pack<T, VW> q[P];
 #pragma unroll
-        for (int p = 0; p < P; ++p) {
-            // Packs interleave across the row's threads, so a warp's loads are contiguous.
-            const i64 j = ((i64)p * blockDim.x + threadIdx.x) * VW;
-            load_pack<VEC>(x, a.st[0][1], len, j, neg_inf(), v[p]);
+            for (int p = 0; p < P; ++p) q[p] = *(const Pack<T, VW>*)(x + ((i64)p * blockDim.x + threadIdx.x) * VW);
 #pragma unroll
-            for (int k = 0; k < VW; ++k) m = cmax(m, v[p][k]);
+            for (int p = 0; p < P; ++p)
+#pragma unroll
+                for (int k = 0; k < VW; ++k) {
+                    v[p][k] = TT::load(q[p].v[k]);
+                    m = cmax(m, v[p][k]);
+                }
+        } else {
+#pragma unroll
+            for (int p = 0; p < P; ++p) {
+                // Packs interleave across the row's threads, so a warp's loads are contiguous.
+                const i64 j = ((i64)p * blockDim.x + threadIdx.x) * VW;
+                load_pack<VEC>(x, a.st[0][1], len, j, neg_inf(), v[p]);
+#pragma unroll
+                for (int k = 0; k < VW; ++k) m = cmax(m, v[p][k]);
+            }
         }
         m = group_reduce<true>(m, sh);
         C s = (C)0;
@@ -121,22 +138,40 @@ __device__ __forceinline__ void softmax_bwd_reg(const Args& a, C* sh) {
         PT yr[VEC ? P : 1], gr[VEC ? P : 1];
         C yv[VEC ? 1 : P][VW], gv[VEC ? 1 : P][VW];
         C s = (C)0;
+        if (VEC) {
+            if (((i64)(P - 1) * blockDim.x + threadIdx.x) * VW + VW <= len) {
+                // Every pack of this thread lies inside the row: all 2P loads go out back to
+                // back, one memory latency per row (the per-pack range checks below made the
+                // compiler issue them a pack at a time).
+#pragma unroll
+                for (int p = 0; p < P; ++p) {
+                    const i64 j = ((i64)p * blockDim.x + threadIdx.x) * VW;
+                    yr[VEC ? p : 0] = *(const PT*)(y + j);
+                    gr[VEC ? p : 0] = *(const PT*)(dy + j);
+                }
+            } else {
+#pragma unroll
+                for (int p = 0; p < P; ++p) {
+                    const i64 j = ((i64)p * blockDim.x + threadIdx.x) * VW;
+                    // Zero packs past the row's end add nothing to the sum and are not stored.
+                    if (j + VW <= len) {
+                        yr[VEC ? p : 0] = *(const PT*)(y + j);
+                        gr[VEC ? p : 0] = *(const PT*)(dy + j);
+                    } else {
+                        // The pack that straddles the row's end (or one past it), element by element.
+#pragma unroll
+                        for (int k = 0; k < VW; ++k) {
+                            yr[VEC ? p : 0].v[k] = j + k < len ? y[j + k] : T{};
+                            gr[VEC ? p : 0].v[k] = j + k < len ? dy[j + k] : T{};
+                        }
+                    }
+                }
+            }
+        }
 #pragma unroll
         for (int p = 0; p < P; ++p) {
             const i64 j = ((i64)p * blockDim.x + threadIdx.x) * VW;
             if (VEC) {
-                // Zero packs past the row's end add nothing to the sum and are not stored.
-                if (j + VW <= len) {
-                    yr[p] = *(const PT*)(y + j);
-                    gr[p] = *(const PT*)(dy + j);
-                } else {
-                    // The pack that straddles the row's end (or one past it), element by element.
-#pragma unroll
-                    for (int k = 0; k < VW; ++k) {
-                        yr[p].v[k] = j + k < len ? y[j + k] : T{};
-                        gr[p].v[k] = j + k < len ? dy[j + k] : T{};
-                    }
-                }
 #pragma unroll
                 for (int k = 0; k < VW; ++k) {
                     const C yk = TT::load(yr[p].v[k]), gk = TT::load(gr[p].v[k]);
