@@ -5,9 +5,9 @@
 // (at most NE elements) in registers, so the forward reads x once: the mean, the variance
 // (two-pass, from the registered values) and the output all come from registers. Rows longer
 // than NE*MAXG elements take the "big" path (mode 2), which re-reads the row from memory
-// for each pass. Dense rows have their own paths (mode 3, norm_fwd_vec and norm_bwd_vec):
-// raw packs in registers and one multiply per row offset; on sm_80+ the backward's dense rows
-// take norm_bwd_pipe instead (x and dy staged in shared memory with cp.async).
+// for each pass. Dense rows have their own paths (mode 3): norm_fwd_vec (raw packs in
+// registers, one multiply per row offset) and, on sm_80+, norm_bwd_pipe (x and dy staged in
+// shared memory with cp.async).
 //
 // Statistics and accumulations are in the compute type C (f32 for f32/f16/bf16, f64 for f64),
 // as the CPU reference computes them; mean and rstd are stored as f32.
@@ -44,7 +44,7 @@ struct RowArgs {
     i64 d;               // row length
     double eps;          // added to the variance / mean square
     int flag;            // mode: 0 registers, 1 registers in packs (see ops/norm.rs), 2 big rows,
-                         // 3 the fast paths (norm_fwd_vec, norm_bwd_vec)
+                         // 3 the fast paths (norm_fwd_vec, norm_bwd_pipe)
     int ndim;            // merged leading dims
     int group;           // threads per row
     int parts;           // backward: partial rows (= groups in the grid); colsum: outputs
@@ -428,161 +428,12 @@ template <bool LN, int MODE> __device__ void norm_bwd(const RowArgs& a) {
     }
 }
 
-// Sums of u and v over the group with one barrier (group_sum's scheme, two values per warp).
-__device__ __forceinline__ void group_sum2(C& u, C& v, int G, C (*red)[64], int& phase) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        u += __shfl_xor_sync(0xffffffffu, u, o);
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    }
-    if (G <= 32) return;
-    int warp = threadIdx.x >> 5;
-    C* buf = red[phase];
-    phase ^= 1;
-    if ((threadIdx.x & 31) == 0) {
-        buf[warp] = u;
-        buf[32 + warp] = v;
-    }
-    __syncthreads();
-    // Lane w of each warp reads warp w's sums and a shuffle tree adds them (fixed order, so
-    // deterministic): 16 dependent shared loads per value were a visible share of a 512-thread
-    // group's row time (H100, layer norm bf16 4096x4096 backward: kernel 78.1 -> 71.6 us).
-    int wpg = G >> 5, first = (warp / wpg) * wpg, lane = threadIdx.x & 31;
-    C su = lane < wpg ? buf[first + lane] : (C)0, sv = lane < wpg ? buf[32 + first + lane] : (C)0;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        su += __shfl_xor_sync(0xffffffffu, su, o);
-        sv += __shfl_xor_sync(0xffffffffu, sv, o);
-    }
-    u = su;
-    v = sv;
-}
-
-// The backward's fast path (mode 3, the same conditions as the forward's): x and dy are held
-// as loaded (raw T packs, half the registers of their f32 values for f16/bf16) and converted
-// on each use, w is re-read per row (L1 hits), and a row's offsets are one multiply. The next
-// row's packs and statistics are loaded before this row is reduced and written, and both row
-// sums share one barrier: without that, a group's loads were in flight only between its
-// stores and its first reduction. H100, 4096x4096 (kernel and column sums): layer norm bf16
-// 87.0 -> 83.6 us (76.5 with group_sum2's shuffle tree), f32 87.6 -> 81.7 us (79.8); RMS f32
-// 81.9 -> 78.1 us.
-// Thread t of a group holds packs k*G + t; group p writes partial row p as in norm_bwd.
-template <bool LN, int PK> __device__ void norm_bwd_vec(const RowArgs& a) {
-    __shared__ C red[2][64];
-    int phase = 0;
-    const int G = a.group, t = threadIdx.x % G, rpb = blockDim.x / G;
-    const i64 row0 = (i64)(threadIdx.x / G);
-    const i64 d = a.d;
-    const int np = (int)(d / NV);
-    const int nout = LN ? 2 : 1;
-    const C n = (C)d;
-    typedef Pack<T, NV> P;
-    const P* wp = (const P*)a.p[S_W];
-    const i64 stride = (i64)gridDim.x * rpb;
-    C gw[PK][NV], gb[PK][NV];
-#pragma unroll
-    for (int k = 0; k < PK; ++k)
-#pragma unroll
-        for (int i = 0; i < NV; ++i) gw[k][i] = gb[k][i] = (C)0;
-    // Packs past the row's end (or of a row past the last) are zeros: with mean = rstd = 0
-    // they add nothing to any sum.
-    P xr[PK], gr[PK];
-    C mu = (C)0, r = (C)0;
-    auto fetch = [&](i64 row, P* xs, P* gs, C& m, C& rs) {
-        const bool active = row < a.rows;
-        const i64 rr = active ? row : 0;
-        const P* xp = (const P*)((const T*)a.p[S_X] + rr * a.st[S_X][0]);
-        const P* gp = (const P*)((const T*)a.p[S_DY] + rr * a.st[S_DY][0]);
-#pragma unroll
-        for (int k = 0; k < PK; ++k) {
-            const int pk = k * G + t;
-            if (active && pk < np) {
-                xs[k] = xp[pk];
-                gs[k] = gp[pk];
-            } else {
-                xs[k] = P{};
-                gs[k] = P{};
-            }
-        }
-        m = (C)0;
-        rs = (C)0;
-        if (active) {
-            if (LN) m = (C)((const float*)a.p[S_MEAN])[row * a.st[S_MEAN][0]];
-            rs = (C)((const float*)a.p[S_RSTD])[row * a.st[S_RSTD][0]];
-        }
-    };
-    fetch((i64)blockIdx.x * rpb + row0, xr, gr, mu, r);
-    for (i64 base = (i64)blockIdx.x * rpb; base < a.rows; base += stride) {
-        const i64 row = base + row0;
-        const bool active = row < a.rows;
-        P xn[PK], gn[PK];
-        C mun, rn;
-        fetch(row + stride, xn, gn, mun, rn);
-        C sg = (C)0, sgx = (C)0;
-#pragma unroll
-        for (int k = 0; k < PK; ++k) {
-            const int pk = k * G + t;
-            // Skipped past the row's end, where xhat = -mean*rstd could be inf (0 * inf = NaN).
-            if (pk < np) {
-                const P w = wp[pk];
-#pragma unroll
-                for (int i = 0; i < NV; ++i) {
-                    const C xh = (TT::load(xr[k].v[i]) - mu) * r, dv = TT::load(gr[k].v[i]);
-                    const C g = dv * TT::load(w.v[i]);
-                    sg += g;
-                    sgx += g * xh;
-                    gw[k][i] += dv * xh;
-                    gb[k][i] += dv;
-                }
-            }
-        }
-        group_sum2(sg, sgx, G, red, phase);
-        const C mean_g = LN ? sg / n : (C)0;
-        const C mean_gx = sgx / n;
-        if (active) {
-            P* dxp = (P*)((T*)a.p[S_Y] + row * a.st[S_Y][0]);
-#pragma unroll
-            for (int k = 0; k < PK; ++k) {
-                const int pk = k * G + t;
-                if (pk < np) {
-                    const P w = wp[pk];
-                    P o;
-#pragma unroll
-                    for (int i = 0; i < NV; ++i) {
-                        // xhat recomputed with the same operations as above, so the same value.
-                        const C xh = (TT::load(xr[k].v[i]) - mu) * r;
-                        o.v[i] = TT::store(r * (TT::load(gr[k].v[i]) * TT::load(w.v[i]) - mean_g - xh * mean_gx));
-                    }
-                    dxp[pk] = o;
-                }
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < PK; ++k) {
-            xr[k] = xn[k];
-            gr[k] = gn[k];
-        }
-        mu = mun;
-        r = rn;
-    }
-    C* part = (C*)a.p[S_PART] + ((i64)blockIdx.x * rpb + row0) * nout * d;
-#pragma unroll
-    for (int k = 0; k < PK; ++k) {
-        const int pk = k * G + t;
-        if (pk < np) {
-#pragma unroll
-            for (int i = 0; i < NV; ++i) {
-                part[(i64)pk * NV + i] = gw[k][i];
-                if (LN) part[d + (i64)pk * NV + i] = gb[k][i];
-            }
-        }
-    }
-}
-
-// The backward's pipelined path (mode 3 on sm_80+): norm_bwd_vec's layout and arithmetic, but
-// each thread streams its x and dy packs of the next S rows into shared memory with cp.async
-// instead of holding one prefetched row in registers, and the per-row instruction count is
-// cut. Nsight Compute on the H200 (layer norm bf16 4096x4096) showed the earlier kernels
+// The backward's fast path (mode 3 on sm_80+, the same conditions as the forward's; older GPUs
+// take mode 1). Thread t of a group holds packs k*G + t of a row; group p writes partial row
+// p as norm_bwd does. Each thread streams its x and dy packs of the next S rows into shared
+// memory with cp.async, w stays in registers, and both row sums share one barrier. It
+// replaced a kernel that held x, dy and one prefetched row in registers (H200, layer norm
+// bf16 4096x4096, kernel and column sums: 71.6 -> 53.4 us). Nsight Compute showed that kernel
 // issue-bound rather than waiting on memory: 58 instructions per element, "not selected" the
 // largest stall; most of it was the bit-exact bf16 rounding of dx (10 instructions an
 // element), the unpacking of each bf16 twice, a 32-bit division for the group's first warp and
@@ -746,7 +597,10 @@ template <bool LN, int PK, int S> __device__ void norm_bwd_pipe(const RowArgs& a
                 }
             }
         }
-        // Both sums over the group with one barrier (group_sum2 with the warp indices hoisted).
+        // Both sums over the group with one barrier (group_sum's scheme, two values per warp).
+        // Lane w of each warp then reads warp w's sums and a shuffle tree adds them in a fixed
+        // order (deterministic): 16 dependent shared loads per value were a visible share of a
+        // 512-thread group's row time (H100, layer norm bf16 4096x4096: 78.1 -> 71.6 us).
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
             sg += __shfl_xor_sync(0xffffffffu, sg, o);
@@ -853,23 +707,11 @@ extern "C" __global__ void __launch_bounds__(MAXG, VMinBlocks<T>::value) norm_fw
 }
 KERNELS(norm_bwd_ln, norm_bwd, true)
 KERNELS(norm_bwd_rms, norm_bwd, false)
-// The backward's fast path (mode 3), by packs per thread: ops/norm.rs gives each thread 8
-// columns (1 pack of f16/bf16, 2 of f32). With the prefetch the f16/bf16 kernels fit 64
-// registers (two 512-thread blocks per SM); f32 does best at one block per SM with its 96
-// (capped at 64 it spilled and took 88.7 us against 81.7).
-#define BWD_V(PK, MB)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(MAXG, MB) norm_bwd_ln_v##PK(const RowArgs a) {          \
-        norm_bwd_vec<true, PK>(a);                                                                        \
-    }                                                                                                     \
-    extern "C" __global__ void __launch_bounds__(MAXG, MB) norm_bwd_rms_v##PK(const RowArgs a) {         \
-        norm_bwd_vec<false, PK>(a);                                                                       \
-    }
-BWD_V(1, 2)
-BWD_V(2, 1)
-
-// The pipelined backward (sm_80+), by packs per thread as BWD_V. Stages: PIPE_STAGES in
-// ops/norm.rs sizes the dynamic shared memory for it. Prototype on the H200 (4096x4096, kernel
-// and column sums; norm_bwd_vec 71.8 / 53.4 us for layer / RMS norm bf16): 2 stages 53.8 /
+// The backward's fast path (sm_80+), by packs per thread: ops/norm.rs gives each thread 8
+// columns (1 pack of f16/bf16, 2 of f32); f16/bf16 fit two 512-thread blocks per SM, f32 one.
+// Stages: PIPE_STAGES in ops/norm.rs sizes the dynamic shared memory for it. Prototype on the
+// H200 (4096x4096, kernel and column sums; the register kernel it replaced 71.8 / 53.4 us
+// for layer / RMS norm bf16): 2 stages 53.8 /
 // 38.8 us, 3 stages 54.6 / 39.3, 4 stages 55.7 / 41.2; f32
 // layer norm 61.8 -> 59.7 us, RMS 58.1 -> 56.5.
 #define NORM_PIPE_S 2

@@ -26,7 +26,7 @@ const VEC_PACKS: usize = 4;
 /// norm.cu): each thread stages its x and dy packs of that many rows in shared memory.
 const PIPE_STAGES: usize = 2;
 
-/// Columns per thread in the backward's fast path (`norm_bwd_vec`: 1 pack of bf16/f16, 2 of
+/// Columns per thread in the backward's fast path (`norm_bwd_pipe`: 1 pack of bf16/f16, 2 of
 /// f32). Measured on an H100 (4096x4096, 1024 resident threads per SM): 8 columns beat 16
 /// and 32 for bf16 (LN 0.086 ms against 0.106 and 0.135) and 4 and 16 for f32 LN.
 const BWD_COLS: usize = 8;
@@ -197,10 +197,12 @@ fn backward(device: &CudaDevice, op: &Op, ln: bool, ins: &[Operand], outs: &[Ope
     // thread than the forward.
     let mut per_sm = 1024;
     let mut smem = 0u32;
-    // The fast path (mode 3) for f32/f16/bf16: dense aligned rows whose leading dims merge
-    // into one, in groups sized for BWD_COLS columns per thread. f64 keeps mode 1 (not measured).
+    // The fast path (mode 3, `norm_bwd_pipe`: cp.async, sm_80+) for f32/f16/bf16: dense
+    // aligned rows whose leading dims merge into one, in groups sized for BWD_COLS columns per
+    // thread, x and dy of PIPE_STAGES rows staged in shared memory per thread (16-byte packs).
+    // f64 and older GPUs keep mode 1.
     let size = x.dtype.size_in_bytes();
-    if a.flag == 1 && a.ndim <= 1 && size < 8 {
+    if a.flag == 1 && a.ndim <= 1 && size < 8 && device.facts.arch >= 80 {
         let need = d.div_ceil(BWD_COLS).max(1);
         if need <= MAX_GROUP {
             let group = need.next_power_of_two().max(32);
@@ -208,14 +210,8 @@ fn backward(device: &CudaDevice, op: &Op, ln: bool, ins: &[Operand], outs: &[Ope
             a.flag = 3;
             threads = group.max(128) as u32;
             let packs = BWD_COLS / (16 / size);
-            // sm_80+ (cp.async): the pipelined kernel, x and dy of PIPE_STAGES rows staged in
-            // shared memory per thread (16-byte packs).
-            if device.facts.arch >= 80 {
-                stem = format!("p{packs}");
-                smem = (PIPE_STAGES * 2 * packs * 16) as u32 * threads;
-            } else {
-                stem = format!("v{packs}");
-            }
+            stem = format!("p{packs}");
+            smem = (PIPE_STAGES * 2 * packs * 16) as u32 * threads;
             // The f32 kernels (2 packs) take 87-96 registers: five 128-thread blocks, two of
             // 256 or one of 512 per SM.
             if packs == 2 {
