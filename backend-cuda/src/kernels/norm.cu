@@ -711,9 +711,8 @@ KERNELS(norm_bwd_rms, norm_bwd, false)
 // columns (1 pack of f16/bf16, 2 of f32); f16/bf16 fit two 512-thread blocks per SM, f32 one.
 // Stages: PIPE_STAGES in ops/norm.rs sizes the dynamic shared memory for it. Prototype on the
 // H200 (4096x4096, kernel and column sums; the register kernel it replaced 71.8 / 53.4 us
-// for layer / RMS norm bf16): 2 stages 53.8 /
-// 38.8 us, 3 stages 54.6 / 39.3, 4 stages 55.7 / 41.2; f32
-// layer norm 61.8 -> 59.7 us, RMS 58.1 -> 56.5.
+// for layer / RMS norm bf16): 2 stages 53.8 / 38.8 us, 3 stages 54.6 / 39.3, 4 stages
+// 55.7 / 41.2; f32 layer norm 61.8 -> 59.7 us, RMS 58.1 -> 56.5.
 #define NORM_PIPE_S 2
 #if __CUDA_ARCH__ >= 800
 #define BWD_P(PK, MB)                                                                                     \

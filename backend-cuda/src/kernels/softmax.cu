@@ -236,8 +236,9 @@ template <bool VEC, bool LOG> __device__ __forceinline__ void softmax_bwd_loop(c
 // them), 4 for the contiguous f16/bf16 softmax (64 registers, which its 4-pack kernel fits
 // without spilling; more rows in flight per SM for a kernel that waits on memory): H200,
 // cuda_bench softmax 8192x8192 bf16 0.1040 -> 0.1007 ms. Not for log-softmax or strided
-// rows: their 4-pack kernels spill 4 and 40 bytes at 64 registers (not measured there). The f16/bf16 8-pack forward is never picked
-// (ops/softmax.rs stops them at 4 packs) and loops, which costs no compile time.
+// rows: their 4-pack kernels spill 4 and 40 bytes at 64 registers (not measured there). The
+// f16/bf16 8-pack forward is never picked (ops/softmax.rs stops them at 4 packs) and loops,
+// which costs no compile time.
 #define RED_SMEM __shared__ C sh[1024]
 #define KERNEL extern "C" __global__ void __launch_bounds__(1024)
 #define FWD_T256_BLOCKS(V, L) (sizeof(T) == 2 && V == 1 && L == 0 ? 4 : 3)
