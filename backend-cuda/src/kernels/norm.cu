@@ -452,8 +452,8 @@ __device__ __forceinline__ u32 norm_smem_addr(const void* p) {
 }
 
 // A 16-byte pack as NV compute values and back. bf16 unpacks with one shift or mask per
-// element; both 16-bit types round two values with one cvt (round to nearest even, as
-// TT::store; a NaN becomes the canonical quiet NaN instead of keeping its payload).
+// element. Stores round element by element (TT::store); on sm_80+, where this code runs, the
+// compiler pairs the 16-bit roundings into one cvt per two values.
 template <class E> struct PackIO {
     static __device__ __forceinline__ void load(const Pack<E, 16 / sizeof(E)>& p, C* v) {
 #pragma unroll
@@ -466,36 +466,14 @@ template <class E> struct PackIO {
         return p;
     }
 };
-template <> struct PackIO<b16> {
-    static __device__ __forceinline__ void load(const Pack<b16, 8>& p, float* v) {
-        const u32* u = (const u32*)&p;
+template <> __device__ __forceinline__ void PackIO<b16>::load(const Pack<b16, 8>& p, C* v) {
+    const u32* u = (const u32*)&p;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            v[2 * i] = __uint_as_float(u[i] << 16);
-            v[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-        }
+    for (int i = 0; i < 4; ++i) {
+        v[2 * i] = __uint_as_float(u[i] << 16);
+        v[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
     }
-    static __device__ __forceinline__ Pack<b16, 8> store(const float* v) {
-        Pack<b16, 8> p;
-        u32* u = (u32*)&p;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
-        return p;
-    }
-};
-template <> struct PackIO<h16> {
-    static __device__ __forceinline__ void load(const Pack<h16, 8>& p, float* v) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = h2f(p.v[i].x);
-    }
-    static __device__ __forceinline__ Pack<h16, 8> store(const float* v) {
-        Pack<h16, 8> p;
-        u32* u = (u32*)&p;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(u[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
-        return p;
-    }
-};
+}
 
 template <bool LN, int PK, int S> __device__ void norm_bwd_pipe(const RowArgs& a) {
     __shared__ C red[2][64];
@@ -513,9 +491,8 @@ template <bool LN, int PK, int S> __device__ void norm_bwd_pipe(const RowArgs& a
     const bool pow2 = (d & (d - 1)) == 0;
     const C inv_n = (C)1 / n;
     const i64 stride = (i64)gridDim.x * rpb;
-    const i64 first = (i64)blockIdx.x * rpb + row0;
     // Row iterations of this block (the same for all its threads, so the barriers match).
-    const i64 bfirst = (i64)blockIdx.x * rpb;
+    const i64 bfirst = (i64)blockIdx.x * rpb, first = bfirst + row0;
     const i64 iters = bfirst < a.rows ? (a.rows - bfirst + stride - 1) / stride : 0;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpg = G >> 5, wfirst = row0 * wpg;
     // Stage s, operand j (0 x, 1 dy), pack k of this thread: consecutive threads, consecutive packs.
