@@ -23,6 +23,8 @@ pub mod data;
 mod device;
 mod element;
 mod error;
+pub mod generation;
+pub mod models;
 pub mod monitor;
 pub mod nn;
 mod ops;
@@ -32,6 +34,8 @@ pub mod serialize;
 mod storage;
 mod tensor;
 pub mod testing;
+#[cfg(feature = "text")]
+pub mod text;
 
 pub use autograd::{grad, no_grad};
 pub use backend::{backends, BackendStatus};

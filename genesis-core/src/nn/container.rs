@@ -64,6 +64,7 @@ impl Module for Sequential {
 
 /// A list of modules whose parameters are registered under `0`, `1`, ... (`nn.ModuleList`).
 /// It has no forward of its own: iterate it in the parent's forward.
+#[derive(Debug)]
 pub struct ModuleList<M: Module> {
     items: Vec<M>,
     training: TrainingFlag,

@@ -26,6 +26,7 @@ mod safetensors_io;
 pub use atomic::write_atomically;
 pub use checkpoint::Checkpoint;
 pub use load_into::{load_state_dict_into, LoadReport};
+pub(crate) use safetensors_io::{describe_error, tensor_from_view};
 pub use safetensors_io::{from_bytes, load, load_with_metadata, save, to_bytes};
 
 use crate::tensor::Tensor;

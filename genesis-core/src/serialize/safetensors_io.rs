@@ -72,6 +72,15 @@ pub(crate) fn tensor_bytes(t: &Tensor) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// A tensor on `device` holding a safetensors view's data (one copy, straight from the view's
+/// bytes, which may be a memory-mapped file).
+pub(crate) fn tensor_from_view(view: &safetensors::tensor::TensorView<'_>, device: &Device) -> Result<Tensor> {
+    let dtype = from_safetensors_dtype(view.dtype()).ok_or_else(|| {
+        Error::new(ErrorKind::Unsupported, format!("dtype {:?} is not supported by Genesis", view.dtype()))
+    })?;
+    tensor_from_bytes(view.data(), dtype, view.shape(), device)
+}
+
 /// A tensor on `device` holding `bytes` (little-endian, row-major).
 fn tensor_from_bytes(bytes: &[u8], dtype: DType, shape: &[usize], device: &Device) -> Result<Tensor> {
     let t = Tensor::empty(shape, dtype, device)?;
@@ -107,8 +116,8 @@ pub fn to_bytes(tensors: &StateDict, metadata: &Metadata) -> Result<Vec<u8>> {
 /// `origin` (a file name) goes into error messages.
 pub fn from_bytes(bytes: &[u8], device: &Device, origin: &str) -> Result<(StateDict, Metadata)> {
     let bad = |why: String| Error::load(format!("{origin}: {why}"));
-    let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| bad(describe(&e, bytes.len())))?;
-    let st = SafeTensors::deserialize(bytes).map_err(|e| bad(describe(&e, bytes.len())))?;
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| bad(describe_error(&e, bytes.len())))?;
+    let st = SafeTensors::deserialize(bytes).map_err(|e| bad(describe_error(&e, bytes.len())))?;
     let mut out = StateDict::new();
     for (name, view) in st.iter() {
         let dtype = from_safetensors_dtype(view.dtype()).ok_or_else(|| {
@@ -126,7 +135,7 @@ pub fn from_bytes(bytes: &[u8], device: &Device, origin: &str) -> Result<(StateD
 }
 
 /// A reader's explanation of a safetensors parse error.
-fn describe(e: &safetensors::SafeTensorError, len: usize) -> String {
+pub(crate) fn describe_error(e: &safetensors::SafeTensorError, len: usize) -> String {
     use safetensors::SafeTensorError as E;
     match e {
         E::HeaderTooSmall | E::InvalidHeaderLength => {

@@ -1,0 +1,121 @@
+//! `generation_config.json`: how a model likes to be sampled.
+
+use crate::error::{Error, Result};
+use crate::models::hf::read_json;
+use serde_json::Value;
+use std::path::Path;
+
+/// Decoding settings, with transformers' meaning and defaults (greedy unless `do_sample`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationConfig {
+    /// Tokens to generate at most after the prompt.
+    pub max_new_tokens: usize,
+    /// Sample from the processed distribution; `false` is greedy decoding.
+    pub do_sample: bool,
+    /// Divides the logits before sampling (> 0).
+    pub temperature: f64,
+    /// Keep only the `top_k` most likely tokens (0: off).
+    pub top_k: usize,
+    /// Keep the smallest set of most likely tokens whose probability reaches `top_p` (1: off).
+    pub top_p: f64,
+    /// Drop tokens less likely than `min_p` times the most likely one (0: off).
+    pub min_p: f64,
+    /// Penalize tokens already in the prompt or the output: positive logits are divided by it,
+    /// negative ones multiplied (1: off).
+    pub repetition_penalty: f64,
+    /// Seed of the sampling noise; `None` draws from the global generator.
+    pub seed: Option<u64>,
+    /// A row stops when it produces one of these ids (the id is part of its output).
+    pub eos_token_ids: Vec<u32>,
+    /// Generation stops when the text contains one of these (checked by the caller that
+    /// decodes, see [`find_stop_string`](super::find_stop_string)).
+    pub stop_strings: Vec<String>,
+    /// Id used for left padding and for rows that have finished.
+    pub pad_token_id: Option<u32>,
+}
+
+impl Default for GenerationConfig {
+    fn default() -> Self {
+        GenerationConfig {
+            max_new_tokens: 256,
+            do_sample: false,
+            temperature: 1.0,
+            top_k: 50,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            seed: None,
+            eos_token_ids: vec![],
+            stop_strings: vec![],
+            pad_token_id: None,
+        }
+    }
+}
+
+impl GenerationConfig {
+    /// The defaults updated with `generation_config.json` in the folder `dir` (when present):
+    /// `do_sample`, `temperature`, `top_k`, `top_p`, `min_p`, `repetition_penalty`,
+    /// `max_new_tokens`, `eos_token_id` (an int or a list), `pad_token_id`.
+    pub fn from_folder(dir: impl AsRef<Path>) -> Result<GenerationConfig> {
+        let path = dir.as_ref().join("generation_config.json");
+        let mut config = GenerationConfig::default();
+        if !path.is_file() {
+            return Ok(config);
+        }
+        let obj = read_json(&path)?;
+        let origin = path.display().to_string();
+        let num = |key: &str| -> Result<Option<f64>> {
+            match obj.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => v
+                    .as_f64()
+                    .map(Some)
+                    .ok_or_else(|| Error::load(format!("{origin}: `{key}` must be a number, got {v}"))),
+            }
+        };
+        if let Some(v) = obj.get("do_sample").and_then(Value::as_bool) {
+            config.do_sample = v;
+        }
+        if let Some(v) = num("temperature")? {
+            config.temperature = v;
+        }
+        if let Some(v) = num("top_k")? {
+            config.top_k = v.max(0.0) as usize;
+        }
+        if let Some(v) = num("top_p")? {
+            config.top_p = v;
+        }
+        if let Some(v) = num("min_p")? {
+            config.min_p = v;
+        }
+        if let Some(v) = num("repetition_penalty")? {
+            config.repetition_penalty = v;
+        }
+        if let Some(v) = num("max_new_tokens")? {
+            config.max_new_tokens = v.max(0.0) as usize;
+        }
+        config.eos_token_ids = crate::models::qwen2::token_ids_field(obj.get("eos_token_id"), "eos_token_id", &origin)?;
+        config.pad_token_id =
+            crate::models::qwen2::token_ids_field(obj.get("pad_token_id"), "pad_token_id", &origin)?.first().copied();
+        config.validate().map_err(|e| e.context(&origin))?;
+        Ok(config)
+    }
+
+    /// Check that every setting is in range.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: String| Err(Error::invalid(format!("generation config: {what}")));
+        if !(self.temperature > 0.0) || !self.temperature.is_finite() {
+            return bad(format!("temperature must be > 0, got {}", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad(format!("min_p must be in [0, 1], got {}", self.min_p));
+        }
+        if !(self.repetition_penalty > 0.0) || !self.repetition_penalty.is_finite() {
+            return bad(format!("repetition_penalty must be > 0, got {}", self.repetition_penalty));
+        }
+        Ok(())
+    }
+}

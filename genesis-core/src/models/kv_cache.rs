@@ -1,0 +1,97 @@
+//! The key/value cache of incremental decoding: one preallocated buffer per layer that grows
+//! in blocks, written in place, so a new token never copies the whole cache.
+
+use crate::autograd::no_grad;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// Keys and values of every layer for the positions seen so far, each layer's as
+/// `(batch, kv_heads, capacity, head_dim)` buffers of which the first [`len`](KvCache::len)
+/// positions are filled.
+///
+/// A forward pass appends its new positions to every layer ([`append`](KvCache::append)) and
+/// then [`advance`](KvCache::advance)s the length once. When the capacity runs out it grows
+/// to the next multiple of the block size: one copy of the filled part per block of
+/// tokens, never per token. Preallocating the whole run
+/// ([`with_capacity`](KvCache::with_capacity)) avoids growing at all.
+#[derive(Debug)]
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+    len: usize,
+    capacity: usize,
+    block: usize,
+}
+
+impl KvCache {
+    /// An empty cache for `layers` layers that grows in blocks of `block` positions.
+    pub fn new(layers: usize, block: usize) -> KvCache {
+        KvCache { layers: vec![None; layers], len: 0, capacity: 0, block: block.max(1) }
+    }
+
+    /// An empty cache whose first allocation holds `capacity` positions.
+    pub fn with_capacity(layers: usize, capacity: usize, block: usize) -> KvCache {
+        KvCache { capacity, ..KvCache::new(layers, block) }
+    }
+
+    /// Positions filled.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when no position is filled.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Positions the current buffers hold before they grow.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Forget every position (the buffers are kept for reuse).
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// Write `k, v (batch, kv_heads, s, head_dim)` of `layer` after the filled positions and
+    /// return the layer's keys and values for all `len + s` positions (views of the buffers).
+    pub fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let n = self.layers.len();
+        let slot =
+            self.layers.get_mut(layer).ok_or_else(|| Error::invalid(format!("kv cache: layer {layer} of {n}")))?;
+        let s = k.shape()[2];
+        let need = self.len + s;
+        let fits = |buf: &Tensor| {
+            buf.shape()[..2] == k.shape()[..2]
+                && buf.shape()[3] == k.shape()[3]
+                && buf.dtype() == k.dtype()
+                && buf.shape()[2] >= need
+        };
+        no_grad(|| -> Result<(Tensor, Tensor)> {
+            if !slot.as_ref().is_some_and(|(kb, _)| fits(kb)) {
+                let capacity = self.capacity.max(need.div_ceil(self.block) * self.block);
+                let mut shape = k.shape().to_vec();
+                shape[2] = capacity;
+                let (kb, vb) =
+                    (Tensor::empty(&shape, k.dtype(), k.device())?, Tensor::empty(&shape, v.dtype(), v.device())?);
+                if let Some((old_k, old_v)) = slot.as_ref().filter(|(ok, _)| ok.shape()[..2] == k.shape()[..2]) {
+                    if self.len > 0 {
+                        kb.narrow(2, 0, self.len)?.copy_(&old_k.narrow(2, 0, self.len)?)?;
+                        vb.narrow(2, 0, self.len)?.copy_(&old_v.narrow(2, 0, self.len)?)?;
+                    }
+                }
+                self.capacity = capacity;
+                *slot = Some((kb, vb));
+            }
+            let (kb, vb) = slot.as_ref().ok_or_else(|| Error::invalid("kv cache: no buffer"))?;
+            kb.narrow(2, self.len, s)?.copy_(k)?;
+            vb.narrow(2, self.len, s)?.copy_(v)?;
+            Ok((kb.narrow(2, 0, need)?, vb.narrow(2, 0, need)?))
+        })
+    }
+
+    /// Count `s` more filled positions (after every layer has appended them).
+    pub fn advance(&mut self, s: usize) {
+        self.len += s;
+    }
+}

@@ -1,0 +1,369 @@
+//! The Qwen2 decoder: pre-norm layers of grouped-query attention with rotary positions and
+//! a SiLU-gated MLP, then a final RMSNorm and the language-model head.
+
+use super::Qwen2Config;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::models::kv_cache::KvCache;
+use crate::models::rope::RotaryTables;
+use crate::nn::functional::{rotary_embedding, scaled_dot_product_attention};
+use crate::nn::{Embedding, Entry, Linear, Module, ModuleList, Param, RMSNorm};
+use crate::tensor::Tensor;
+use genesis_backend_api::DType;
+use std::sync::Arc;
+
+/// Where a layer's weights come from: called with the weight's Hugging Face name and shape.
+pub(crate) type WeightSource<'a> = dyn FnMut(&str, &[usize]) -> Result<Tensor> + 'a;
+
+fn linear(source: &mut WeightSource<'_>, name: &str, input: usize, output: usize, bias: bool) -> Result<Linear> {
+    let weight = Param::parameter(source(&format!("{name}.weight"), &[output, input])?)?;
+    let bias = if bias { Some(Param::parameter(source(&format!("{name}.bias"), &[output])?)?) } else { None };
+    Ok(Linear { weight, bias })
+}
+
+fn rms_norm(source: &mut WeightSource<'_>, name: &str, c: &Qwen2Config) -> Result<RMSNorm> {
+    let weight = Param::parameter(source(&format!("{name}.weight"), &[c.hidden_size])?)?;
+    Ok(RMSNorm { normalized_shape: vec![c.hidden_size], eps: Some(c.rms_norm_eps), weight: Some(weight) })
+}
+
+/// What one forward pass sees besides the hidden states.
+#[derive(Clone, Copy)]
+pub(crate) struct Context<'a> {
+    /// Position of the first new token.
+    pub start: usize,
+    /// `(b, 1, s, t)` bool mask of the keys each query may see, when padding makes the plain
+    /// causal mask wrong.
+    pub mask: Option<&'a Tensor>,
+}
+
+const FULL_SEQUENCE: Context<'static> = Context { start: 0, mask: None };
+
+/// Grouped-query self-attention: q/k/v projections with bias, rotary positions, causal
+/// attention over the cache, output projection without bias.
+#[derive(Debug)]
+pub struct Qwen2Attention {
+    /// `(heads·head_dim, hidden)` with bias.
+    pub q_proj: Linear,
+    /// `(kv_heads·head_dim, hidden)` with bias.
+    pub k_proj: Linear,
+    /// `(kv_heads·head_dim, hidden)` with bias.
+    pub v_proj: Linear,
+    /// `(hidden, heads·head_dim)`, no bias.
+    pub o_proj: Linear,
+    rope: Arc<RotaryTables>,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl Qwen2Attention {
+    fn new(source: &mut WeightSource<'_>, prefix: &str, c: &Qwen2Config, rope: Arc<RotaryTables>) -> Result<Self> {
+        let (h, hq, hk) = (c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+        Ok(Qwen2Attention {
+            q_proj: linear(source, &format!("{prefix}.q_proj"), h, hq, true)?,
+            k_proj: linear(source, &format!("{prefix}.k_proj"), h, hk, true)?,
+            v_proj: linear(source, &format!("{prefix}.v_proj"), h, hk, true)?,
+            o_proj: linear(source, &format!("{prefix}.o_proj"), hq, h, false)?,
+            rope,
+            heads: c.num_attention_heads,
+            kv_heads: c.num_key_value_heads,
+            head_dim: c.head_dim,
+        })
+    }
+
+    /// `(b, s, heads·d)` → `(b, heads, s, d)` (a view).
+    fn split_heads(&self, x: &Tensor, heads: usize) -> Result<Tensor> {
+        let (b, s) = (x.shape()[0] as isize, x.shape()[1] as isize);
+        x.reshape(&[b, s, heads as isize, self.head_dim as isize])?.transpose(1, 2)
+    }
+
+    fn forward_ctx(&self, x: &Tensor, ctx: &Context<'_>, cache: Option<(&mut KvCache, usize)>) -> Result<Tensor> {
+        let (b, s) = (x.shape()[0], x.shape()[1]);
+        let q = self.split_heads(&self.q_proj.forward(x)?, self.heads)?;
+        let k = self.split_heads(&self.k_proj.forward(x)?, self.kv_heads)?;
+        let v = self.split_heads(&self.v_proj.forward(x)?, self.kv_heads)?;
+        let (cos, sin) = self.rope.get(ctx.start, s, q.dtype())?;
+        let (q, k) = (rotary_embedding(&q, &cos, &sin)?, rotary_embedding(&k, &cos, &sin)?);
+        let (k, v) = match cache {
+            Some((cache, layer)) => cache.append(layer, &k, &v)?,
+            None => (k, v),
+        };
+        let o = scaled_dot_product_attention(&q, &k, &v, ctx.mask, ctx.mask.is_none(), None)?;
+        self.o_proj.forward(&o.transpose(1, 2)?.reshape(&[b as isize, s as isize, -1])?)
+    }
+}
+
+impl Module for Qwen2Attention {
+    /// Causal self-attention over the whole sequence `x (b, s, hidden)`.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_ctx(x, &FULL_SEQUENCE, None)
+    }
+
+    fn visit(&self, f: &mut dyn FnMut(&str, Entry<'_>)) {
+        f("q_proj", Entry::Child(&self.q_proj));
+        f("k_proj", Entry::Child(&self.k_proj));
+        f("v_proj", Entry::Child(&self.v_proj));
+        f("o_proj", Entry::Child(&self.o_proj));
+    }
+}
+
+/// `down(silu(gate(x)) · up(x))`, no biases.
+#[derive(Debug)]
+pub struct Qwen2Mlp {
+    /// `(intermediate, hidden)`.
+    pub gate_proj: Linear,
+    /// `(intermediate, hidden)`.
+    pub up_proj: Linear,
+    /// `(hidden, intermediate)`.
+    pub down_proj: Linear,
+}
+
+impl Qwen2Mlp {
+    fn new(source: &mut WeightSource<'_>, prefix: &str, c: &Qwen2Config) -> Result<Self> {
+        let (h, i) = (c.hidden_size, c.intermediate_size);
+        Ok(Qwen2Mlp {
+            gate_proj: linear(source, &format!("{prefix}.gate_proj"), h, i, false)?,
+            up_proj: linear(source, &format!("{prefix}.up_proj"), h, i, false)?,
+            down_proj: linear(source, &format!("{prefix}.down_proj"), i, h, false)?,
+        })
+    }
+}
+
+impl Module for Qwen2Mlp {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.down_proj.forward(&self.gate_proj.forward(x)?.silu()?.mul(&self.up_proj.forward(x)?)?)
+    }
+
+    fn visit(&self, f: &mut dyn FnMut(&str, Entry<'_>)) {
+        f("gate_proj", Entry::Child(&self.gate_proj));
+        f("up_proj", Entry::Child(&self.up_proj));
+        f("down_proj", Entry::Child(&self.down_proj));
+    }
+}
+
+/// One decoder layer: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
+#[derive(Debug)]
+pub struct Qwen2DecoderLayer {
+    /// RMSNorm before attention.
+    pub input_layernorm: RMSNorm,
+    /// Self-attention.
+    pub self_attn: Qwen2Attention,
+    /// RMSNorm before the MLP.
+    pub post_attention_layernorm: RMSNorm,
+    /// The gated MLP.
+    pub mlp: Qwen2Mlp,
+}
+
+impl Qwen2DecoderLayer {
+    fn new(source: &mut WeightSource<'_>, prefix: &str, c: &Qwen2Config, rope: Arc<RotaryTables>) -> Result<Self> {
+        Ok(Qwen2DecoderLayer {
+            input_layernorm: rms_norm(source, &format!("{prefix}.input_layernorm"), c)?,
+            self_attn: Qwen2Attention::new(source, &format!("{prefix}.self_attn"), c, rope)?,
+            post_attention_layernorm: rms_norm(source, &format!("{prefix}.post_attention_layernorm"), c)?,
+            mlp: Qwen2Mlp::new(source, &format!("{prefix}.mlp"), c)?,
+        })
+    }
+
+    fn forward_ctx(&self, x: &Tensor, ctx: &Context<'_>, cache: Option<(&mut KvCache, usize)>) -> Result<Tensor> {
+        let x = x.add(&self.self_attn.forward_ctx(&self.input_layernorm.forward(x)?, ctx, cache)?)?;
+        x.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?)
+    }
+}
+
+impl Module for Qwen2DecoderLayer {
+    /// A causal pass over the whole sequence `x (b, s, hidden)`.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_ctx(x, &FULL_SEQUENCE, None)
+    }
+
+    fn visit(&self, f: &mut dyn FnMut(&str, Entry<'_>)) {
+        f("self_attn", Entry::Child(&self.self_attn));
+        f("mlp", Entry::Child(&self.mlp));
+        f("input_layernorm", Entry::Child(&self.input_layernorm));
+        f("post_attention_layernorm", Entry::Child(&self.post_attention_layernorm));
+    }
+}
+
+/// The decoder stack without the head: embeddings, layers, final norm.
+#[derive(Debug)]
+pub struct Qwen2Model {
+    /// `(vocab, hidden)` token embeddings.
+    pub embed_tokens: Embedding,
+    /// The decoder layers.
+    pub layers: ModuleList<Qwen2DecoderLayer>,
+    /// The final RMSNorm.
+    pub norm: RMSNorm,
+}
+
+impl Qwen2Model {
+    fn new(source: &mut WeightSource<'_>, c: &Qwen2Config, device: &Device) -> Result<Self> {
+        let embed = Param::parameter(source("model.embed_tokens.weight", &[c.vocab_size, c.hidden_size])?)?;
+        let rope = Arc::new(RotaryTables::new(c.head_dim, c.max_position_embeddings, c.rope_theta, device)?);
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| Qwen2DecoderLayer::new(source, &format!("model.layers.{i}"), c, rope.clone()))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Qwen2Model {
+            embed_tokens: Embedding { weight: embed },
+            layers: ModuleList::new(layers),
+            norm: rms_norm(source, "model.norm", c)?,
+        })
+    }
+
+    /// Hidden states `(b, s, hidden)` of `ids (b, s)` whose first position is `start`,
+    /// appending to `cache` when given.
+    pub(crate) fn forward_from(
+        &self,
+        ids: &Tensor,
+        start: usize,
+        mask: Option<&Tensor>,
+        mut cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        let ctx = Context { start, mask };
+        let mut x = self.embed_tokens.forward(ids)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = layer.forward_ctx(&x, &ctx, cache.as_deref_mut().map(|c| (c, i)))?;
+        }
+        if let Some(cache) = cache {
+            cache.advance(ids.shape()[1]);
+        }
+        Ok(x)
+    }
+}
+
+impl Module for Qwen2Model {
+    /// Final hidden states `(b, s, hidden)` of `ids (b, s)` (causal, no cache).
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.norm.forward(&self.forward_from(ids, 0, None, None)?)
+    }
+
+    fn visit(&self, f: &mut dyn FnMut(&str, Entry<'_>)) {
+        f("embed_tokens", Entry::Child(&self.embed_tokens));
+        f("layers", Entry::Child(&self.layers));
+        f("norm", Entry::Child(&self.norm));
+    }
+}
+
+/// Qwen2 with its language-model head (`Qwen2ForCausalLM`): logits over the vocabulary.
+///
+/// Parameter names are Hugging Face's (`model.layers.0.self_attn.q_proj.weight`, ...), so
+/// [`Module::state_dict`] is a checkpoint transformers loads. With tied embeddings the head
+/// reads `model.embed_tokens.weight` and has no parameter of its own, as in transformers'
+/// saved files.
+#[derive(Debug)]
+pub struct Qwen2ForCausalLM {
+    /// The decoder.
+    pub model: Qwen2Model,
+    /// `(vocab, hidden)`, absent when tied to the embeddings.
+    pub lm_head: Option<Linear>,
+    /// The configuration the model was built from.
+    pub config: Qwen2Config,
+}
+
+impl Qwen2ForCausalLM {
+    /// Build the model with weights from `source` (name, shape → tensor).
+    pub(crate) fn build(config: Qwen2Config, device: &Device, source: &mut WeightSource<'_>) -> Result<Self> {
+        let model = Qwen2Model::new(source, &config, device)?;
+        let lm_head = if config.tie_word_embeddings {
+            None
+        } else {
+            Some(linear(source, "lm_head", config.hidden_size, config.vocab_size, false)?)
+        };
+        Ok(Qwen2ForCausalLM { model, lm_head, config })
+    }
+
+    /// A model with new random weights on `device` in `dtype`, initialized as transformers
+    /// does: normal(0, `initializer_range`) for projections and embeddings, zero biases, unit
+    /// norm weights. Draws from the global generator ([`crate::manual_seed`]).
+    pub fn new(config: Qwen2Config, device: &Device, dtype: DType) -> Result<Self> {
+        let std = config.initializer_range;
+        Self::build(config, device, &mut |name, shape| {
+            let t = if name.ends_with("norm.weight") {
+                Tensor::ones(shape, dtype, device)?
+            } else if name.ends_with(".bias") {
+                Tensor::zeros(shape, dtype, device)?
+            } else {
+                crate::random::Generator::default_for(device)
+                    .normal(shape, 0.0, std, DType::F32, device)?
+                    .to_dtype(dtype)?
+            };
+            Ok(t)
+        })
+    }
+
+    /// The head's weight: `lm_head.weight`, or the embeddings when tied.
+    pub fn lm_head_weight(&self) -> Tensor {
+        match &self.lm_head {
+            Some(l) => l.weight.get(),
+            None => self.model.embed_tokens.weight.get(),
+        }
+    }
+
+    /// Logits of the final hidden states `h (.., hidden)`.
+    pub fn logits(&self, h: &Tensor) -> Result<Tensor> {
+        crate::nn::functional::linear(h, &self.lm_head_weight(), None)
+    }
+
+    /// Logits `(b, s, vocab)` of `ids (b, s)` with an optional `attention_mask (b, s)` (1 or
+    /// `true` for real tokens, 0 for padding; left padding as generation uses it). Padded
+    /// positions get finite but meaningless logits.
+    pub fn forward_with_mask(&self, ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
+        let mask = match attention_mask {
+            Some(m) => Some(padding_mask(m, ids.shape()[1], ids.shape()[1])?),
+            None => None,
+        };
+        let h = self.model.forward_from(ids, 0, mask.as_ref(), None)?;
+        self.logits(&self.model.norm.forward(&h)?)
+    }
+
+    /// One step of incremental decoding: the new `ids (b, s)` at positions `cache.len()..`,
+    /// their keys and values appended to `cache`; returns the logits of the last position
+    /// only, `(b, vocab)`. `key_valid (b, cache.len() + s)`, when given, marks the real
+    /// tokens of every position so far (left padding).
+    pub fn forward_step(&self, ids: &Tensor, key_valid: Option<&Tensor>, cache: &mut KvCache) -> Result<Tensor> {
+        let (s, start) = (ids.shape()[1], cache.len());
+        let mask = match key_valid {
+            Some(m) => Some(padding_mask(m, s, start + s)?),
+            None => None,
+        };
+        let h = self.model.forward_from(ids, start, mask.as_ref(), Some(cache))?;
+        let last = h.narrow(1, s - 1, 1)?.squeeze(Some(1))?;
+        self.logits(&self.model.norm.forward(&last)?)
+    }
+
+    /// A cache for this model holding `capacity` positions before it grows (in blocks of 256).
+    pub fn new_cache(&self, capacity: usize) -> KvCache {
+        KvCache::with_capacity(self.config.num_hidden_layers, capacity, 256)
+    }
+}
+
+/// The `(b, 1, s, t)` bool mask of keys visible to the last `s` of `t` positions: causal,
+/// without padded keys, and every query sees itself (so a padded query has a finite, unused
+/// output instead of a NaN that would reach real positions through later layers).
+pub(crate) fn padding_mask(key_valid: &Tensor, s: usize, t: usize) -> Result<Tensor> {
+    if key_valid.rank() != 2 || key_valid.shape()[1] != t {
+        return Err(Error::invalid(format!(
+            "attention mask must be (batch, {t}) for {t} positions, got {:?}",
+            key_valid.shape()
+        )));
+    }
+    let device = key_valid.device();
+    let valid = key_valid.ne_scalar(0)?.unsqueeze(1)?.unsqueeze(1)?; // (b, 1, 1, t)
+    let i = Tensor::arange((t - s) as f64, t as f64, 1.0, DType::I64, device)?.unsqueeze(1)?; // (s, 1)
+    let j = Tensor::arange(0.0, t as f64, 1.0, DType::I64, device)?.unsqueeze(0)?; // (1, t)
+    let causal = j.le(&i)?;
+    causal.logical_and(&valid)?.logical_or(&j.eq(&i)?)
+}
+
+impl Module for Qwen2ForCausalLM {
+    /// Logits `(b, s, vocab)` of `ids (b, s)`, causal, no cache (the training forward).
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.logits(&self.model.forward(ids)?)
+    }
+
+    fn visit(&self, f: &mut dyn FnMut(&str, Entry<'_>)) {
+        f("model", Entry::Child(&self.model));
+        if let Some(head) = &self.lm_head {
+            f("lm_head", Entry::Child(head));
+        }
+    }
+}
