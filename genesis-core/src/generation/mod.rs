@@ -37,6 +37,8 @@ pub trait CausalLM {
     fn new_cache(&self, capacity: usize) -> KvCache;
     /// Size of the output vocabulary.
     fn vocab_size(&self) -> usize;
+    /// Longest sequence (prompt and generated tokens) the model can position.
+    fn max_positions(&self) -> usize;
     /// The device the weights are on.
     fn device(&self) -> Device;
 }
@@ -50,6 +52,9 @@ impl CausalLM for Qwen2ForCausalLM {
     }
     fn vocab_size(&self) -> usize {
         self.config.vocab_size
+    }
+    fn max_positions(&self) -> usize {
+        self.config.max_position_embeddings
     }
     fn device(&self) -> Device {
         self.model.embed_tokens.weight.get().device().clone()
@@ -77,7 +82,8 @@ pub struct Generation<'m, M: CausalLM + ?Sized> {
 
 impl<'m, M: CausalLM + ?Sized> Generation<'m, M> {
     /// Start generating from `prompts` (token ids; at least one, none empty). Prompts of
-    /// different lengths are left-padded and masked.
+    /// different lengths are left-padded and masked. Generation also stops when the
+    /// sequence reaches the model's longest position.
     pub fn new(model: &'m M, prompts: &[Vec<u32>], config: &GenerationConfig) -> Result<Self> {
         config.validate()?;
         if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
@@ -89,6 +95,14 @@ impl<'m, M: CausalLM + ?Sized> Generation<'m, M> {
         }
         let device = model.device();
         let (b, len) = (prompts.len(), prompts.iter().map(Vec::len).max().unwrap_or(0));
+        if len >= model.max_positions() {
+            return Err(Error::invalid(format!(
+                "generate: a prompt of {len} tokens leaves no room in the model's {} positions",
+                model.max_positions()
+            )));
+        }
+        let mut config = config.clone();
+        config.max_new_tokens = config.max_new_tokens.min(model.max_positions() - len);
         let pad = config.pad_token_id.or(config.eos_token_ids.first().copied()).unwrap_or(0);
         let mut ids = Vec::with_capacity(b * len);
         let mut valid = Vec::with_capacity(b * len);
@@ -112,11 +126,12 @@ impl<'m, M: CausalLM + ?Sized> Generation<'m, M> {
             Some(seed) => Generator::new(seed),
             None => Generator::default_for(&device),
         };
+        let cache = model.new_cache(len + config.max_new_tokens);
         Ok(Generation {
             model,
-            config: config.clone(),
+            config,
             rng,
-            cache: model.new_cache(len + config.max_new_tokens),
+            cache,
             device,
             next_input,
             key_valid,
