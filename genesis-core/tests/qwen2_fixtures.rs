@@ -34,16 +34,19 @@ fn dtypes() -> Vec<DType> {
 }
 
 /// Largest allowed |ours - transformers| of a logit, relative to the largest reference logit
-/// (the fixtures' logits reach about 40, so that their greedy margins are clear). f32: 5e-6
-/// of it, 2e-4 at 40 (the 1e-4 for logits up to 20); measured 1.1e-4 at most, about
-/// 27 f32 ulps at that size, from a different summation order over 2-4 layers. The half
-/// types carry 8 (bf16) or 11 (f16) mantissa bits through every layer.
+/// (the fixtures' logits reach about 40, so that their greedy margins are clear).
+/// - f32: 5e-6 of it, 2e-4 at 40 (the 1e-4 for logits up to 20). Measured 1.1e-4 at
+///   most on the CPU and 7e-5 on an H100: about 27 f32 ulps at that size, from a different
+///   summation order over 2-4 layers.
+/// - bf16: 6% of it (2.4 at 40). transformers' own bf16 logits on an H100 are 0.88-1.65 off
+///   its f32 ones on these fixtures; Genesis' bf16 were 0.95-2.1 off (RESULTS in
+///   benches/qwen2). f16 carries 3 more mantissa bits.
 fn tolerance(dtype: DType, reference: &[f64]) -> f64 {
     let scale = reference.iter().fold(1.0f64, |m, x| m.max(x.abs()));
     match dtype {
         DType::F32 | DType::F64 => 5e-6 * scale,
         DType::F16 => 1e-2 * scale,
-        _ => 4e-2 * scale,
+        _ => 6e-2 * scale,
     }
 }
 

@@ -105,7 +105,9 @@ fn padding_mask_forward_matches_unpadded_rows() {
 fn eos_stops_a_row_and_the_eos_is_returned() {
     let m = model(true);
     let prompt = vec![5u32, 9, 11, 2];
-    let free = generate(&m, &[prompt.clone()], &GenerationConfig { max_new_tokens: 6, ..Default::default() }).unwrap();
+    let free =
+        generate(&m, std::slice::from_ref(&prompt), &GenerationConfig { max_new_tokens: 6, ..Default::default() })
+            .unwrap();
     let stop = free[0][2];
     let config = GenerationConfig { max_new_tokens: 6, eos_token_ids: vec![stop], ..Default::default() };
     let got = generate(&m, &[prompt], &config).unwrap();

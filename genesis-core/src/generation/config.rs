@@ -104,16 +104,16 @@ impl GenerationConfig {
     /// Check that every setting is in range.
     pub fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(Error::invalid(format!("generation config: {what}")));
-        if !(self.temperature > 0.0) || !self.temperature.is_finite() {
+        if self.temperature.is_nan() || self.temperature <= 0.0 || !self.temperature.is_finite() {
             return bad(format!("temperature must be > 0, got {}", self.temperature));
         }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+        if self.top_p.is_nan() || self.top_p <= 0.0 || self.top_p > 1.0 {
             return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
         }
         if !(0.0..=1.0).contains(&self.min_p) {
             return bad(format!("min_p must be in [0, 1], got {}", self.min_p));
         }
-        if !(self.repetition_penalty > 0.0) || !self.repetition_penalty.is_finite() {
+        if self.repetition_penalty.is_nan() || self.repetition_penalty <= 0.0 || !self.repetition_penalty.is_finite() {
             return bad(format!("repetition_penalty must be > 0, got {}", self.repetition_penalty));
         }
         Ok(())

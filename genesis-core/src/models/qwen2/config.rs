@@ -180,7 +180,7 @@ impl Qwen2Config {
         if rope_type != "default" {
             return Err(unsupported(format!("rope type `{rope_type}` is not supported (only \"default\")")));
         }
-        if !(rope_theta > 0.0) {
+        if rope_theta.is_nan() || rope_theta <= 0.0 {
             return Err(Error::new(ErrorKind::LoadFailed, format!("{origin}: `rope_theta` must be positive")));
         }
         let bos_token_id = token_ids(field(&obj, "bos_token_id"), "bos_token_id", origin)?.first().copied();

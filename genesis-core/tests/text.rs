@@ -1,0 +1,872 @@
+//! `genesis::text`: tokenizer, model-folder configuration, chat templates and streaming
+//! detokenization. Inline cases run everywhere; the Qwen2 fixture cases compare with
+//! transformers' own output (tests/models/qwen2/reference.json) when the fixtures are there.
+#![cfg(feature = "text")]
+
+use genesis::text::{stop_token_ids, ChatOptions, ChatTemplate, Message, TextStream, Tokenizer, TokenizerConfig};
+use genesis::ErrorKind;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+// ------------------------------------------------------------------------------------------
+// Helpers
+// ------------------------------------------------------------------------------------------
+
+/// A fresh empty folder under the system temp dir, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("genesis-text-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    fn write(&self, name: &str, contents: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, contents).unwrap();
+        path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// GPT-2's byte-to-character table of byte-level BPE.
+fn byte_char(b: u8) -> char {
+    let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+    if printable(b) {
+        char::from(b)
+    } else {
+        let rank = (0..b).filter(|&x| !printable(x)).count() as u32;
+        char::from_u32(256 + rank).unwrap()
+    }
+}
+
+fn bytes_token(bytes: &[u8]) -> String {
+    bytes.iter().map(|&b| byte_char(b)).collect()
+}
+
+/// A byte-level BPE tokenizer.json: the 256 byte tokens (id = byte), merges that make some
+/// characters span several multi-byte tokens (你 = [E4 BD][A0], 😀 = [F0 9F][98 80]), a few
+/// ASCII merges, and the special token `<|end|>`.
+fn tiny_tokenizer_json() -> String {
+    let mut vocab = serde_json::Map::new();
+    for b in 0..=255u8 {
+        vocab.insert(bytes_token(&[b]), b.into());
+    }
+    let merges: Vec<(Vec<u8>, Vec<u8>)> = vec![
+        (vec![0xE4], vec![0xBD]),
+        (vec![0xF0], vec![0x9F]),
+        (vec![0x98], vec![0x80]),
+        (b"h".to_vec(), b"e".to_vec()),
+        (b"l".to_vec(), b"l".to_vec()),
+        (b"he".to_vec(), b"ll".to_vec()),
+        (b" ".to_vec(), b"w".to_vec()),
+    ];
+    let mut merge_strings = Vec::new();
+    for (a, b) in &merges {
+        let (a, b) = (bytes_token(a), bytes_token(b));
+        vocab.insert(format!("{a}{b}"), (vocab.len() as u64).into());
+        merge_strings.push(format!("{a} {b}"));
+    }
+    let end_id = vocab.len();
+    let byte_level = serde_json::json!({
+        "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true
+    });
+    serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [{
+            "id": end_id, "content": "<|end|>", "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true
+        }],
+        "normalizer": null,
+        "pre_tokenizer": byte_level,
+        "post_processor": byte_level,
+        "decoder": byte_level,
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+            "vocab": vocab, "merges": merge_strings
+        }
+    })
+    .to_string()
+}
+
+fn tiny_tokenizer() -> Tokenizer {
+    Tokenizer::from_bytes(tiny_tokenizer_json().as_bytes()).unwrap()
+}
+
+/// Streams `ids` one at a time; checks that the chunks concatenate to `decode(ids)` and that
+/// no chunk carries U+FFFD when the full text has none. Returns the chunks.
+fn check_stream(tokenizer: &Tokenizer, ids: &[u32], skip_special_tokens: bool) -> Vec<String> {
+    let mut stream: TextStream = tokenizer.stream(skip_special_tokens);
+    let mut chunks: Vec<String> = ids.iter().map(|&id| stream.push(id).unwrap()).collect();
+    chunks.push(stream.finish().unwrap());
+    let expected = tokenizer.decode(ids, skip_special_tokens).unwrap();
+    assert_eq!(chunks.concat(), expected, "chunks {chunks:?}");
+    if !expected.contains('\u{FFFD}') {
+        assert!(chunks.iter().all(|c| !c.contains('\u{FFFD}')), "a chunk splits a character: {chunks:?}");
+    }
+    chunks
+}
+
+// ------------------------------------------------------------------------------------------
+// Tokenizer
+// ------------------------------------------------------------------------------------------
+
+#[test]
+fn types_are_send_and_sync() {
+    fn check<T: Send + Sync + Clone>() {}
+    check::<Tokenizer>();
+    check::<TextStream>();
+    check::<ChatTemplate>();
+    check::<ChatOptions>();
+    check::<TokenizerConfig>();
+}
+
+#[test]
+fn tokenizer_encodes_and_decodes_byte_level_bpe() {
+    let tok = tiny_tokenizer();
+    assert_eq!(tok.vocab_size(true), 256 + 7 + 1);
+    assert_eq!(tok.vocab_size(false), 256 + 7);
+    let end = tok.token_to_id("<|end|>").unwrap();
+    assert_eq!(tok.id_to_token(end).as_deref(), Some("<|end|>"));
+    assert_eq!(tok.id_to_token(u32::from(b'h')).as_deref(), Some("h"));
+    assert_eq!(tok.id_to_token(100_000), None);
+
+    let text = "hello world 你好 😀<|end|>";
+    let ids = tok.encode(text, true).unwrap();
+    assert_eq!(ids[0], tok.token_to_id("hell").unwrap());
+    assert!(ids.contains(&tok.token_to_id(&bytes_token(&[0xE4, 0xBD])).unwrap()));
+    assert_eq!(*ids.last().unwrap(), end);
+    assert_eq!(tok.decode(&ids, false).unwrap(), text);
+    assert_eq!(tok.decode(&ids, true).unwrap(), "hello world 你好 😀");
+    // Ids outside the vocabulary are dropped, as `tokenizers` does.
+    assert_eq!(tok.decode(&[u32::from(b'a'), 5000, u32::from(b'b')], false).unwrap(), "ab");
+    assert!(format!("{tok:?}").contains("<bytes>"));
+}
+
+#[test]
+fn tokenizer_load_errors_name_the_file() {
+    let dir = TempDir::new("tok-missing");
+    let err = Tokenizer::from_folder(&dir.0).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LoadFailed);
+    assert!(err.message().contains(&dir.0.join("tokenizer.json").display().to_string()), "{err}");
+
+    let bad = dir.write("tokenizer.json", "{\"model\": [1, 2");
+    let err = Tokenizer::from_file(&bad).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LoadFailed);
+    assert!(err.message().contains(&bad.display().to_string()), "{err}");
+
+    let wrong = dir.write("tokenizer.json", "{\"version\": \"1.0\", \"model\": {\"type\": \"Nope\"}}");
+    let err = Tokenizer::from_file(&wrong).unwrap_err();
+    assert!(err.message().contains(&wrong.display().to_string()), "{err}");
+
+    assert_eq!(Tokenizer::from_bytes(b"not json").unwrap_err().kind(), ErrorKind::LoadFailed);
+}
+
+// ------------------------------------------------------------------------------------------
+// Streaming detokenization
+// ------------------------------------------------------------------------------------------
+
+#[test]
+fn stream_never_splits_characters() {
+    let tok = tiny_tokenizer();
+    let text = "hello 你好, 世界! 😀😀 wörld 👨‍👩‍👧 🇯🇵 한국어 façade";
+    let ids = tok.encode(text, false).unwrap();
+    let chunks = check_stream(&tok, &ids, false);
+    // Every byte of a non-ASCII character is its own token here (or two bytes are), so the
+    // stream must have held text back.
+    assert!(chunks.iter().filter(|c| c.is_empty()).count() > 10, "{chunks:?}");
+    // 你 is [E4 BD][A0]: nothing after the first token, the character after the second.
+    let ni = tok.encode("你", false).unwrap();
+    assert_eq!(ni.len(), 2);
+    let mut stream = tok.stream(false);
+    assert_eq!(stream.push(ni[0]).unwrap(), "");
+    assert_eq!(stream.push(ni[1]).unwrap(), "你");
+    assert_eq!(stream.finish().unwrap(), "");
+}
+
+#[test]
+fn stream_with_special_tokens_and_incomplete_end() {
+    let tok = tiny_tokenizer();
+    let ids = tok.encode("hello<|end|> 你<|end|>😀", false).unwrap();
+    check_stream(&tok, &ids, false);
+    let skipped = check_stream(&tok, &ids, true);
+    assert_eq!(skipped.concat(), "hello 你😀");
+
+    // A stream cut inside a character: finish() flushes what decode() writes (U+FFFD).
+    let cut = tok.encode("ab😀", false).unwrap();
+    let cut = &cut[..cut.len() - 1];
+    let mut stream = tok.stream(false);
+    let pushed: String = cut.iter().map(|&id| stream.push(id).unwrap()).collect();
+    assert_eq!(pushed, "ab");
+    assert_eq!(stream.finish().unwrap(), "\u{FFFD}");
+    // finish() resets the stream for reuse.
+    assert_eq!(stream.push(u32::from(b'x')).unwrap(), "x");
+}
+
+// ------------------------------------------------------------------------------------------
+// Chat templates: rendering as transformers' jinja2 environment does
+// ------------------------------------------------------------------------------------------
+
+// The expected outputs below were rendered with jinja2 3.1.6 in transformers' environment
+// (ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loopcontrols), its
+// tojson, raise_exception and strftime_now), with the same variables.
+
+#[test]
+fn template_whitespace_control_is_transformers() {
+    let source = "{% for m in messages %}\n  {% if m.role == 'user' %}\n    U: {{ m.content }}\n  {% else %}\n    A: {{ m.content }}\n  {% endif %}\n{% endfor %}\n{% if add_generation_prompt %}\nA:\n{% endif %}\n";
+    let t = ChatTemplate::from_str(source).unwrap();
+    let text = t.render(&[Message::user("hi"), Message::assistant("yo")], true).unwrap();
+    assert_eq!(text, "    U: hi\n    A: yo\nA:\n");
+    assert_eq!(t.source(), source);
+    assert_eq!(t.origin(), "<string>");
+}
+
+#[test]
+fn template_tojson_is_python_json_dumps() {
+    let source = r#"{{ tools | tojson }}
+{{ tools[0] | tojson(indent=2) }}
+{{ tools[0] | tojson(sort_keys=true) }}
+{{ tools[0] | tojson(separators=(',', ':')) }}
+{{ "é\"<>&'\n\t\u0001" | tojson }}
+{{ "é😀" | tojson(ensure_ascii=true) }}
+{{ [1.0, 0.1, 0.00001, 1e16, 123456789.125, -0.0, 3, -7, 1e-4, 2.5e-7, 1e15, 12345678901234567890.0, none, true, false, [], {}] | tojson }}
+{{ {"a": [], "b": {}, "c": [1, {"d": none}]} | tojson(indent=1) }}
+{{ {"a": 1} | tojson(indent="\t") }}"#;
+    let tools = r#"[{"type": "function", "function": {"name": "f", "description": "d é", "parameters": {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]}}}]"#;
+    let expected = "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"description\": \"d é\", \"parameters\": {\"type\": \"object\", \"properties\": {\"x\": {\"type\": \"number\"}}, \"required\": [\"x\"]}}}]\n{\n  \"type\": \"function\",\n  \"function\": {\n    \"name\": \"f\",\n    \"description\": \"d é\",\n    \"parameters\": {\n      \"type\": \"object\",\n      \"properties\": {\n        \"x\": {\n          \"type\": \"number\"\n        }\n      },\n      \"required\": [\n        \"x\"\n      ]\n    }\n  }\n}\n{\"function\": {\"description\": \"d é\", \"name\": \"f\", \"parameters\": {\"properties\": {\"x\": {\"type\": \"number\"}}, \"required\": [\"x\"], \"type\": \"object\"}}, \"type\": \"function\"}\n{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"d é\",\"parameters\":{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"number\"}},\"required\":[\"x\"]}}}\n\"é\\\"<>&'\\n\\t\\u0001\"\n\"\\u00e9\\ud83d\\ude00\"\n[1.0, 0.1, 1e-05, 1e+16, 123456789.125, -0.0, 3, -7, 0.0001, 2.5e-07, 1000000000000000.0, 1.2345678901234567e+19, null, true, false, [], {}]\n{\n \"a\": [],\n \"b\": {},\n \"c\": [\n  1,\n  {\n   \"d\": null\n  }\n ]\n}\n{\n\t\"a\": 1\n}";
+    let t = ChatTemplate::from_str(source).unwrap();
+    let options = ChatOptions::new().tools_json(tools).unwrap();
+    assert_eq!(t.render_with(&[], &options).unwrap(), expected);
+
+    // Tools from Rust structs keep their field order too.
+    #[derive(serde::Serialize)]
+    struct Tool {
+        r#type: &'static str,
+        name: &'static str,
+    }
+    let t = ChatTemplate::from_str("{{ tools | tojson }}").unwrap();
+    let options = ChatOptions::new().tools(&[Tool { r#type: "function", name: "g" }]);
+    assert_eq!(t.render_with(&[], &options).unwrap(), r#"[{"type": "function", "name": "g"}]"#);
+}
+
+#[test]
+fn template_python_methods_tests_and_values() {
+    let source = r#"{{ none }}|{{ true }}|{{ false }}|{{ tools }}|{{ documents }}
+{{ '  a b  '.strip() }}|{{ 'x,y,z'.split(',') | join('+') }}|{{ ' a  b '.split() | join('+') }}|{{ 'hello'.startswith('he') }}|{{ 'hello'.endswith('lo') }}
+{{ '\n\nx\n'.lstrip('\n') }}|{{ 'xx--'.rstrip('-') }}|{{ 'a-b'.replace('-', '+') }}|{{ 'abc'.upper() }}|{{ 'hello world'.title() }}
+{% for k, v in {'b': 1, 'a': 2}.items() %}{{ k }}={{ v }};{% endfor %}|{{ {'k': 1}.get('k') }}|{{ {'k': 1}.get('z', 'dflt') }}
+{{ bos_token }}|{{ eos_token }}|{{ messages | length }}|{{ (messages | last).content }}|{{ messages[-1]['role'] }}
+{% for m in messages[::-1] %}{{ m.role }}{% if not loop.last %},{% endif %}{% endfor %}|{% for m in messages %}{% if loop.index0 == 1 %}{% break %}{% endif %}{{ m.content }}{% endfor %}
+{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + m.content | length %}{% endfor %}{{ ns.n }}|{{ enable_thinking is defined }}|{{ enable_thinking }}|{{ messages[0].content is string }}|{{ messages[0] is mapping }}|{{ undefined_thing is defined }}
+"#;
+    let expected = "None|True|False|None|None\na b|x+y+z|a+b|True|True\nx\n|xx|a+b|ABC|Hello World\nb=1;a=2;|1|dflt\n<s>|</s>|2|there|assistant\nassistant,user|hi7|True|False|True|True|False";
+    let t = ChatTemplate::from_str(source).unwrap();
+    let options = ChatOptions::new()
+        .kwarg("bos_token", "<s>")
+        .kwargs_json(r#"{"eos_token": "</s>", "enable_thinking": false}"#)
+        .unwrap();
+    let messages = [Message::user("hi"), Message::assistant("there")];
+    assert_eq!(t.render_with(&messages, &options).unwrap(), expected);
+}
+
+#[test]
+fn template_extras_generation_tag_strftime_and_json_messages() {
+    // transformers' {% generation %} marks assistant text for masks; it renders its body.
+    let t = ChatTemplate::from_str(
+        "{% for m in messages %}{% if m.role == 'assistant' %}{%- generation -%} [{{ m.content }}] {%- endgeneration -%}{% else %}{{ m.content }}{% endif %}{% endfor %}",
+    )
+    .unwrap();
+    assert_eq!(t.render(&[Message::user("q"), Message::assistant("a")], false).unwrap(), "q[a]");
+
+    let t = ChatTemplate::from_str("{{ strftime_now('%Y-%m-%d %H:%M:%S') }}|{{ strftime_now('%d %b %Y') }}").unwrap();
+    let text = t.render(&[], false).unwrap();
+    let (iso, human) = text.split_once('|').unwrap();
+    assert_eq!(iso.len(), 19, "{text}");
+    let year: i32 = iso[..4].parse().unwrap();
+    assert!(year >= 2025, "{text}");
+    assert!(human.ends_with(&iso[..4]) && human.len() == 11, "{text}");
+
+    // Messages with more than role and content, as JSON.
+    let t = ChatTemplate::from_str(
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}{% if m.tool_calls is defined %}{{ m.tool_calls | tojson }}{% endif %};{% endfor %}",
+    )
+    .unwrap();
+    let messages = r#"[{"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [{"name": "f", "arguments": {"z": 1, "a": 2}}]}]"#;
+    assert_eq!(
+        t.render_json(messages, &ChatOptions::new()).unwrap(),
+        r#"user:hi;assistant:[{"name": "f", "arguments": {"z": 1, "a": 2}}];"#
+    );
+    assert_eq!(t.render_json("{\"role\": 1}", &ChatOptions::new()).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert!(ChatOptions::new().tools_json("{}").is_err());
+    assert!(ChatOptions::new().kwargs_json("[1]").is_err());
+    assert!(ChatOptions::new().kwargs_json("{oops").is_err());
+}
+
+#[test]
+fn template_errors() {
+    // A syntax error names the template and the line.
+    let err =
+        ChatTemplate::from_source("{% for m in messages %}\n{{ m.content }\n", "my/chat_template.jinja").unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LoadFailed);
+    assert!(err.message().contains("my/chat_template.jinja"), "{err}");
+    assert!(err.message().contains("line 2"), "{err}");
+    assert!(err.message().contains("syntax error"), "{err}");
+    assert!(ChatTemplate::from_str("{% if x %}").is_err());
+
+    // raise_exception ends rendering with the template's message.
+    let t = ChatTemplate::from_source(
+        "{% for m in messages %}\n{% if m.role == 'robot' %}\n{{ raise_exception('Unsupported role: ' ~ m.role) }}\n{% endif %}\n{% endfor %}",
+        "robots.jinja",
+    )
+    .unwrap();
+    assert_eq!(t.render(&[Message::user("hi")], false).unwrap(), "");
+    let err = t.render(&[Message::user("hi"), Message::new("robot", "beep")], false).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(err.message().contains("Unsupported role: robot"), "{err}");
+    assert!(err.message().contains("robots.jinja"), "{err}");
+
+    // Errors while rendering: unknown filter, attribute of undefined, tojson of undefined,
+    // and a reserved extra argument.
+    for source in ["{{ messages | nope }}", "{{ missing.attr }}", "{{ missing | tojson }}"] {
+        let err = ChatTemplate::from_str(source).and_then(|t| t.render(&[], false)).unwrap_err();
+        assert!(err.message().contains("<string>"), "{source}: {err}");
+    }
+    let t = ChatTemplate::from_str("{{ messages }}").unwrap();
+    let err = t.render_with(&[], &ChatOptions::new().kwarg("messages", &1)).unwrap_err();
+    assert!(err.message().contains("messages"), "{err}");
+}
+
+// Real model templates: Qwen2.5-Instruct's and Qwen3's chat templates (tools, tool calls and
+// responses, `<think>` reasoning, `namespace`, `messages[::-1]`, `.split()`/`.lstrip()`,
+// `is string`, `enable_thinking`), each rendered by jinja2 as above.
+
+const QWEN25_TEMPLATE: &str = r#"{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"#;
+
+const QWEN3_TEMPLATE: &str = r##"{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set content = message.content %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is defined and message.reasoning_content is not none %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in message.content %}
+                {%- set content = message.content.split('</think>')[-1].lstrip('\n') %}
+                {%- set reasoning_content = message.content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {%- if loop.last or (not loop.last and reasoning_content) %}
+                {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+            {%- else %}
+                {{- '<|im_start|>' + message.role + '\n' + content }}
+            {%- endif %}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and content) or (not loop.first) %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}
+"##;
+
+/// (template, case, messages, tools, extra arguments, jinja2's output)
+type RealTemplateCase = (&'static str, &'static str, &'static str, Option<&'static str>, &'static str, &'static str);
+
+const REAL_TEMPLATE_CASES: &[RealTemplateCase] = &[
+    (
+        "QWEN25",
+        "plain",
+        r#"[{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi 你好 👋"}, {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Again?"}]"#,
+        None,
+        r#"{}"#,
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi 你好 👋<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nAgain?<|im_end|>\n<|im_start|>assistant\n",
+    ),
+    (
+        "QWEN25",
+        "no_system",
+        r#"[{"role": "user", "content": "Hi"}]"#,
+        None,
+        r#"{}"#,
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+    ),
+    (
+        "QWEN25",
+        "tools",
+        r#"[{"role": "user", "content": "Weather in Zürich and 2.5 in F?"}, {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"place": "Zürich", "days": 2}}}, {"type": "function", "function": {"name": "convert", "arguments": {"value": 2.5, "unit": null, "exact": true}}}]}, {"role": "tool", "content": "{\"temp\": 21}"}, {"role": "tool", "content": "36.5"}, {"role": "assistant", "content": "21 °C; 36.5 °F."}, {"role": "user", "content": "Thanks"}]"#,
+        Some(r#"[{"type": "function", "function": {"name": "get_weather", "description": "Weather at a place, in °C.", "parameters": {"type": "object", "properties": {"place": {"type": "string"}, "days": {"type": "integer", "minimum": 1}}, "required": ["place"]}}}, {"type": "function", "function": {"name": "convert", "description": "Unit conversion", "parameters": {"type": "object", "properties": {"value": {"type": "number"}}}}}]"#),
+        r#"{}"#,
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather at a place, in °C.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"place\": {\"type\": \"string\"}, \"days\": {\"type\": \"integer\", \"minimum\": 1}}, \"required\": [\"place\"]}}}\n{\"type\": \"function\", \"function\": {\"name\": \"convert\", \"description\": \"Unit conversion\", \"parameters\": {\"type\": \"object\", \"properties\": {\"value\": {\"type\": \"number\"}}}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Zürich and 2.5 in F?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"place\": \"Zürich\", \"days\": 2}}\n</tool_call>\n<tool_call>\n{\"name\": \"convert\", \"arguments\": {\"value\": 2.5, \"unit\": null, \"exact\": true}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response>\n<tool_response>\n36.5\n</tool_response><|im_end|>\n<|im_start|>assistant\n21 °C; 36.5 °F.<|im_end|>\n<|im_start|>user\nThanks<|im_end|>\n<|im_start|>assistant\n",
+    ),
+    (
+        "QWEN3",
+        "thinking_tools",
+        r#"[{"role": "system", "content": "Be exact."}, {"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "<think>\nAdd them.\n</think>\n\n4"}, {"role": "user", "content": "Weather in Oslo?"}, {"role": "assistant", "content": "<think>\nUse the tool.\n</think>\n\n", "tool_calls": [{"name": "get_weather", "arguments": "{\"place\": \"Oslo\"}"}]}, {"role": "tool", "content": "{\"temp\": -3}"}]"#,
+        Some(r#"[{"type": "function", "function": {"name": "get_weather", "description": "Weather at a place, in °C.", "parameters": {"type": "object", "properties": {"place": {"type": "string"}, "days": {"type": "integer", "minimum": 1}}, "required": ["place"]}}}, {"type": "function", "function": {"name": "convert", "description": "Unit conversion", "parameters": {"type": "object", "properties": {"value": {"type": "number"}}}}}]"#),
+        r#"{"enable_thinking": false}"#,
+        "<|im_start|>system\nBe exact.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather at a place, in °C.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"place\": {\"type\": \"string\"}, \"days\": {\"type\": \"integer\", \"minimum\": 1}}, \"required\": [\"place\"]}}}\n{\"type\": \"function\", \"function\": {\"name\": \"convert\", \"description\": \"Unit conversion\", \"parameters\": {\"type\": \"object\", \"properties\": {\"value\": {\"type\": \"number\"}}}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n<|im_start|>user\nWeather in Oslo?<|im_end|>\n<|im_start|>assistant\n<think>\nUse the tool.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"place\": \"Oslo\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n{\"temp\": -3}\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+    ),
+    (
+        "QWEN3",
+        "no_tools",
+        r#"[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "<think>\nGreet.\n</think>\n\nHello!"}, {"role": "user", "content": "Bye"}]"#,
+        None,
+        r#"{}"#,
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n",
+    ),
+];
+
+#[test]
+fn real_templates_match_jinja2() {
+    for &(name, case, messages, tools, kwargs, expected) in REAL_TEMPLATE_CASES {
+        let source = if name == "QWEN25" { QWEN25_TEMPLATE } else { QWEN3_TEMPLATE };
+        let template = ChatTemplate::from_source(source, name).unwrap();
+        let mut options = ChatOptions::new().add_generation_prompt(true).kwargs_json(kwargs).unwrap();
+        if let Some(tools) = tools {
+            options = options.tools_json(tools).unwrap();
+        }
+        let text = template.render_json(messages, &options).unwrap_or_else(|e| panic!("{name} {case}: {e}"));
+        assert_eq!(text, expected, "{name} {case}");
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Model folders: tokenizer_config.json, chat_template.jinja, stop ids
+// ------------------------------------------------------------------------------------------
+
+const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+#[test]
+fn folder_config_forms() {
+    // Template string, tokens as strings, objects and null; unknown fields ignored.
+    let dir = TempDir::new("cfg-string");
+    let config = serde_json::json!({
+        "chat_template": "{{ bos_token }}|{{ eos_token }}|{{ pad_token }}|{{ unk_token is defined }}|{{ messages[0].content }}",
+        "bos_token": {"__type": "AddedToken", "content": "<s>", "lstrip": false},
+        "eos_token": "</s>",
+        "pad_token": null,
+        "add_bos_token": true,
+        "model_max_length": 512,
+        "added_tokens_decoder": {"0": {"content": "<s>"}},
+        "something_new": [1, 2, 3]
+    });
+    dir.write("tokenizer_config.json", &config.to_string());
+    dir.write("special_tokens_map.json", r#"{"pad_token": {"content": "<pad>"}, "eos_token": "ignored"}"#);
+    let cfg = TokenizerConfig::from_folder(&dir.0).unwrap();
+    assert_eq!(cfg.bos_token.as_deref(), Some("<s>"));
+    assert_eq!(cfg.eos_token.as_deref(), Some("</s>"));
+    assert_eq!(cfg.pad_token.as_deref(), Some("<pad>")); // from special_tokens_map.json
+    assert_eq!(cfg.unk_token, None);
+    assert_eq!(cfg.add_bos_token, Some(true));
+    assert_eq!(cfg.add_eos_token, None);
+    assert_eq!(cfg.chat_templates.len(), 1);
+    assert_eq!(cfg.chat_templates[0].name, "default");
+    let t = ChatTemplate::from_folder(&dir.0).unwrap();
+    assert!(t.origin().ends_with("tokenizer_config.json (chat_template)"), "{}", t.origin());
+    assert_eq!(t.render(&[Message::user("x")], false).unwrap(), "<s>|</s>|<pad>|False|x");
+    // Extra arguments override the folder's special tokens.
+    let options = ChatOptions::new().kwarg("bos_token", "[B]");
+    assert_eq!(t.render_with(&[Message::user("x")], &options).unwrap(), "[B]|</s>|<pad>|False|x");
+
+    // chat_template.jinja replaces the config's default template.
+    dir.write("chat_template.jinja", CHATML);
+    let t = ChatTemplate::from_folder(&dir.0).unwrap();
+    assert!(t.origin().ends_with("chat_template.jinja"));
+    assert_eq!(
+        t.render(&[Message::user("hi")], true).unwrap(),
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    // additional_chat_templates/<name>.jinja adds named templates.
+    dir.write("additional_chat_templates/tool_use.jinja", "tools: {{ tools | length }}");
+    let t = ChatTemplate::from_folder_named(&dir.0, "tool_use").unwrap();
+    let options = ChatOptions::new().tools_json("[{}, {}]").unwrap();
+    assert_eq!(t.render_with(&[], &options).unwrap(), "tools: 2");
+}
+
+#[test]
+fn folder_named_templates() {
+    let dir = TempDir::new("cfg-list");
+    let config = serde_json::json!({
+        "chat_template": [
+            {"name": "tool_use", "template": "T{{ messages | length }}"},
+            {"name": "default", "template": "D{{ messages | length }}"}
+        ],
+        "eos_token": "<|end|>"
+    });
+    dir.write("tokenizer_config.json", &config.to_string());
+    let cfg = TokenizerConfig::from_folder(&dir.0).unwrap();
+    let names: Vec<&str> = cfg.chat_templates.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["default", "tool_use"]);
+    let messages = [Message::user("a"), Message::assistant("b")];
+    assert_eq!(ChatTemplate::from_folder(&dir.0).unwrap().render(&messages, false).unwrap(), "D2");
+    let tool_use = ChatTemplate::from_config(&cfg, Some("tool_use")).unwrap();
+    assert_eq!(tool_use.render(&messages, false).unwrap(), "T2");
+    assert!(tool_use.origin().contains("(chat_template \"tool_use\")"), "{}", tool_use.origin());
+    let err = ChatTemplate::from_folder_named(&dir.0, "rag").unwrap_err();
+    assert!(err.message().contains("\"rag\"") && err.message().contains("default, tool_use"), "{err}");
+
+    // Several templates and no "default": the name must be given.
+    let dir = TempDir::new("cfg-nodefault");
+    dir.write(
+        "tokenizer_config.json",
+        r#"{"chat_template": [{"name": "a", "template": "A"}, {"name": "b", "template": "B"}]}"#,
+    );
+    let err = ChatTemplate::from_folder(&dir.0).unwrap_err();
+    assert!(err.message().contains("pick one by name"), "{err}");
+    assert_eq!(ChatTemplate::from_folder_named(&dir.0, "b").unwrap().render(&[], false).unwrap(), "B");
+}
+
+#[test]
+fn folder_config_errors() {
+    let dir = TempDir::new("cfg-errors");
+    // No template anywhere.
+    let err = ChatTemplate::from_folder(&dir.0).unwrap_err();
+    assert!(err.message().contains("no chat template"), "{err}");
+    assert_eq!(TokenizerConfig::from_folder(&dir.0).unwrap().chat_templates.len(), 0);
+    assert!(TokenizerConfig::from_file(dir.0.join("tokenizer_config.json")).is_err());
+
+    let path = dir.write("tokenizer_config.json", "{\"chat_template\": \"x\",");
+    let err = TokenizerConfig::from_folder(&dir.0).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LoadFailed);
+    assert!(err.message().contains(&path.display().to_string()), "{err}");
+
+    for (json, what) in [
+        (r#"{"chat_template": 3}"#, "chat_template"),
+        (r#"{"chat_template": [{"name": "x"}]}"#, "chat_template"),
+        (r#"{"eos_token": 3}"#, "eos_token"),
+        (r#"{"bos_token": {"text": "<s>"}}"#, "bos_token"),
+        (r#"{"add_bos_token": "yes"}"#, "add_bos_token"),
+        ("[]", "not a JSON object"),
+    ] {
+        dir.write("tokenizer_config.json", json);
+        let err = TokenizerConfig::from_folder(&dir.0).unwrap_err();
+        assert!(err.message().contains(what) && err.message().contains("tokenizer_config.json"), "{json}: {err}");
+    }
+
+    // A template with a syntax error names its file.
+    dir.write("tokenizer_config.json", "{}");
+    let jinja = dir.write("chat_template.jinja", "{% for m in messages %}{{ m.content }}");
+    let err = ChatTemplate::from_folder(&dir.0).unwrap_err();
+    assert!(err.message().contains(&jinja.display().to_string()), "{err}");
+}
+
+#[test]
+fn folder_stop_ids() {
+    let dir = TempDir::new("stop");
+    assert_eq!(stop_token_ids(&dir.0).unwrap(), Vec::<u32>::new());
+    dir.write("tokenizer.json", &tiny_tokenizer_json());
+    let end = tiny_tokenizer().token_to_id("<|end|>").unwrap();
+
+    // config.json's eos when there is no generation_config.json.
+    dir.write("config.json", r#"{"eos_token_id": 7, "hidden_size": 8}"#);
+    assert_eq!(stop_token_ids(&dir.0).unwrap(), [7]);
+    dir.write("generation_config.json", r#"{"eos_token_id": [5, 7, 5], "do_sample": true}"#);
+    assert_eq!(stop_token_ids(&dir.0).unwrap(), [5, 7]);
+    dir.write("tokenizer_config.json", r#"{"eos_token": {"content": "<|end|>"}}"#);
+    assert_eq!(stop_token_ids(&dir.0).unwrap(), [5, 7, end]);
+    dir.write("generation_config.json", &format!("{{\"eos_token_id\": {end}}}"));
+    assert_eq!(stop_token_ids(&dir.0).unwrap(), [end]);
+    dir.write("generation_config.json", r#"{"eos_token_id": null}"#);
+    assert_eq!(stop_token_ids(&dir.0).unwrap(), [end]);
+
+    dir.write("generation_config.json", r#"{"eos_token_id": "two"}"#);
+    let err = stop_token_ids(&dir.0).unwrap_err();
+    assert!(err.message().contains("generation_config.json"), "{err}");
+    dir.write("generation_config.json", r#"{"eos_token_id": [1, -2]}"#);
+    assert!(stop_token_ids(&dir.0).is_err());
+    dir.write("generation_config.json", "{}");
+    dir.write("tokenizer_config.json", r#"{"eos_token": "<|nowhere|>"}"#);
+    let err = stop_token_ids(&dir.0).unwrap_err();
+    assert!(err.message().contains("<|nowhere|>"), "{err}");
+}
+
+// ------------------------------------------------------------------------------------------
+// Qwen2 fixtures: compare with transformers (tests/models/qwen2/reference.json)
+// ------------------------------------------------------------------------------------------
+
+const FOLDERS: [&str; 3] = ["tiny-tied", "tiny-untied", "tiny-sharded"];
+
+fn fixtures() -> Option<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/models/qwen2");
+    if dir.join("reference.json").is_file() && FOLDERS.iter().all(|f| dir.join(f).is_dir()) {
+        Some(dir)
+    } else {
+        eprintln!("skipped: the Qwen2 fixtures are not in {} (make_fixtures.py writes them)", dir.display());
+        None
+    }
+}
+
+#[derive(Deserialize)]
+struct Reference {
+    versions: Versions,
+    tokenizer: TokenizerReference,
+    chats: Vec<Chat>,
+}
+
+#[derive(Deserialize)]
+struct Versions {
+    special_tokens: std::collections::BTreeMap<String, u32>,
+    tokenizer_len: usize,
+}
+
+#[derive(Deserialize)]
+struct TokenizerReference {
+    encode: Vec<EncodeCase>,
+    decode: Vec<DecodeCase>,
+}
+
+#[derive(Deserialize)]
+struct EncodeCase {
+    text: String,
+    ids: Vec<u32>,
+    decoded: String,
+}
+
+#[derive(Deserialize)]
+struct DecodeCase {
+    ids: Vec<u32>,
+    skip_special_tokens: bool,
+    text: String,
+}
+
+/// Messages and tools are read as MiniJinja values (our dependency) so that their key order
+/// is the file's: it shows in `tojson`.
+#[derive(Deserialize)]
+struct Chat {
+    template: String,
+    note: String,
+    messages: minijinja::Value,
+    add_generation_prompt: bool,
+    tools: Option<minijinja::Value>,
+    text: Option<String>,
+    ids: Option<Vec<u32>>,
+    error: Option<ChatError>,
+}
+
+#[derive(Deserialize)]
+struct ChatError {
+    message: String,
+}
+
+fn reference(dir: &Path) -> Reference {
+    let text = std::fs::read_to_string(dir.join("reference.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+#[test]
+fn qwen2_tokenizer_matches_transformers() {
+    let Some(dir) = fixtures() else { return };
+    let reference = reference(&dir);
+    assert!(reference.tokenizer.encode.len() >= 10);
+    for folder in FOLDERS {
+        let tok = Tokenizer::from_folder(dir.join(folder)).unwrap();
+        assert_eq!(tok.vocab_size(true), reference.versions.tokenizer_len, "{folder}");
+        for (token, &id) in &reference.versions.special_tokens {
+            assert_eq!(tok.token_to_id(token), Some(id), "{folder}: {token}");
+            assert_eq!(tok.id_to_token(id).as_deref(), Some(token.as_str()), "{folder}");
+        }
+        for case in &reference.tokenizer.encode {
+            let ids = tok.encode(&case.text, false).unwrap();
+            assert_eq!(ids, case.ids, "{folder}: encode {:?}", case.text);
+            assert_eq!(tok.decode(&ids, false).unwrap(), case.decoded, "{folder}: decode {:?}", case.text);
+            check_stream(&tok, &ids, false);
+            check_stream(&tok, &ids, true);
+        }
+        for case in &reference.tokenizer.decode {
+            let text = tok.decode(&case.ids, case.skip_special_tokens).unwrap();
+            assert_eq!(text, case.text, "{folder}: decode {:?}", case.ids);
+        }
+    }
+}
+
+#[test]
+fn qwen2_chats_match_transformers() {
+    let Some(dir) = fixtures() else { return };
+    let reference = reference(&dir);
+    let tok = Tokenizer::from_folder(dir.join("tiny-sharded")).unwrap();
+    let mut rendered = 0;
+    for chat in &reference.chats {
+        // The default template is in each folder (a string in tokenizer_config.json,
+        // chat_template.jinja, a named list); the others only in tiny-sharded.
+        let templates: Vec<ChatTemplate> = if chat.template == "default" {
+            FOLDERS.iter().map(|f| ChatTemplate::from_folder(dir.join(f)).unwrap()).collect()
+        } else {
+            vec![ChatTemplate::from_folder_named(dir.join("tiny-sharded"), &chat.template).unwrap()]
+        };
+        let messages = serde_json::to_string(&chat.messages).unwrap();
+        let mut options = ChatOptions::new().add_generation_prompt(chat.add_generation_prompt);
+        if let Some(tools) = &chat.tools {
+            options = options.tools(tools);
+        }
+        for template in &templates {
+            let result = template.render_json(&messages, &options);
+            match (&chat.error, &chat.text) {
+                (Some(error), _) => {
+                    let err = result.unwrap_err();
+                    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+                    assert!(err.message().contains(&error.message), "{}: {err}", chat.note);
+                }
+                (None, Some(text)) => {
+                    let got = result.unwrap_or_else(|e| panic!("{} ({}): {e}", chat.note, template.origin()));
+                    assert_eq!(&got, text, "{} ({})", chat.note, template.origin());
+                    let ids = tok.encode(&got, false).unwrap();
+                    assert_eq!(Some(&ids), chat.ids.as_ref(), "{}", chat.note);
+                    rendered += 1;
+                }
+                (None, None) => panic!("chat {:?} has neither text nor error", chat.note),
+            }
+        }
+    }
+    assert!(rendered >= 10, "{rendered}");
+    assert!(reference.chats.iter().any(|c| c.error.is_some()));
+    assert!(reference.chats.iter().any(|c| c.tools.is_some()));
+}
+
+#[test]
+fn qwen2_folders_stop_ids_and_config() {
+    let Some(dir) = fixtures() else { return };
+    let reference = reference(&dir);
+    let im_end = reference.versions.special_tokens["<|im_end|>"];
+    let end_of_text = reference.versions.special_tokens["<|endoftext|>"];
+    // generation_config.json: [im_end, endoftext] for tiny-tied and tiny-sharded, im_end for
+    // tiny-untied; the tokenizer's eos is im_end.
+    assert_eq!(stop_token_ids(dir.join("tiny-tied")).unwrap(), [im_end, end_of_text]);
+    assert_eq!(stop_token_ids(dir.join("tiny-untied")).unwrap(), [im_end]);
+    assert_eq!(stop_token_ids(dir.join("tiny-sharded")).unwrap(), [im_end, end_of_text]);
+    for folder in FOLDERS {
+        let cfg = TokenizerConfig::from_folder(dir.join(folder)).unwrap();
+        assert_eq!(cfg.eos_token.as_deref(), Some("<|im_end|>"), "{folder}");
+        assert_eq!(cfg.bos_token, None, "{folder}");
+        assert_eq!(cfg.add_bos_token, Some(false), "{folder}");
+    }
+    let err = ChatTemplate::from_folder_named(dir.join("tiny-untied"), "tool_use").unwrap_err();
+    assert!(err.message().contains("default"), "{err}");
+}
