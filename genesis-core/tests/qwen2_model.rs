@@ -150,3 +150,21 @@ fn save_and_load_round_trip() {
         std::fs::remove_dir_all(&dir).ok();
     }
 }
+
+#[test]
+fn training_forward_matches_inference_and_reaches_every_projection() {
+    let m = model(false);
+    let x = ids(&[4, 8, 15, 16, 23, 42]);
+    let inference = no_grad(|| m.forward(&x)).unwrap();
+    let training = m.forward(&x).unwrap();
+    assert!(max_abs_diff(&inference, &training) < 1e-5);
+    training.square().unwrap().mean().unwrap().backward().unwrap();
+    for (name, p) in m.named_parameters() {
+        let g = p.grad().unwrap_or_else(|| panic!("{name} has no gradient"));
+        assert!(g.abs().unwrap().sum().unwrap().item::<f32>().unwrap() > 0.0, "{name}");
+    }
+    // Names are Hugging Face's, stacked storage notwithstanding.
+    let names: Vec<String> = m.named_parameters().into_iter().map(|(n, _)| n).collect();
+    assert!(names.contains(&"model.layers.1.self_attn.k_proj.bias".to_string()));
+    assert!(names.contains(&"model.layers.0.mlp.up_proj.weight".to_string()));
+}

@@ -88,8 +88,13 @@ pub fn repetition_penalty(logits: &Tensor, seen: &Tensor, penalty: f64) -> Resul
 /// penalty). Greedy decoding takes the first maximum, as `argmax` does.
 pub fn sample(logits: &Tensor, seen: Option<&Tensor>, config: &GenerationConfig, rng: &Generator) -> Result<Tensor> {
     no_grad(|| {
+        let penalty = seen.filter(|_| config.repetition_penalty != 1.0);
+        if !config.do_sample && penalty.is_none() {
+            // The argmax of the logits as they are: casting first would change nothing.
+            return logits.argmax(Some(-1), false);
+        }
         let mut l = logits.to_dtype(DType::F32)?;
-        if let Some(seen) = seen {
+        if let Some(seen) = penalty {
             l = repetition_penalty(&l, seen, config.repetition_penalty)?;
         }
         if !config.do_sample {

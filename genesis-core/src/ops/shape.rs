@@ -248,6 +248,32 @@ impl Tensor {
         Ok(record1("cat", &refs, out, backward))
     }
 
+    /// The rows of `parts` (contiguous, each `(n_i, ..)`) as one `(Σ n_i, ..)` tensor without a
+    /// copy, when they lie back to back in one storage; `None` otherwise. No autograd link:
+    /// for inference over weights stored together (see `models::qwen2`).
+    pub(crate) fn adjacent_rows(parts: &[Tensor]) -> Option<Tensor> {
+        let first = parts.first()?;
+        let mut next = first.layout().offset;
+        for p in parts {
+            let fits = p.is_contiguous()
+                && p.rank() == first.rank()
+                && p.rank() >= 1
+                && p.shape()[1..] == first.shape()[1..]
+                && p.dtype() == first.dtype()
+                && p.shares_storage(first)
+                && p.layout().offset == next;
+            if !fits {
+                return None;
+            }
+            next += p.numel();
+        }
+        let mut shape = first.shape().to_vec();
+        shape[0] = parts.iter().map(|p| p.shape()[0]).sum();
+        let mut layout = crate::tensor::Layout::contiguous(&shape);
+        layout.offset = first.layout().offset;
+        Some(first.with_layout(layout))
+    }
+
     /// Stack along a new dim (`torch.stack`).
     pub fn stack(tensors: &[Tensor], dim: isize) -> Result<Tensor> {
         let first = tensors.first().ok_or_else(|| Error::invalid("stack: expected at least one tensor"))?;

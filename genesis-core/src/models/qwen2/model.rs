@@ -21,6 +21,68 @@ fn linear(source: &mut WeightSource<'_>, name: &str, input: usize, output: usize
     Ok(Linear { weight, bias })
 }
 
+/// Linear layers whose weights (and biases) are stored back to back in one buffer, as views
+/// that keep their own names: q/k/v and gate/up read the same input, so inference runs each
+/// group as one GEMM (`forward_stacked`) while training and state dicts see the separate
+/// Hugging Face parameters.
+fn stacked_linears(
+    source: &mut WeightSource<'_>,
+    layers: &[(String, usize)],
+    input: usize,
+    bias: bool,
+) -> Result<Vec<Linear>> {
+    let stack = |source: &mut WeightSource<'_>, suffix: &str, shape: &dyn Fn(usize) -> Vec<usize>| {
+        let parts = layers
+            .iter()
+            .map(|(name, out)| source(&format!("{name}.{suffix}"), &shape(*out)))
+            .collect::<Result<Vec<_>>>()?;
+        let buffer = crate::autograd::no_grad(|| Tensor::cat(&parts, 0))?;
+        let mut start = 0;
+        layers
+            .iter()
+            .map(|(_, out)| {
+                let view = buffer.narrow(0, start, *out)?;
+                start += out;
+                Param::parameter(view)
+            })
+            .collect::<Result<Vec<_>>>()
+    };
+    let weights = stack(source, "weight", &|out| vec![out, input])?;
+    let biases = if bias { Some(stack(source, "bias", &|out| vec![out])?) } else { None };
+    Ok(weights
+        .into_iter()
+        .enumerate()
+        .map(|(i, weight)| Linear { weight, bias: biases.as_ref().map(|b| b[i].clone()) })
+        .collect())
+}
+
+/// `x` through each layer of `group`: one GEMM over their stacked weights when these are
+/// still back to back in one buffer and no gradient is recorded, else one layer at a time.
+fn forward_stacked(x: &Tensor, group: &[&Linear]) -> Result<Vec<Tensor>> {
+    let weights: Vec<Tensor> = group.iter().map(|l| l.weight.get()).collect();
+    let biases: Option<Vec<Tensor>> = group.iter().map(|l| l.bias.as_ref().map(Param::get)).collect();
+    let stacked = (!crate::autograd::is_grad_enabled() || weights.iter().all(|w| !w.requires_grad()))
+        .then(|| Tensor::adjacent_rows(&weights))
+        .flatten();
+    let stacked_bias = match &biases {
+        Some(b) => Tensor::adjacent_rows(b).map(Some),
+        None => Some(None),
+    };
+    let (Some(w), Some(b)) = (stacked, stacked_bias) else {
+        return group.iter().map(|l| l.forward(x)).collect();
+    };
+    let y = crate::nn::functional::linear(x, &w, b.as_ref())?;
+    let mut start = 0;
+    weights
+        .iter()
+        .map(|w| {
+            let part = y.narrow(-1, start, w.shape()[0]);
+            start += w.shape()[0];
+            part
+        })
+        .collect()
+}
+
 fn rms_norm(source: &mut WeightSource<'_>, name: &str, c: &Qwen2Config) -> Result<RMSNorm> {
     let weight = Param::parameter(source(&format!("{name}.weight"), &[c.hidden_size])?)?;
     Ok(RMSNorm { normalized_shape: vec![c.hidden_size], eps: Some(c.rms_norm_eps), weight: Some(weight) })
@@ -59,10 +121,13 @@ pub struct Qwen2Attention {
 impl Qwen2Attention {
     fn new(source: &mut WeightSource<'_>, prefix: &str, c: &Qwen2Config, rope: Arc<RotaryTables>) -> Result<Self> {
         let (h, hq, hk) = (c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+        let names = [("q_proj", hq), ("k_proj", hk), ("v_proj", hk)].map(|(n, out)| (format!("{prefix}.{n}"), out));
+        let [q_proj, k_proj, v_proj]: [Linear; 3] =
+            stacked_linears(source, &names, h, true)?.try_into().map_err(|_| Error::invalid("q/k/v projections"))?;
         Ok(Qwen2Attention {
-            q_proj: linear(source, &format!("{prefix}.q_proj"), h, hq, true)?,
-            k_proj: linear(source, &format!("{prefix}.k_proj"), h, hk, true)?,
-            v_proj: linear(source, &format!("{prefix}.v_proj"), h, hk, true)?,
+            q_proj,
+            k_proj,
+            v_proj,
             o_proj: linear(source, &format!("{prefix}.o_proj"), hq, h, false)?,
             rope,
             heads: c.num_attention_heads,
@@ -79,9 +144,14 @@ impl Qwen2Attention {
 
     fn forward_ctx(&self, x: &Tensor, ctx: &Context<'_>, cache: Option<(&mut KvCache, usize)>) -> Result<Tensor> {
         let (b, s) = (x.shape()[0], x.shape()[1]);
-        let q = self.split_heads(&self.q_proj.forward(x)?, self.heads)?;
-        let k = self.split_heads(&self.k_proj.forward(x)?, self.kv_heads)?;
-        let v = self.split_heads(&self.v_proj.forward(x)?, self.kv_heads)?;
+        let [q, k, v]: [Tensor; 3] = forward_stacked(x, &[&self.q_proj, &self.k_proj, &self.v_proj])?
+            .try_into()
+            .map_err(|_| Error::invalid("q/k/v projections"))?;
+        let (q, k, v) = (
+            self.split_heads(&q, self.heads)?,
+            self.split_heads(&k, self.kv_heads)?,
+            self.split_heads(&v, self.kv_heads)?,
+        );
         let (cos, sin) = self.rope.get(ctx.start, s, q.dtype())?;
         let (q, k) = (rotary_embedding(&q, &cos, &sin)?, rotary_embedding(&k, &cos, &sin)?);
         let (k, v) = match cache {
@@ -121,17 +191,19 @@ pub struct Qwen2Mlp {
 impl Qwen2Mlp {
     fn new(source: &mut WeightSource<'_>, prefix: &str, c: &Qwen2Config) -> Result<Self> {
         let (h, i) = (c.hidden_size, c.intermediate_size);
-        Ok(Qwen2Mlp {
-            gate_proj: linear(source, &format!("{prefix}.gate_proj"), h, i, false)?,
-            up_proj: linear(source, &format!("{prefix}.up_proj"), h, i, false)?,
-            down_proj: linear(source, &format!("{prefix}.down_proj"), i, h, false)?,
-        })
+        let names = [format!("{prefix}.gate_proj"), format!("{prefix}.up_proj")].map(|n| (n, i));
+        let [gate_proj, up_proj]: [Linear; 2] =
+            stacked_linears(source, &names, h, false)?.try_into().map_err(|_| Error::invalid("gate/up projections"))?;
+        Ok(Qwen2Mlp { gate_proj, up_proj, down_proj: linear(source, &format!("{prefix}.down_proj"), i, h, false)? })
     }
 }
 
 impl Module for Qwen2Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.down_proj.forward(&self.gate_proj.forward(x)?.silu()?.mul(&self.up_proj.forward(x)?)?)
+        let [gate, up]: [Tensor; 2] = forward_stacked(x, &[&self.gate_proj, &self.up_proj])?
+            .try_into()
+            .map_err(|_| Error::invalid("gate/up projections"))?;
+        self.down_proj.forward(&gate.silu()?.mul(&up)?)
     }
 
     fn visit(&self, f: &mut dyn FnMut(&str, Entry<'_>)) {
