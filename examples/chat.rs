@@ -12,7 +12,7 @@
 //! (or end of input) quits. `--prompt` runs one turn and exits; `--json` prints the generated
 //! ids and text as JSON; `--ids` continues raw token ids with no tokenizer or template (for a
 //! folder with only config and weights). Sampling defaults come from the folder's
-//! `generation_config.json`; flags override them.
+//! `generation_config.json` (256 new tokens unless it says otherwise); flags override them.
 
 use genesis::generation::{find_stop_string, Generation, GenerationConfig};
 use genesis::models::hf::parse_dtype;
@@ -56,7 +56,6 @@ fn parse_args() -> Result<Args> {
         ids: None,
         json: false,
     };
-    args.generation.max_new_tokens = 512;
     let g = &mut args.generation;
     let mut it = argv.into_iter();
     while let Some(flag) = it.next() {
@@ -183,6 +182,9 @@ fn main() -> Result<()> {
     if let Some(ids) = args.ids.clone() {
         // Raw ids: no tokenizer or template needed; text only when the folder has a tokenizer.
         let tokenizer = Tokenizer::from_folder(&args.model).ok();
+        if tokenizer.is_none() && !args.generation.stop_strings.is_empty() {
+            return Err(Error::invalid("--stop needs a tokenizer.json in the model folder"));
+        }
         let r = reply(&model, tokenizer.as_ref(), &ids, &args.generation, &mut std::io::sink())?;
         if args.json {
             print_json(&ids, &r);
@@ -239,11 +241,23 @@ fn main() -> Result<()> {
             _ => {}
         }
         history.push(Message::user(line));
-        let ids = tokenizer.encode(&template.render(&history, true)?, false)?;
-        let r = reply(&model, Some(&tokenizer), &ids, &args.generation, &mut std::io::stdout())?;
-        println!();
-        eprintln!("{}", stats(&r));
-        history.push(Message::assistant(r.text));
+        let turn = template
+            .render(&history, true)
+            .and_then(|prompt| tokenizer.encode(&prompt, false))
+            .and_then(|ids| reply(&model, Some(&tokenizer), &ids, &args.generation, &mut std::io::stdout()));
+        match turn {
+            Ok(r) => {
+                println!();
+                eprintln!("{}", stats(&r));
+                history.push(Message::assistant(r.text));
+            }
+            Err(e) => {
+                // The turn is dropped; the conversation before it stays (e.g. a history too
+                // long for the model: /reset starts over).
+                history.pop();
+                eprintln!("\nerror: {e}");
+            }
+        }
     }
     Ok(())
 }

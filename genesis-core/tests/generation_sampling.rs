@@ -100,3 +100,19 @@ fn draws_follow_the_softmax_distribution() {
     let p0 = 0.25 / probs.iter().map(|p| p * p).sum::<f64>();
     assert!((freq - p0).abs() < 5.0 * (p0 * (1.0 - p0) / n as f64).sqrt(), "{freq} vs {p0}");
 }
+
+#[test]
+fn top_k_ignores_already_masked_tokens() {
+    let l = Tensor::new([[3.0f32, f32::NEG_INFINITY, 1.0, 2.0, f32::NEG_INFINITY, -5.0]], &cpu()).unwrap();
+    assert_eq!(kept(&top_k_filter(&l, 2).unwrap())[0], vec![true, false, false, true, false, false]);
+    assert_eq!(kept(&top_k_filter(&l, 3).unwrap())[0], vec![true, false, true, true, false, false]);
+}
+
+#[test]
+fn processors_refuse_logits_that_are_not_batch_by_vocab() {
+    let flat = Tensor::new([1.0f32, 2.0, 3.0], &cpu()).unwrap();
+    assert!(top_k_filter(&flat, 1).is_err());
+    assert!(top_p_filter(&flat, 0.5).is_err());
+    assert!(min_p_filter(&flat, 0.5).is_err());
+    assert!(sample(&flat, None, &GenerationConfig::default(), &Generator::new(0)).is_err());
+}

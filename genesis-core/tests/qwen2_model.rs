@@ -168,3 +168,43 @@ fn training_forward_matches_inference_and_reaches_every_projection() {
     assert!(names.contains(&"model.layers.1.self_attn.k_proj.bias".to_string()));
     assert!(names.contains(&"model.layers.0.mlp.up_proj.weight".to_string()));
 }
+
+#[test]
+fn bad_ids_and_a_mismatched_cache_are_errors() {
+    let m = model(true);
+    let cpu = Device::cpu().unwrap();
+    let flat = Tensor::from_vec(vec![1i64, 2, 3], &[3], &cpu).unwrap();
+    assert!(m.forward(&flat).is_err());
+    let empty = Tensor::from_vec(Vec::<i64>::new(), &[1, 0], &cpu).unwrap();
+    let mut cache = m.new_cache(8);
+    assert!(no_grad(|| m.forward_step(&empty, None, &mut cache)).is_err());
+    // A cache filled for batch 1 refuses a batch of 2 instead of reading stale memory.
+    no_grad(|| m.forward_step(&ids(&[1, 2, 3]), None, &mut cache)).unwrap();
+    let two = Tensor::from_vec(vec![4i64, 5], &[2, 1], &cpu).unwrap();
+    let err = no_grad(|| m.forward_step(&two, None, &mut cache)).unwrap_err();
+    assert!(err.message().contains("kv cache"), "{err}");
+    cache.clear();
+    assert!(no_grad(|| m.forward_step(&two, None, &mut cache)).is_ok());
+    // Prompt ids and the pad id must lie in the vocabulary.
+    let config = GenerationConfig { max_new_tokens: 2, ..Default::default() };
+    assert!(generate(&m, &[vec![1, 97]], &config).is_err());
+    assert!(generate(&m, &[vec![1], vec![]], &config).is_err());
+    let bad_pad = GenerationConfig { pad_token_id: Some(500), ..config };
+    assert!(generate(&m, &[vec![1, 2], vec![3]], &bad_pad).is_err());
+}
+
+#[test]
+fn generation_stops_at_the_last_position_and_rows_can_be_finished() {
+    let m = model(true); // 128 positions
+    let prompt = vec![(0..120).map(|i| (i % 90) as u32).collect::<Vec<u32>>()];
+    let out = generate(&m, &prompt, &GenerationConfig { max_new_tokens: 50, ..Default::default() }).unwrap();
+    assert_eq!(out[0].len(), 8);
+    let too_long = vec![(0..128).map(|i| (i % 90) as u32).collect::<Vec<u32>>()];
+    assert!(generate(&m, &too_long, &GenerationConfig::default()).is_err());
+    let config = GenerationConfig { max_new_tokens: 5, ..Default::default() };
+    let mut g = genesis::generation::Generation::new(&m, &[vec![1, 2], vec![3, 4]], &config).unwrap();
+    assert!(g.step().unwrap().iter().all(Option::is_some));
+    g.finish_row(0);
+    let next = g.step().unwrap();
+    assert!(next[0].is_none() && next[1].is_some());
+}

@@ -5,7 +5,8 @@ use crate::models::hf::read_json;
 use serde_json::Value;
 use std::path::Path;
 
-/// Decoding settings, with transformers' meaning and defaults (greedy unless `do_sample`).
+/// Decoding settings, with transformers' meaning and defaults (greedy unless `do_sample`),
+/// except `max_new_tokens`, 256 here (transformers' default stops at 20 tokens in all).
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerationConfig {
     /// Tokens to generate at most after the prompt.
@@ -53,13 +54,23 @@ impl Default for GenerationConfig {
 }
 
 impl GenerationConfig {
-    /// The defaults updated with `generation_config.json` in the folder `dir` (when present):
-    /// `do_sample`, `temperature`, `top_k`, `top_p`, `min_p`, `repetition_penalty`,
-    /// `max_new_tokens`, `eos_token_id` (an int or a list), `pad_token_id`.
+    /// The defaults updated with `generation_config.json` in the folder `dir`: `do_sample`,
+    /// `temperature`, `top_k`, `top_p`, `min_p`, `repetition_penalty`, `max_new_tokens`,
+    /// `eos_token_id` (an int or a list), `pad_token_id`. Without that file, the end and pad
+    /// ids come from `config.json`, as transformers falls back; without either, the defaults.
     pub fn from_folder(dir: impl AsRef<Path>) -> Result<GenerationConfig> {
-        let path = dir.as_ref().join("generation_config.json");
+        let mut path = dir.as_ref().join("generation_config.json");
         let mut config = GenerationConfig::default();
         if !path.is_file() {
+            path = dir.as_ref().join("config.json");
+            if !path.is_file() {
+                return Ok(config);
+            }
+            let obj = read_json(&path)?;
+            let origin = path.display().to_string();
+            config.eos_token_ids = crate::models::hf::token_ids(obj.get("eos_token_id"), "eos_token_id", &origin)?;
+            config.pad_token_id =
+                crate::models::hf::token_ids(obj.get("pad_token_id"), "pad_token_id", &origin)?.first().copied();
             return Ok(config);
         }
         let obj = read_json(&path)?;
@@ -73,8 +84,10 @@ impl GenerationConfig {
                     .ok_or_else(|| Error::load(format!("{origin}: `{key}` must be a number, got {v}"))),
             }
         };
-        if let Some(v) = obj.get("do_sample").and_then(Value::as_bool) {
-            config.do_sample = v;
+        match obj.get("do_sample") {
+            None | Some(Value::Null) => {}
+            Some(Value::Bool(v)) => config.do_sample = *v,
+            Some(v) => return Err(Error::load(format!("{origin}: `do_sample` must be true or false, got {v}"))),
         }
         if let Some(v) = num("temperature")? {
             config.temperature = v;
@@ -94,27 +107,31 @@ impl GenerationConfig {
         if let Some(v) = num("max_new_tokens")? {
             config.max_new_tokens = v.max(0.0) as usize;
         }
-        config.eos_token_ids = crate::models::qwen2::token_ids_field(obj.get("eos_token_id"), "eos_token_id", &origin)?;
+        config.eos_token_ids = crate::models::hf::token_ids(obj.get("eos_token_id"), "eos_token_id", &origin)?;
         config.pad_token_id =
-            crate::models::qwen2::token_ids_field(obj.get("pad_token_id"), "pad_token_id", &origin)?.first().copied();
+            crate::models::hf::token_ids(obj.get("pad_token_id"), "pad_token_id", &origin)?.first().copied();
         config.validate().map_err(|e| e.context(&origin))?;
         Ok(config)
     }
 
-    /// Check that every setting is in range.
+    /// Check that every setting is in range. The sampling settings matter, and are checked,
+    /// only with `do_sample` (transformers ignores them for greedy decoding too).
     pub fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(Error::invalid(format!("generation config: {what}")));
-        if self.temperature.is_nan() || self.temperature <= 0.0 || !self.temperature.is_finite() {
-            return bad(format!("temperature must be > 0, got {}", self.temperature));
+        if self.repetition_penalty.is_nan() || self.repetition_penalty <= 0.0 || self.repetition_penalty.is_infinite() {
+            return bad(format!("repetition_penalty must be > 0, got {}", self.repetition_penalty));
+        }
+        if !self.do_sample {
+            return Ok(());
+        }
+        if self.temperature.is_nan() || self.temperature <= 0.0 || self.temperature.is_infinite() {
+            return bad(format!("temperature must be > 0 when sampling, got {}", self.temperature));
         }
         if self.top_p.is_nan() || self.top_p <= 0.0 || self.top_p > 1.0 {
             return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
         }
         if !(0.0..=1.0).contains(&self.min_p) {
             return bad(format!("min_p must be in [0, 1], got {}", self.min_p));
-        }
-        if self.repetition_penalty.is_nan() || self.repetition_penalty <= 0.0 || !self.repetition_penalty.is_finite() {
-            return bad(format!("repetition_penalty must be > 0, got {}", self.repetition_penalty));
         }
         Ok(())
     }

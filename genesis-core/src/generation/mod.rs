@@ -21,7 +21,6 @@ pub use sampling::{min_p_filter, repetition_penalty, sample, top_k_filter, top_p
 use crate::autograd::no_grad;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::models::qwen2::Qwen2ForCausalLM;
 use crate::models::KvCache;
 use crate::random::Generator;
 use crate::tensor::Tensor;
@@ -41,24 +40,6 @@ pub trait CausalLM {
     fn max_positions(&self) -> usize;
     /// The device the weights are on.
     fn device(&self) -> Device;
-}
-
-impl CausalLM for Qwen2ForCausalLM {
-    fn forward_step(&self, ids: &Tensor, key_valid: Option<&Tensor>, cache: &mut KvCache) -> Result<Tensor> {
-        Qwen2ForCausalLM::forward_step(self, ids, key_valid, cache)
-    }
-    fn new_cache(&self, capacity: usize) -> KvCache {
-        Qwen2ForCausalLM::new_cache(self, capacity)
-    }
-    fn vocab_size(&self) -> usize {
-        self.config.vocab_size
-    }
-    fn max_positions(&self) -> usize {
-        self.config.max_position_embeddings
-    }
-    fn device(&self) -> Device {
-        self.model.embed_tokens.weight.get().device().clone()
-    }
 }
 
 /// A generation in progress over a batch of prompts; each [`step`](Generation::step) yields
@@ -104,6 +85,9 @@ impl<'m, M: CausalLM + ?Sized> Generation<'m, M> {
         let mut config = config.clone();
         config.max_new_tokens = config.max_new_tokens.min(model.max_positions() - len);
         let pad = config.pad_token_id.or(config.eos_token_ids.first().copied()).unwrap_or(0);
+        if pad as usize >= vocab {
+            return Err(Error::invalid(format!("generate: pad id {pad} is outside the vocabulary of {vocab}")));
+        }
         let mut ids = Vec::with_capacity(b * len);
         let mut valid = Vec::with_capacity(b * len);
         for p in prompts {

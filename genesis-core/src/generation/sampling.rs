@@ -2,7 +2,8 @@
 //! chosen ids (one per row) ever reach the host.
 //!
 //! The processors run in transformers' order: repetition penalty, temperature, top-k, top-p,
-//! min-p, then a draw. Top-k and top-p need a per-row threshold; with no sort among the
+//! min-p, then a draw. The repetition penalty counts the prompt's real tokens, not its left
+//! padding (transformers counts the pad id too). Top-k and top-p need a per-row threshold; with no sort among the
 //! backend primitives they find it by bisection (a fixed number of halvings of the value
 //! range, all on the device), which keeps every token tied with the threshold, as
 //! transformers' top-k does. The draw is Gumbel-max, `argmax(logits + Gumbel noise)`, which
@@ -34,26 +35,36 @@ fn bisect(lo: Tensor, hi: Tensor, enough: impl Fn(&Tensor) -> Result<Tensor>) ->
 
 /// `logits (b, V)` with every token outside the `k` largest of its row set to `-inf`.
 pub fn top_k_filter(logits: &Tensor, k: usize) -> Result<Tensor> {
-    let vocab = logits.shape()[1];
+    let vocab = rows_of("top_k_filter", logits)?;
     if k == 0 || k >= vocab {
         return Ok(logits.clone());
     }
-    // Masked (-inf) entries would make the midpoints infinite; clamp them for the search.
-    let finite = logits.clamp(-f32::MAX as f64, f32::MAX as f64)?;
-    let lo = finite.min_dims(&[-1], true)?;
-    let hi = finite.max_dims(&[-1], true)?.add_scalar(1.0)?;
-    let tau = bisect(lo, hi, |t| finite.ge(t)?.to_dtype(DType::F32)?.sum_dims(&[-1], true)?.ge_scalar(k as f64))?;
-    logits.masked_fill(&finite.lt(&tau)?, f64::NEG_INFINITY)
+    // The search starts at the smallest unmasked logit (masked `-inf` ones would make the
+    // interval infinite); masked entries are never counted.
+    let masked = logits.eq_scalar(f64::NEG_INFINITY)?;
+    let lo = logits.masked_fill(&masked, f64::INFINITY)?.min_dims(&[-1], true)?;
+    let hi = logits.max_dims(&[-1], true)?.add_scalar(1.0)?;
+    let tau = bisect(lo, hi, |t| logits.ge(t)?.to_dtype(DType::F32)?.sum_dims(&[-1], true)?.ge_scalar(k as f64))?;
+    logits.masked_fill(&logits.lt(&tau)?, f64::NEG_INFINITY)
+}
+
+/// The vocabulary size of `(b, V)` logits, or an error naming `op`.
+fn rows_of(op: &str, logits: &Tensor) -> Result<usize> {
+    match logits.shape() {
+        [_, vocab] if *vocab > 0 => Ok(*vocab),
+        other => Err(crate::Error::invalid(format!("{op}: expected logits (batch, vocab), got shape {other:?}"))),
+    }
 }
 
 /// `logits (b, V)` keeping the smallest set of most likely tokens whose probability reaches
 /// `p` (at least one token per row).
 pub fn top_p_filter(logits: &Tensor, p: f64) -> Result<Tensor> {
+    rows_of("top_p_filter", logits)?;
     if p >= 1.0 {
         return Ok(logits.clone());
     }
     let probs = logits.softmax(-1)?;
-    let lo = probs.min_dims(&[-1], true)?.mul_scalar(0.0)?;
+    let lo = Tensor::zeros(&[probs.shape()[0], 1], probs.dtype(), probs.device())?;
     let hi = probs.max_dims(&[-1], true)?.add_scalar(1.0)?;
     let tau = bisect(lo, hi, |t| probs.mul(&probs.ge(t)?.to_dtype(DType::F32)?)?.sum_dims(&[-1], true)?.ge_scalar(p))?;
     // The most likely token always stays, whatever the rounding of the sums.
@@ -64,6 +75,7 @@ pub fn top_p_filter(logits: &Tensor, p: f64) -> Result<Tensor> {
 /// `logits (b, V)` without the tokens whose probability is below `min_p` times the row's
 /// largest.
 pub fn min_p_filter(logits: &Tensor, min_p: f64) -> Result<Tensor> {
+    rows_of("min_p_filter", logits)?;
     if min_p <= 0.0 {
         return Ok(logits.clone());
     }
@@ -87,6 +99,7 @@ pub fn repetition_penalty(logits: &Tensor, seen: &Tensor, penalty: f64) -> Resul
 /// logits' device. `seen (b, V)` counts the tokens of each row so far (for the repetition
 /// penalty). Greedy decoding takes the first maximum, as `argmax` does.
 pub fn sample(logits: &Tensor, seen: Option<&Tensor>, config: &GenerationConfig, rng: &Generator) -> Result<Tensor> {
+    rows_of("sample", logits)?;
     no_grad(|| {
         let penalty = seen.filter(|_| config.repetition_penalty != 1.0);
         if !config.do_sample && penalty.is_none() {

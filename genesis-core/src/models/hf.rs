@@ -28,6 +28,17 @@ pub fn read_json(path: &Path) -> Result<JsonObject> {
     }
 }
 
+/// Token ids given as an int or a list of ints.
+pub(crate) fn token_ids(v: Option<&serde_json::Value>, key: &str, origin: &str) -> Result<Vec<u32>> {
+    let bad = || Error::new(ErrorKind::LoadFailed, format!("{origin}: `{key}` must be a token id or a list of ids"));
+    let one = |v: &serde_json::Value| v.as_u64().filter(|&n| n <= u32::MAX as u64).map(|n| n as u32).ok_or_else(bad);
+    match v {
+        None | Some(serde_json::Value::Null) => Ok(vec![]),
+        Some(serde_json::Value::Array(items)) => items.iter().map(one).collect(),
+        Some(v) => Ok(vec![one(v)?]),
+    }
+}
+
 /// The memory-mapped safetensors files of a model folder, indexed by tensor name.
 pub struct Weights {
     files: Vec<(PathBuf, memmap2::Mmap)>,
@@ -56,6 +67,9 @@ impl Weights {
                     load_err(format!("{}: `weight_map.{tensor}` must be a file name", index_path.display()))
                 })?;
                 names.insert(tensor.clone(), file.to_string());
+            }
+            if names.is_empty() {
+                return Err(load_err(format!("{}: `weight_map` lists no tensors", index_path.display())));
             }
             let mut files: Vec<String> = names.values().cloned().collect();
             files.sort();
@@ -141,7 +155,10 @@ impl Weights {
     fn describe(&self) -> String {
         match self.files.as_slice() {
             [(p, _)] => p.display().to_string(),
-            files => format!("{} (in {} shards)", files[0].0.parent().unwrap_or(Path::new(".")).display(), files.len()),
+            [(p, _), ..] => {
+                format!("{} (in {} shards)", p.parent().unwrap_or(Path::new(".")).display(), self.files.len())
+            }
+            [] => "the checkpoint (no files)".into(),
         }
     }
 }

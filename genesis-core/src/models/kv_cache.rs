@@ -59,8 +59,34 @@ impl KvCache {
         let n = self.layers.len();
         let slot =
             self.layers.get_mut(layer).ok_or_else(|| Error::invalid(format!("kv cache: layer {layer} of {n}")))?;
+        if k.rank() != 4 || v.shape() != k.shape() {
+            return Err(Error::invalid(format!(
+                "kv cache: keys and values must be (batch, kv_heads, s, head_dim) alike, got {:?} and {:?}",
+                k.shape(),
+                v.shape()
+            )));
+        }
         let s = k.shape()[2];
         let need = self.len + s;
+        if self.len > 0 && slot.is_none() {
+            return Err(Error::invalid(format!(
+                "kv cache: layer {layer} has no entries for the first {} positions",
+                self.len
+            )));
+        }
+        if let Some((kb, _)) = slot.as_ref().filter(|_| self.len > 0) {
+            if kb.shape()[..2] != k.shape()[..2] || kb.shape()[3] != k.shape()[3] || kb.dtype() != k.dtype() {
+                return Err(Error::invalid(format!(
+                    "kv cache: layer {layer} holds {} positions of shape {:?} ({}); new keys {:?} ({}) do not fit \
+                     (clear the cache to start another batch)",
+                    self.len,
+                    kb.shape(),
+                    kb.dtype(),
+                    k.shape(),
+                    k.dtype()
+                )));
+            }
+        }
         let fits = |buf: &Tensor| {
             buf.shape()[..2] == k.shape()[..2]
                 && buf.shape()[3] == k.shape()[3]
@@ -74,11 +100,9 @@ impl KvCache {
                 shape[2] = capacity;
                 let (kb, vb) =
                     (Tensor::empty(&shape, k.dtype(), k.device())?, Tensor::empty(&shape, v.dtype(), v.device())?);
-                if let Some((old_k, old_v)) = slot.as_ref().filter(|(ok, _)| ok.shape()[..2] == k.shape()[..2]) {
-                    if self.len > 0 {
-                        kb.narrow(2, 0, self.len)?.copy_(&old_k.narrow(2, 0, self.len)?)?;
-                        vb.narrow(2, 0, self.len)?.copy_(&old_v.narrow(2, 0, self.len)?)?;
-                    }
+                if let Some((old_k, old_v)) = slot.as_ref().filter(|_| self.len > 0) {
+                    kb.narrow(2, 0, self.len)?.copy_(&old_k.narrow(2, 0, self.len)?)?;
+                    vb.narrow(2, 0, self.len)?.copy_(&old_v.narrow(2, 0, self.len)?)?;
                 }
                 self.capacity = capacity;
                 *slot = Some((kb, vb));

@@ -1,7 +1,7 @@
 //! `config.json` of a Qwen2 / Qwen2.5 model folder, in both layouts transformers writes.
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::models::hf::{read_json, JsonObject};
+use crate::models::hf::{read_json, token_ids, JsonObject};
 use serde_json::{json, Value};
 use std::path::Path;
 
@@ -69,6 +69,15 @@ fn required(obj: &JsonObject, key: &str, origin: &str) -> Result<usize> {
     Ok(n)
 }
 
+fn bool_field(obj: &JsonObject, key: &str, origin: &str) -> Result<Option<bool>> {
+    match field(obj, key) {
+        None => Ok(None),
+        Some(v) => v.as_bool().map(Some).ok_or_else(|| {
+            Error::new(ErrorKind::LoadFailed, format!("{origin}: `{key}` must be true or false, got {v}"))
+        }),
+    }
+}
+
 fn f64_field(obj: &JsonObject, key: &str, origin: &str) -> Result<Option<f64>> {
     match field(obj, key) {
         None => Ok(None),
@@ -76,17 +85,6 @@ fn f64_field(obj: &JsonObject, key: &str, origin: &str) -> Result<Option<f64>> {
             .as_f64()
             .map(Some)
             .ok_or_else(|| Error::new(ErrorKind::LoadFailed, format!("{origin}: `{key}` must be a number, got {v}"))),
-    }
-}
-
-/// Token ids given as an int or a list of ints.
-pub(crate) fn token_ids(v: Option<&Value>, key: &str, origin: &str) -> Result<Vec<u32>> {
-    let bad = || Error::new(ErrorKind::LoadFailed, format!("{origin}: `{key}` must be a token id or a list of ids"));
-    let one = |v: &Value| v.as_u64().filter(|&n| n <= u32::MAX as u64).map(|n| n as u32).ok_or_else(bad);
-    match v {
-        None | Some(Value::Null) => Ok(vec![]),
-        Some(Value::Array(items)) => items.iter().map(one).collect(),
-        Some(v) => Ok(vec![one(v)?]),
     }
 }
 
@@ -130,7 +128,7 @@ impl Qwen2Config {
                 return Err(unsupported(format!("`hidden_act` {act} is not supported (Qwen2 uses \"silu\")")));
             }
         }
-        if field(&obj, "use_sliding_window").and_then(Value::as_bool) == Some(true) {
+        if bool_field(&obj, "use_sliding_window", origin)? == Some(true) {
             return Err(unsupported("`use_sliding_window: true` is not supported (full attention only)".into()));
         }
         let vocab_size = required(&obj, "vocab_size", origin)?;
@@ -158,7 +156,7 @@ impl Qwen2Config {
                 ))
             }
         };
-        if head_dim % 2 != 0 {
+        if head_dim == 0 || head_dim % 2 != 0 {
             return Err(Error::new(ErrorKind::LoadFailed, format!("{origin}: head size {head_dim} must be even")));
         }
         // transformers 5.x: `rope_parameters {rope_theta, rope_type}`; 4.x: top-level
@@ -180,8 +178,12 @@ impl Qwen2Config {
         if rope_type != "default" {
             return Err(unsupported(format!("rope type `{rope_type}` is not supported (only \"default\")")));
         }
-        if rope_theta.is_nan() || rope_theta <= 0.0 {
+        if rope_theta.is_nan() || rope_theta <= 0.0 || rope_theta.is_infinite() {
             return Err(Error::new(ErrorKind::LoadFailed, format!("{origin}: `rope_theta` must be positive")));
+        }
+        let rms_norm_eps = f64_field(&obj, "rms_norm_eps", origin)?.unwrap_or(1e-6);
+        if rms_norm_eps.is_nan() || rms_norm_eps < 0.0 {
+            return Err(Error::new(ErrorKind::LoadFailed, format!("{origin}: `rms_norm_eps` must be >= 0")));
         }
         let bos_token_id = token_ids(field(&obj, "bos_token_id"), "bos_token_id", origin)?.first().copied();
         Ok(Qwen2Config {
@@ -193,9 +195,9 @@ impl Qwen2Config {
             num_key_value_heads,
             head_dim,
             max_position_embeddings: usize_field(&obj, "max_position_embeddings", origin)?.unwrap_or(32768),
-            rms_norm_eps: f64_field(&obj, "rms_norm_eps", origin)?.unwrap_or(1e-6),
+            rms_norm_eps,
             rope_theta,
-            tie_word_embeddings: field(&obj, "tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
+            tie_word_embeddings: bool_field(&obj, "tie_word_embeddings", origin)?.unwrap_or(false),
             initializer_range: f64_field(&obj, "initializer_range", origin)?.unwrap_or(0.02),
             bos_token_id,
             eos_token_ids: token_ids(field(&obj, "eos_token_id"), "eos_token_id", origin)?,

@@ -19,21 +19,25 @@
 mod config;
 mod model;
 
-pub(crate) use config::token_ids as token_ids_field;
 pub use config::Qwen2Config;
 pub use model::{Qwen2Attention, Qwen2DecoderLayer, Qwen2ForCausalLM, Qwen2Mlp, Qwen2Model};
 
 use crate::device::Device;
 use crate::error::Result;
+use crate::generation::CausalLM;
 use crate::models::hf::{self, Weights};
+use crate::models::KvCache;
 use crate::nn::Module;
+use crate::tensor::Tensor;
 use genesis_backend_api::DType;
 use std::path::Path;
 
 impl Qwen2ForCausalLM {
     /// Load a Hugging Face model folder (`config.json` and `model.safetensors` or its shards)
     /// onto `device` in `dtype` (f32, f16 or bf16; the file's dtype is cast on the device).
-    /// Weights are memory-mapped and copied once to the device. A missing file, a wrong
+    /// Weights are memory-mapped and each is copied once from the map to the device; casting
+    /// and stacking q/k/v and gate/up make short-lived device copies, one layer's at a time.
+    /// A missing file, a wrong
     /// architecture, or a weight that is missing or has the wrong shape is an error naming
     /// the file and the weight; nothing is returned half-loaded.
     pub fn from_pretrained(dir: impl AsRef<Path>, device: &Device, dtype: DType) -> Result<Qwen2ForCausalLM> {
@@ -55,5 +59,23 @@ impl Qwen2ForCausalLM {
         let dtype = self.model.embed_tokens.weight.get().dtype();
         hf::write_weights(dir, &self.state_dict())?;
         hf::write_json(&dir.join("config.json"), &self.config.to_json(Some(hf::dtype_name(dtype))))
+    }
+}
+
+impl CausalLM for Qwen2ForCausalLM {
+    fn forward_step(&self, ids: &Tensor, key_valid: Option<&Tensor>, cache: &mut KvCache) -> Result<Tensor> {
+        Qwen2ForCausalLM::forward_step(self, ids, key_valid, cache)
+    }
+    fn new_cache(&self, capacity: usize) -> KvCache {
+        Qwen2ForCausalLM::new_cache(self, capacity)
+    }
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+    fn max_positions(&self) -> usize {
+        self.config.max_position_embeddings
+    }
+    fn device(&self) -> Device {
+        self.model.embed_tokens.weight.get().device().clone()
     }
 }

@@ -379,8 +379,9 @@ impl Qwen2ForCausalLM {
     /// `true` for real tokens, 0 for padding; left padding as generation uses it). Padded
     /// positions get finite but meaningless logits.
     pub fn forward_with_mask(&self, ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
+        let s = token_count(ids)?;
         let mask = match attention_mask {
-            Some(m) => Some(padding_mask(m, ids.shape()[1], ids.shape()[1])?),
+            Some(m) => Some(padding_mask(m, s, s)?),
             None => None,
         };
         let h = self.model.forward_from(ids, 0, mask.as_ref(), None)?;
@@ -392,7 +393,7 @@ impl Qwen2ForCausalLM {
     /// only, `(b, vocab)`. `key_valid (b, cache.len() + s)`, when given, marks the real
     /// tokens of every position so far (left padding).
     pub fn forward_step(&self, ids: &Tensor, key_valid: Option<&Tensor>, cache: &mut KvCache) -> Result<Tensor> {
-        let (s, start) = (ids.shape()[1], cache.len());
+        let (s, start) = (token_count(ids)?, cache.len());
         let mask = match key_valid {
             Some(m) => Some(padding_mask(m, s, start + s)?),
             None => None,
@@ -405,6 +406,14 @@ impl Qwen2ForCausalLM {
     /// A cache for this model holding `capacity` positions before it grows (in blocks of 256).
     pub fn new_cache(&self, capacity: usize) -> KvCache {
         KvCache::with_capacity(self.config.num_hidden_layers, capacity, 256)
+    }
+}
+
+/// The length `s` of `ids (b, s)`, or an error for another rank or an empty sequence.
+fn token_count(ids: &Tensor) -> Result<usize> {
+    match ids.shape() {
+        [_, s] if *s > 0 => Ok(*s),
+        other => Err(Error::invalid(format!("Qwen2: expected token ids (batch, tokens), got shape {other:?}"))),
     }
 }
 
@@ -429,6 +438,7 @@ pub(crate) fn padding_mask(key_valid: &Tensor, s: usize, t: usize) -> Result<Ten
 impl Module for Qwen2ForCausalLM {
     /// Logits `(b, s, vocab)` of `ids (b, s)`, causal, no cache (the training forward).
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        token_count(ids)?;
         self.logits(&self.model.forward(ids)?)
     }
 
