@@ -1,6 +1,7 @@
 //! `genesis::text`: tokenizer, model-folder configuration, chat templates and streaming
 //! detokenization. Inline cases run everywhere; the Qwen2 fixture cases compare with
-//! transformers' own output (tests/models/qwen2/reference.json) when the fixtures are there.
+//! transformers' own output (tests/models/qwen2/reference.json, committed; they fail if it
+//! is missing).
 #![cfg(feature = "text")]
 
 use genesis::text::{stop_token_ids, ChatOptions, ChatTemplate, Message, TextStream, Tokenizer, TokenizerConfig};
@@ -714,14 +715,29 @@ fn folder_stop_ids() {
 
 const FOLDERS: [&str; 3] = ["tiny-tied", "tiny-untied", "tiny-sharded"];
 
-fn fixtures() -> Option<PathBuf> {
+/// The committed Qwen2 fixture folder; panics naming what is missing (the fixtures are part
+/// of the repository, so a missing file is a broken checkout, not a case to skip).
+fn fixtures() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/models/qwen2");
-    if dir.join("reference.json").is_file() && FOLDERS.iter().all(|f| dir.join(f).is_dir()) {
-        Some(dir)
-    } else {
-        eprintln!("skipped: the Qwen2 fixtures are not in {} (make_fixtures.py writes them)", dir.display());
-        None
+    let mut missing: Vec<String> = Vec::new();
+    if !dir.join("reference.json").is_file() {
+        missing.push("reference.json".into());
     }
+    for folder in FOLDERS {
+        for file in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+            if !dir.join(folder).join(file).is_file() {
+                missing.push(format!("{folder}/{file}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "the Qwen2 fixtures are missing from {}: {} (they are committed; restore them with git, \
+         or regenerate them with tests/models/qwen2/make_fixtures.py)",
+        dir.display(),
+        missing.join(", ")
+    );
+    dir
 }
 
 #[derive(Deserialize)]
@@ -783,7 +799,7 @@ fn reference(dir: &Path) -> Reference {
 
 #[test]
 fn qwen2_tokenizer_matches_transformers() {
-    let Some(dir) = fixtures() else { return };
+    let dir = fixtures();
     let reference = reference(&dir);
     assert!(reference.tokenizer.encode.len() >= 10);
     for folder in FOLDERS {
@@ -809,7 +825,7 @@ fn qwen2_tokenizer_matches_transformers() {
 
 #[test]
 fn qwen2_chats_match_transformers() {
-    let Some(dir) = fixtures() else { return };
+    let dir = fixtures();
     let reference = reference(&dir);
     let tok = Tokenizer::from_folder(dir.join("tiny-sharded")).unwrap();
     let mut rendered = 0;
@@ -852,7 +868,7 @@ fn qwen2_chats_match_transformers() {
 
 #[test]
 fn qwen2_folders_stop_ids_and_config() {
-    let Some(dir) = fixtures() else { return };
+    let dir = fixtures();
     let reference = reference(&dir);
     let im_end = reference.versions.special_tokens["<|im_end|>"];
     let end_of_text = reference.versions.special_tokens["<|endoftext|>"];

@@ -233,7 +233,10 @@ pub(crate) fn rewrite_generation_tags(source: &str) -> String {
     while let Some(start) = rest.find("{%") {
         out.push_str(&rest[..start]);
         let tag = &rest[start..];
-        match tag.find("%}").and_then(|end| generation_tag(&tag[..end + 2]).map(|t| (end + 2, t))) {
+        // The closing `%}` is looked for after the opening `{%` (as Jinja's lexer does), so
+        // `{%}` does not close itself; a tag that never closes is left as it is.
+        let end = tag[2..].find("%}").map(|i| i + 2 + 2);
+        match end.and_then(|len| generation_tag(&tag[..len]).map(|t| (len, t))) {
             Some((len, replacement)) => {
                 out.push_str(&replacement);
                 rest = &tag[len..];
@@ -248,15 +251,19 @@ pub(crate) fn rewrite_generation_tags(source: &str) -> String {
     out
 }
 
-/// The replacement of one `{%...%}` tag if it is a generation tag.
+/// The replacement of one `{%...%}` tag if it is a generation tag; `None` for any other
+/// tag, including malformed ones (`{%}`, `{%-}`, no closing `%}`).
 fn generation_tag(tag: &str) -> Option<String> {
-    let inner = &tag[2..tag.len() - 2];
+    if tag.len() < 4 {
+        return None;
+    }
+    let inner = tag.strip_prefix("{%")?.strip_suffix("%}")?;
     let (open, inner) = match inner.strip_prefix(['-', '+']) {
-        Some(rest) => (&inner[..1], rest),
+        Some(rest) => (inner.get(..1)?, rest),
         None => ("", inner),
     };
     let (inner, close) = match inner.strip_suffix(['-', '+']) {
-        Some(rest) => (rest, &inner[inner.len() - 1..]),
+        Some(rest) => (rest, inner.get(rest.len()..)?),
         None => (inner, ""),
     };
     let body = match inner.trim() {
@@ -292,6 +299,38 @@ mod tests {
         assert_eq!(rewrite_generation_tags("{%+generation+%}"), "{%+ if true +%}");
         let other = "{% if x %}{{ '%}' }}{% endif %}{% generationx %}{%";
         assert_eq!(rewrite_generation_tags(other), other);
+    }
+
+    #[test]
+    fn malformed_tags_are_left_alone() {
+        for source in [
+            "{%}",
+            "{%-}",
+            "{%+}",
+            "{% %}",
+            "{%%}",
+            "{%-%}",
+            "{%-+%}",
+            "{%",
+            "{%-",
+            "a{% generation",
+            "a{% generation %",
+            "{%}{% generation",
+            "x{%}y{%-}z{% %}w{%",
+            "{%é%}{%-é-%}",
+        ] {
+            assert_eq!(rewrite_generation_tags(source), source, "{source:?}");
+            assert!(crate::text::ChatTemplate::from_str(source).is_err(), "{source:?} parsed");
+        }
+        // A malformed tag before a real one does not hide it.
+        assert_eq!(rewrite_generation_tags("{%}{% generation %}"), "{%}{% if true %}");
+        assert_eq!(rewrite_generation_tags("{%-}x{%- endgeneration %}"), "{%-}x{%- endif %}");
+        // `{%}` does not close itself: the tag runs to the next `%}`.
+        assert_eq!(rewrite_generation_tags("{%} generation %}"), "{%} generation %}");
+        let err = crate::text::ChatTemplate::from_str("hi {%} there").unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::LoadFailed, "{err}");
+        assert!(err.message().starts_with("chat template <string>"), "{err}");
+        assert!(err.message().contains("syntax error"), "{err}");
     }
 
     #[test]
