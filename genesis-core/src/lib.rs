@@ -29,6 +29,7 @@ pub mod monitor;
 pub mod nn;
 mod ops;
 pub mod optim;
+pub mod profiler;
 pub mod random;
 pub mod serialize;
 mod storage;

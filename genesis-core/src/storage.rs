@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(crate) struct Storage {
     pub device: Device,
     pub buffer: BufferId,
+    bytes: usize,
     /// Bumped by every in-place write, so autograd can tell a saved tensor was changed.
     version: AtomicU64,
 }
@@ -16,7 +17,10 @@ pub(crate) struct Storage {
 impl Storage {
     pub fn new(device: &Device, bytes: usize) -> crate::Result<Storage> {
         let buffer = device.allocate(bytes)?;
-        Ok(Storage { device: device.clone(), buffer, version: AtomicU64::new(0) })
+        if crate::profiler::active() {
+            crate::profiler::memory(device, bytes as i64);
+        }
+        Ok(Storage { device: device.clone(), buffer, bytes, version: AtomicU64::new(0) })
     }
 
     pub fn version(&self) -> u64 {
@@ -32,5 +36,8 @@ impl Drop for Storage {
     fn drop(&mut self) {
         // A failed free cannot be reported from drop; the backend's statistics still show it.
         let _ = self.device.free(self.buffer);
+        if crate::profiler::active() {
+            crate::profiler::memory(&self.device, -(self.bytes as i64));
+        }
     }
 }

@@ -131,6 +131,8 @@ pub(crate) fn run_backward(
             if grads.iter().all(Option::is_none) {
                 vec![None; node.edges.len()]
             } else {
+                let _span =
+                    crate::profiler::Span::begin(crate::profiler::EventKind::Backward, || backward_name(node.name));
                 f(&grads).map_err(|e| e.context(format_args!("{} backward", node.name)))?
             }
         };
@@ -184,4 +186,18 @@ pub fn grad(
 ) -> Result<Vec<Option<Tensor>>> {
     let roots = crate::tensor::seed_gradients(outputs, grad_outputs)?;
     run_backward(&roots, retain_graph || create_graph, create_graph, Some(inputs))
+}
+
+/// The profiler's name of a node's backward, as PyTorch names them: `rms_norm` →
+/// `RmsNormBackward` (distinct from backend ops such as `attention_backward`).
+fn backward_name(op: &str) -> String {
+    let mut name: String = op
+        .split('_')
+        .map(|w| {
+            let mut c = w.chars();
+            c.next().map(|f| f.to_uppercase().chain(c).collect::<String>()).unwrap_or_default()
+        })
+        .collect();
+    name.push_str("Backward");
+    name
 }

@@ -50,6 +50,12 @@ pub(crate) fn exec_views(op: &Op, inputs: &[(&Tensor, &Layout)], outputs: &[(&Te
     };
     let ins = inputs.iter().map(|(t, l)| t.desc_with(l)).collect::<Result<Vec<_>>>()?;
     let outs = outputs.iter().map(|(t, l)| t.desc_with(l)).collect::<Result<Vec<_>>>()?;
+    let _trace = tracing::trace_span!("genesis::op", name = op.name()).entered();
+    if !crate::profiler::active() {
+        return device.execute(op, &ins, &outs);
+    }
+    let mut span = crate::profiler::Span::begin(crate::profiler::EventKind::Op, || op.name().to_string());
+    span.inputs(device, inputs.iter().map(|(t, l)| (l.shape.as_slice(), t.dtype())));
     device.execute(op, &ins, &outs)
 }
 

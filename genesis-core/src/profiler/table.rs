@@ -1,0 +1,194 @@
+//! The summary table (`key_averages().table()`) and the memory peaks.
+
+use super::record::{Event, EventKind};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write;
+
+/// The column a table is sorted by (largest first; `Name` alphabetically).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SortBy {
+    /// Host time spent in the op itself, without nested spans.
+    #[default]
+    SelfHost,
+    /// Host time including nested spans.
+    HostTotal,
+    /// Host total per call.
+    HostAverage,
+    /// Number of calls.
+    Calls,
+    /// Bytes allocated for the op (with `profile_memory`).
+    Allocated,
+    /// The name.
+    Name,
+}
+
+/// How [`Profile::table`](super::Profile::table) lays out the table.
+#[derive(Debug, Clone, Copy)]
+pub struct TableOptions {
+    /// The sort column.
+    pub sort_by: SortBy,
+    /// One row per (name, input shapes) instead of per name (`group_by_input_shape`).
+    pub group_by_input_shape: bool,
+    /// At most this many rows (`row_limit`).
+    pub row_limit: usize,
+}
+
+impl Default for TableOptions {
+    fn default() -> Self {
+        TableOptions { sort_by: SortBy::SelfHost, group_by_input_shape: false, row_limit: 50 }
+    }
+}
+
+#[derive(Default)]
+struct Row {
+    name: String,
+    shapes: String,
+    calls: u64,
+    self_ns: u64,
+    total_ns: u64,
+    allocated: i64,
+}
+
+/// Host time of each span minus that of the spans nested directly in it.
+fn self_times(events: &[Event]) -> HashMap<u64, u64> {
+    let mut children: HashMap<u64, u64> = HashMap::new();
+    for e in events.iter().filter(|e| e.kind != EventKind::Memory) {
+        if let Some(p) = e.parent {
+            *children.entry(p).or_default() += e.duration_ns();
+        }
+    }
+    events
+        .iter()
+        .filter(|e| e.kind != EventKind::Memory)
+        .map(|e| (e.id, e.duration_ns().saturating_sub(children.get(&e.id).copied().unwrap_or(0))))
+        .collect()
+}
+
+/// Bytes allocated for each op: the allocations made on its thread since the previous op
+/// (an op's outputs are allocated just before it runs).
+fn allocations(events: &[Event]) -> HashMap<u64, i64> {
+    let mut pending: HashMap<u64, i64> = HashMap::new();
+    let mut out = HashMap::new();
+    for e in events {
+        match e.kind {
+            EventKind::Memory if e.bytes > 0 => *pending.entry(e.thread).or_default() += e.bytes,
+            EventKind::Op => {
+                out.insert(e.id, pending.remove(&e.thread).unwrap_or(0));
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn shapes_of(e: &Event) -> String {
+    e.shapes.iter().zip(&e.dtypes).map(|(s, d)| format!("{s:?}{}", d.name())).collect::<Vec<_>>().join(", ")
+}
+
+/// `ns` as PyTorch's tables print times.
+pub(crate) fn fmt_time(ns: u64) -> String {
+    match ns {
+        n if n >= 1_000_000_000 => format!("{:.3}s", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.3}ms", n as f64 / 1e6),
+        n => format!("{:.3}us", n as f64 / 1e3),
+    }
+}
+
+fn fmt_bytes(b: i64) -> String {
+    let a = b.unsigned_abs() as f64;
+    let (v, unit) = match a {
+        a if a >= (1u64 << 30) as f64 => (a / (1u64 << 30) as f64, "GiB"),
+        a if a >= (1u64 << 20) as f64 => (a / (1u64 << 20) as f64, "MiB"),
+        a if a >= 1024.0 => (a / 1024.0, "KiB"),
+        a => (a, "B"),
+    };
+    format!("{}{v:.2} {unit}", if b < 0 { "-" } else { "" })
+}
+
+pub(crate) fn render(events: &[Event], options: &TableOptions) -> String {
+    let self_ns = self_times(events);
+    let allocated = allocations(events);
+    let with_memory = events.iter().any(|e| e.kind == EventKind::Memory);
+    let mut rows: BTreeMap<(String, String), Row> = BTreeMap::new();
+    for e in events.iter().filter(|e| e.kind != EventKind::Memory) {
+        let shapes = if options.group_by_input_shape { shapes_of(e) } else { String::new() };
+        let row = rows.entry((e.name.clone(), shapes.clone())).or_insert_with(|| Row {
+            name: e.name.clone(),
+            shapes,
+            ..Row::default()
+        });
+        row.calls += 1;
+        row.self_ns += self_ns.get(&e.id).copied().unwrap_or(0);
+        row.total_ns += e.duration_ns();
+        row.allocated += allocated.get(&e.id).copied().unwrap_or(0);
+    }
+    let mut rows: Vec<Row> = rows.into_values().collect();
+    let avg = |r: &Row| r.total_ns / r.calls.max(1);
+    match options.sort_by {
+        SortBy::SelfHost => rows.sort_by_key(|r| std::cmp::Reverse(r.self_ns)),
+        SortBy::HostTotal => rows.sort_by_key(|r| std::cmp::Reverse(r.total_ns)),
+        SortBy::HostAverage => rows.sort_by_key(|r| std::cmp::Reverse(avg(r))),
+        SortBy::Calls => rows.sort_by_key(|r| std::cmp::Reverse(r.calls)),
+        SortBy::Allocated => rows.sort_by_key(|r| std::cmp::Reverse(r.allocated)),
+        SortBy::Name => rows.sort_by(|a, b| a.name.cmp(&b.name)),
+    }
+    let all_self: u64 = rows.iter().map(|r| r.self_ns).sum();
+    let name_width = rows.iter().map(|r| r.name.chars().count()).max().unwrap_or(4).clamp(4, 40);
+    let mut header = format!(
+        "{:<name_width$}  {:>11}  {:>12}  {:>12}  {:>12}  {:>8}",
+        "Name", "Self host %", "Self host", "Host total", "Host avg", "# Calls"
+    );
+    if with_memory {
+        header += &format!("  {:>12}", "Allocated");
+    }
+    if options.group_by_input_shape {
+        header += "  Input shapes";
+    }
+    let rule = "-".repeat(header.chars().count().max(80));
+    let mut out = format!("{rule}\n{header}\n{rule}\n");
+    for r in rows.iter().take(options.row_limit) {
+        let name: String = r.name.chars().take(name_width).collect();
+        let pct = if all_self > 0 { 100.0 * r.self_ns as f64 / all_self as f64 } else { 0.0 };
+        let _ = write!(
+            out,
+            "{name:<name_width$}  {:>10.2}%  {:>12}  {:>12}  {:>12}  {:>8}",
+            pct,
+            fmt_time(r.self_ns),
+            fmt_time(r.total_ns),
+            fmt_time(avg(r)),
+            r.calls
+        );
+        if with_memory {
+            let _ = write!(out, "  {:>12}", fmt_bytes(r.allocated));
+        }
+        if options.group_by_input_shape {
+            let _ = write!(out, "  [{}]", r.shapes);
+        }
+        out.push('\n');
+    }
+    let _ = writeln!(out, "{rule}\nSelf host time total: {}", fmt_time(all_self));
+    out += "Device time: not measured (backend interface 1.1 has no timing events); host times of \
+            asynchronous backends are the time to issue the work.\n";
+    out
+}
+
+pub(crate) fn memory_peaks(events: &[Event]) -> Vec<(String, i64, String)> {
+    let mut live: BTreeMap<String, (i64, i64, Option<usize>)> = BTreeMap::new();
+    for (i, e) in events.iter().enumerate().filter(|(_, e)| e.kind == EventKind::Memory) {
+        let device = e.device.as_ref().map(|d| d.to_string()).unwrap_or_default();
+        let entry = live.entry(device).or_insert((0, 0, None));
+        entry.0 += e.bytes;
+        if entry.0 > entry.1 {
+            (entry.1, entry.2) = (entry.0, Some(i));
+        }
+    }
+    live.into_iter()
+        .map(|(device, (_, peak, at))| {
+            let thread = at.map(|i| events[i].thread);
+            let op = at
+                .and_then(|i| events[i..].iter().find(|e| e.kind == EventKind::Op && Some(e.thread) == thread))
+                .map_or_else(|| "(none)".to_string(), |e| e.name.clone());
+            (device, peak, op)
+        })
+        .collect()
+}
