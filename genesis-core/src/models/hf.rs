@@ -163,20 +163,6 @@ impl Weights {
     }
 }
 
-/// The name transformers writes for a dtype in `config.json`.
-pub fn dtype_name(dtype: DType) -> &'static str {
-    match dtype {
-        DType::F32 => "float32",
-        DType::F64 => "float64",
-        DType::F16 => "float16",
-        DType::BF16 => "bfloat16",
-        DType::I64 => "int64",
-        DType::I32 => "int32",
-        DType::U8 => "uint8",
-        DType::Bool => "bool",
-    }
-}
-
 /// Parse a dtype as transformers names it (`"bfloat16"`) or as Genesis does (`"bf16"`).
 pub fn parse_dtype(name: &str) -> Result<DType> {
     Ok(match name {

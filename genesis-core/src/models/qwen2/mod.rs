@@ -58,7 +58,7 @@ impl Qwen2ForCausalLM {
         std::fs::create_dir_all(dir).map_err(|e| crate::Error::invalid(format!("creating {}: {e}", dir.display())))?;
         let dtype = self.model.embed_tokens.weight.get().dtype();
         hf::write_weights(dir, &self.state_dict())?;
-        hf::write_json(&dir.join("config.json"), &self.config.to_json(Some(hf::dtype_name(dtype))))
+        hf::write_json(&dir.join("config.json"), &self.config.to_json(Some(dtype.name())))
     }
 }
 
