@@ -207,26 +207,8 @@ impl TokenizerConfig {
 /// malformed one, or an `eos_token` the tokenizer does not know, is an error.
 pub fn stop_token_ids(dir: impl AsRef<Path>) -> Result<Vec<u32>> {
     let dir = dir.as_ref();
-    let mut ids = Vec::new();
-    let generation = dir.join("generation_config.json");
-    let model = dir.join("config.json");
-    let source = match read_json(&generation)? {
-        Some(json) => Some((json, generation)),
-        None => read_json(&model)?.map(|json| (json, model)),
-    };
-    if let Some((json, path)) = source {
-        let bad = || malformed(&path.display().to_string(), "eos_token_id is not an integer or a list of integers");
-        let id = |v: &Json| v.as_u64().and_then(|id| u32::try_from(id).ok()).ok_or_else(bad);
-        match json.get("eos_token_id") {
-            None | Some(Json::Null) => {}
-            Some(Json::Array(list)) => {
-                for v in list {
-                    ids.push(id(v)?);
-                }
-            }
-            Some(v) => ids.push(id(v)?),
-        }
-    }
+    // generation_config.json's eos ids, or config.json's without it (one parser for both).
+    let mut ids = crate::generation::GenerationConfig::from_folder(dir)?.eos_token_ids;
     let config = TokenizerConfig::from_folder(dir)?;
     let tokenizer_path = dir.join("tokenizer.json");
     if let (Some(eos), true) = (&config.eos_token, tokenizer_path.is_file()) {
