@@ -7,7 +7,9 @@
 //! The trace has one track per host thread: each step is a `step` span holding `forward`,
 //! `backward` and `optimizer` spans; under them every backend op (`matmul`, `rms_norm`,
 //! `attention`, ...), and in `backward` one span per autograd node (`MatmulBackward`, ...)
-//! around the ops it runs; a counter track shows the device's allocated bytes.
+//! around the ops it runs; a counter track shows the device's allocated bytes. On a device
+//! with timing events (CUDA) each op's device work is on the device's own track, with an
+//! arrow from the op that issued it, and the table has device columns.
 
 use genesis::generation::CausalLM;
 use genesis::models::qwen2::{Qwen2Config, Qwen2ForCausalLM};
@@ -31,8 +33,9 @@ fn small_config() -> Qwen2Config {
     c
 }
 
-/// Mean host time per op of `n` tiny additions, with and without a profiler recording.
-fn overhead(device: &Device, n: usize) -> Result<(f64, f64)> {
+/// Mean host time per op of `n` tiny additions: without a profiler, recording shapes and
+/// memory, and recording device time too.
+fn overhead(device: &Device, n: usize) -> Result<(f64, f64, f64)> {
     let x = Tensor::ones(&[1], DType::F32, device)?;
     let time = |x: &Tensor| -> Result<f64> {
         let start = Instant::now();
@@ -44,10 +47,14 @@ fn overhead(device: &Device, n: usize) -> Result<(f64, f64)> {
     };
     time(&x)?; // warm-up
     let off = time(&x)?;
-    let profiler = Profiler::start(ProfilerOptions { record_shapes: true, profile_memory: true })?;
+    let options = ProfilerOptions { record_shapes: true, profile_memory: true, device_time: false };
+    let profiler = Profiler::start(options)?;
     let on = time(&x)?;
     drop(profiler);
-    Ok((off, on))
+    let profiler = Profiler::start(ProfilerOptions { device_time: true, ..options })?;
+    let timed = time(&x)?;
+    drop(profiler);
+    Ok((off, on, timed))
 }
 
 fn main() -> Result<()> {
@@ -86,10 +93,12 @@ fn main() -> Result<()> {
         loss.item::<f32>()
     };
     step(&mut optimizer)?; // warm-up outside the profile (kernel compilation, allocator)
-    let options = ProfilerOptions { record_shapes: true, profile_memory: true };
+    let options = ProfilerOptions { record_shapes: true, profile_memory: true, device_time: true };
     let (losses, prof) = profile(options, || (0..steps).map(|_| step(&mut optimizer)).collect::<Result<Vec<_>>>())?;
     println!("{steps} training steps of a 2-layer Qwen2-shaped model on {device}, losses {losses:?}\n");
-    println!("{}", prof.table(&TableOptions { sort_by: SortBy::SelfHost, row_limit: 25, ..Default::default() }));
+    let timed = prof.events().iter().any(|e| e.device_ns.is_some());
+    let sort_by = if timed { SortBy::SelfDevice } else { SortBy::SelfHost };
+    println!("{}", prof.table(&TableOptions { sort_by, row_limit: 25, ..Default::default() }));
     for (device, peak, op) in prof.memory_peaks() {
         println!("memory peak on {device}: {:.2} MiB above the start, while running `{op}`", peak as f64 / 1048576.0);
     }
@@ -99,10 +108,13 @@ fn main() -> Result<()> {
         .map_err(|e| Error::invalid(format!("writing the table: {e}")))?;
     println!("trace: {} ({} events); table: {}", trace.display(), prof.events().len(), out.join("table.txt").display());
 
-    let (off, on) = overhead(&device, 20_000)?;
+    println!("{}", device.memory_summary()?);
+    let (off, on, timed) = overhead(&device, 20_000)?;
     println!(
-        "host time per tiny op: {off:.2} us without a profiler, {on:.2} us recording shapes and memory (+{:.2} us)",
-        on - off
+        "host time per tiny op: {off:.2} us without a profiler, {on:.2} us recording shapes and memory (+{:.2} us), \
+         {timed:.2} us with device time too (+{:.2} us)",
+        on - off,
+        timed - off
     );
     Ok(())
 }

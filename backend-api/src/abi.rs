@@ -11,7 +11,7 @@ use crate::info::{MemoryStats, RawBackendInfo, RawDeviceProperties, RawProbe};
 use crate::op::{Capability, RawOp};
 use crate::tensor::{BufferId, TensorDesc};
 #[cfg(not(feature = "fixture-api-1-0"))]
-use crate::traits::CollectiveArg;
+use crate::traits::{CollectiveArg, EventId};
 use abi_stable::library::RootModule;
 use abi_stable::sabi_types::VersionStrings;
 use abi_stable::std_types::{RResult, RSlice, RSliceMut, RVec};
@@ -130,6 +130,16 @@ pub struct PluginModule {
     /// Run a collective over several devices. Since 1.1.
     #[cfg(not(feature = "fixture-api-1-0"))]
     pub collective: extern "C" fn(u32, RSlice<'_, CollectiveArg>) -> RawResult<()>,
+    /// Record a timing event on a device, after the work issued so far. Since 1.2.
+    #[cfg(not(feature = "fixture-api-1-0"))]
+    pub record_event: extern "C" fn(u32) -> RawResult<EventId>,
+    /// Microseconds of device time between two recorded events, after both completed.
+    /// Since 1.2.
+    #[cfg(not(feature = "fixture-api-1-0"))]
+    pub event_elapsed_us: extern "C" fn(u32, EventId, EventId) -> RawResult<f64>,
+    /// Release recorded events. Since 1.2.
+    #[cfg(not(feature = "fixture-api-1-0"))]
+    pub release_events: extern "C" fn(u32, RSlice<'_, EventId>) -> RawResult<()>,
 }
 
 impl RootModule for PluginModuleRef {

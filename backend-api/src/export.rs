@@ -10,7 +10,7 @@ use crate::error::{BackendError, ErrorKind, RawError, Result};
 use crate::info::{MemoryStats, RawBackendInfo, RawDeviceProperties, RawProbe};
 use crate::op::{Capability, CollectiveOp, Op, RawOp};
 use crate::tensor::{BufferId, TensorDesc};
-use crate::traits::{Backend, CollectiveArg, Device, Rank};
+use crate::traits::{Backend, CollectiveArg, Device, EventId, Rank};
 use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::std_types::{RErr, ROk, RSlice, RSliceMut, RVec};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -192,6 +192,21 @@ extern "C" fn collective<E: Exported>(op: u32, args: RSlice<'_, CollectiveArg>) 
     })
 }
 
+#[cfg(not(feature = "fixture-api-1-0"))]
+extern "C" fn record_event<E: Exported>(index: u32) -> RawResult<EventId> {
+    guard("record_event", || E::instance().device(index)?.record_event())
+}
+
+#[cfg(not(feature = "fixture-api-1-0"))]
+extern "C" fn event_elapsed_us<E: Exported>(index: u32, start: EventId, end: EventId) -> RawResult<f64> {
+    guard("event_elapsed_us", || E::instance().device(index)?.event_elapsed_us(start, end))
+}
+
+#[cfg(not(feature = "fixture-api-1-0"))]
+extern "C" fn release_events<E: Exported>(index: u32, events: RSlice<'_, EventId>) -> RawResult<()> {
+    guard("release_events", || E::instance().device(index)?.release_events(events.as_slice()))
+}
+
 /// The root module for backend `E`. Leaks one small table per call; hosts call it once.
 pub fn module<E: Exported>() -> PluginModuleRef {
     PluginModule {
@@ -211,13 +226,19 @@ pub fn module<E: Exported>() -> PluginModuleRef {
         execute: execute::<E>,
         #[cfg(not(feature = "fixture-api-1-0"))]
         collective: collective::<E>,
+        #[cfg(not(feature = "fixture-api-1-0"))]
+        record_event: record_event::<E>,
+        #[cfg(not(feature = "fixture-api-1-0"))]
+        event_elapsed_us: event_elapsed_us::<E>,
+        #[cfg(not(feature = "fixture-api-1-0"))]
+        release_events: release_events::<E>,
     }
     .leak_into_prefix()
 }
 
 // Keep the unused-import lint quiet when the optional tail is compiled out.
 #[cfg(feature = "fixture-api-1-0")]
-const _: Option<(CollectiveOp, CollectiveArg, Rank<()>)> = None;
+const _: Option<(CollectiveOp, CollectiveArg, Rank<()>, EventId)> = None;
 
 /// Export a backend from a plugin crate.
 ///

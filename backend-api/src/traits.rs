@@ -18,6 +18,12 @@ pub struct CollectiveArg {
     pub output: TensorDesc,
 }
 
+/// A timing event recorded on a device ([`Device::record_event`]): an opaque handle the host
+/// only passes back to the same device.
+#[repr(transparent)]
+#[derive(abi_stable::StableAbi, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EventId(pub u64);
+
 /// One participant of a collective as a backend sees it: its opened device and operands.
 pub struct Rank<'a, D> {
     /// Device index within the backend.
@@ -106,4 +112,29 @@ pub trait Device: Send + Sync + 'static {
 
     /// Run `op` reading `inputs` and writing `outputs` (see [`Op`] for each op's operands).
     fn execute(&self, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()>;
+
+    /// Record a timing event in issue order: it completes when the work issued before it
+    /// has run on the device. The profiler records one before and one after each op to
+    /// measure device time.
+    ///
+    /// Optional (since 1.2): the default returns `Unsupported`, and the host then reports
+    /// host times only. A synchronous backend gains nothing from it (its host time is its
+    /// device time).
+    fn record_event(&self) -> Result<EventId> {
+        Err(BackendError::unsupported("timing events are not implemented by this backend"))
+    }
+
+    /// Microseconds of device time from `start` to `end` (both from
+    /// [`Device::record_event`], `start` recorded first), waiting for `end` to complete.
+    /// An unknown or released handle is an `InvalidArgument` error.
+    fn event_elapsed_us(&self, start: EventId, end: EventId) -> Result<f64> {
+        let _ = (start, end);
+        Err(BackendError::unsupported("timing events are not implemented by this backend"))
+    }
+
+    /// Release events; their handles become invalid (a backend may reuse the resources).
+    fn release_events(&self, events: &[EventId]) -> Result<()> {
+        let _ = events;
+        Err(BackendError::unsupported("timing events are not implemented by this backend"))
+    }
 }

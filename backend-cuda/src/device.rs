@@ -6,12 +6,13 @@
 //! op to name the exact one.
 
 use crate::allocator::{CachingAllocator, Memory, ReserveError};
+use crate::events::EventPool;
 use crate::kernels::{self, Args, Operand};
 use crate::nvrtc::Compiler;
 use crate::ops;
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 use genesis_backend_api::{
-    BackendError, BufferId, Capability, DType, Device, ErrorKind, MemoryStats, Op, Result, TensorDesc,
+    BackendError, BufferId, Capability, DType, Device, ErrorKind, EventId, MemoryStats, Op, Result, TensorDesc,
 };
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
@@ -99,6 +100,8 @@ pub struct CudaDevice {
     /// position + 1. Held while a check is queued and while faults are read, so that no
     /// check can be queued between the read and the reset.
     index_checks: Mutex<Vec<IndexCheck>>,
+    /// Timing events of the profiler.
+    events: Mutex<EventPool>,
     /// Facts about the device.
     pub facts: Facts,
     sync_each_op: bool,
@@ -182,6 +185,7 @@ impl CudaDevice {
             modules: Mutex::new(HashMap::new()),
             pending: Mutex::new(VecDeque::new()),
             index_checks: Mutex::new(Vec::new()),
+            events: Mutex::new(EventPool::default()),
             facts: Facts {
                 arch: (major * 10 + minor) as u32,
                 sm_count: sm_count.max(1) as u32,
@@ -583,6 +587,20 @@ impl Device for CudaDevice {
         ops::execute(self, op, inputs, outputs)?;
         self.issued(op, inputs)
     }
+
+    fn record_event(&self) -> Result<EventId> {
+        self.bind()?;
+        Self::lock(&self.events).record(self.stream)
+    }
+
+    fn event_elapsed_us(&self, start: EventId, end: EventId) -> Result<f64> {
+        self.bind()?;
+        Self::lock(&self.events).elapsed_us(start, end)
+    }
+
+    fn release_events(&self, events: &[EventId]) -> Result<()> {
+        Self::lock(&self.events).release(events)
+    }
 }
 
 impl Drop for CudaDevice {
@@ -590,6 +608,7 @@ impl Drop for CudaDevice {
         // Best effort: the process is usually exiting; the driver frees the rest.
         if self.bind().is_ok() {
             let _ = self.memory().empty_cache();
+            Self::lock(&self.events).destroy_all();
             // SAFETY: our stream, destroyed once.
             let _ = unsafe { result::stream::destroy(self.stream) };
         }

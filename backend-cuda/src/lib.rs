@@ -17,6 +17,7 @@
 pub mod allocator;
 mod blas;
 mod device;
+mod events;
 mod kernels;
 mod libs;
 mod nccl;

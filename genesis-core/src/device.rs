@@ -3,7 +3,7 @@
 use crate::backend::{self, Backend};
 use crate::error::{Error, ErrorKind, Result};
 use abi_stable::std_types::RSlice;
-use genesis_backend_api::{BufferId, Capability, DeviceProperties, MemoryStats, Op, RawOp, TensorDesc};
+use genesis_backend_api::{BufferId, Capability, DeviceProperties, EventId, MemoryStats, Op, RawOp, TensorDesc};
 use std::fmt;
 use std::sync::Arc;
 
@@ -178,6 +178,38 @@ impl Device {
                 .unwrap_or_else(|_| format!("op kind {:#x}", raw.kind.0));
             Error::from(genesis_backend_api::BackendError::from(e)).context(format_args!("{op} on {self}"))
         })
+    }
+
+    /// Low level (the profiler): record a timing event after the work issued so far.
+    /// `Unsupported` when the backend has no timing events (interface 1.2, optional).
+    pub fn record_event(&self) -> Result<EventId> {
+        let function = self.module().record_event().ok_or_else(|| self.lacks("record_event"))?;
+        self.check(function(self.index), "record_event")
+    }
+
+    /// Low level: microseconds of device time between two events of [`Device::record_event`],
+    /// waiting for `end` to complete.
+    pub fn event_elapsed_us(&self, start: EventId, end: EventId) -> Result<f64> {
+        let function = self.module().event_elapsed_us().ok_or_else(|| self.lacks("event_elapsed_us"))?;
+        self.check(function(self.index, start, end), "event_elapsed_us")
+    }
+
+    /// Low level: release events of [`Device::record_event`].
+    pub fn release_events(&self, events: &[EventId]) -> Result<()> {
+        let function = self.module().release_events().ok_or_else(|| self.lacks("release_events"))?;
+        self.check(function(self.index, RSlice::from_slice(events)), "release_events")
+    }
+
+    /// The error for an interface function the plugin's (older) interface version lacks.
+    fn lacks(&self, call: &str) -> Error {
+        Error::new(
+            ErrorKind::Unsupported,
+            format!(
+                "backend '{}' (interface {}) does not provide `{call}`",
+                self.backend.name(),
+                self.backend.api_version()
+            ),
+        )
     }
 
     fn module(&self) -> genesis_backend_api::abi::PluginModuleRef {

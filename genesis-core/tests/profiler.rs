@@ -61,7 +61,14 @@ fn spans_nest_and_self_times_add_up_to_the_total() {
     assert_eq!(self_sum, roots);
     let table = prof.table(&TableOptions::default());
     assert!(table.contains("outer") && table.contains("inner") && table.contains("matmul"), "{table}");
-    assert!(table.contains("Device time: not measured"), "{table}");
+    // The CPU backend has no timing events: device time is marked absent, never invented.
+    assert!(table.contains("Device time on cpu:0: not measured"), "{table}");
+    assert!(!table.contains("Self device"), "{table}");
+    assert!(prof.events().iter().all(|e| e.device_ns.is_none() && e.device_start_ns.is_none()));
+    let timing = prof.device_timing();
+    assert_eq!(timing.len(), 1);
+    assert_eq!(timing[0].device, "cpu:0");
+    assert!(timing[0].unavailable.as_deref().unwrap().contains("timing events"), "{timing:?}");
 }
 
 #[test]
@@ -94,7 +101,7 @@ fn memory_is_charged_to_the_op_that_allocated_it() {
 fn the_chrome_trace_is_json_with_one_complete_event_per_span() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     let x = Tensor::ones(&[4], DType::F32, &cpu()).unwrap();
-    let options = ProfilerOptions { record_shapes: true, profile_memory: true };
+    let options = ProfilerOptions { record_shapes: true, profile_memory: true, ..Default::default() };
     let (_, prof) = profile(options, || {
         let _s = record_function("step");
         x.add(&x)?.mul(&x)
@@ -124,4 +131,66 @@ fn one_profiler_at_a_time() {
     drop(first);
     let second = Profiler::start(ProfilerOptions::default()).unwrap();
     assert!(second.stop().events().is_empty());
+}
+
+/// The example plugin implements the optional timing events (interface 1.2); its work is done
+/// when a call returns, so an op's device time lies inside its host span.
+fn example() -> Device {
+    Device::parse("example").expect("the example plugin is built with the workspace")
+}
+
+#[test]
+fn device_time_is_measured_on_a_backend_with_timing_events() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let dev = example();
+    let a = Tensor::ones(&[64, 64], DType::F32, &dev).unwrap();
+    let (_, prof) = profile(ProfilerOptions::default(), || {
+        let _step = record_function("step");
+        for _ in 0..3 {
+            a.matmul(&a)?.exp()?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    let ops: Vec<_> = prof.events_of(EventKind::Op).collect();
+    assert_eq!(ops.len(), 6);
+    for op in &ops {
+        let (start, ns) = (op.device_start_ns.unwrap(), op.device_ns.unwrap());
+        // Both clocks are the host's here; the device clock is aligned when the device is
+        // first seen, which may put it a little after the host's.
+        assert!(start + 50_000 >= op.start_ns && start + ns <= op.end_ns + 50_000, "{op:?}");
+        assert!(ns <= op.duration_ns(), "{op:?}");
+    }
+    assert_eq!(prof.device_timing()[0].device, "example:0");
+    assert_eq!(prof.device_timing()[0].unavailable, None);
+    // A span's device total is the sum over its ops.
+    let table = prof.table(&TableOptions { sort_by: SortBy::DeviceTotal, ..Default::default() });
+    assert!(table.contains("Self device") && table.contains("Device total"), "{table}");
+    assert!(table.contains("Device time on example:0: measured"), "{table}");
+    let first_row = table.lines().nth(3).unwrap();
+    assert!(first_row.starts_with("step"), "the span holds every op's device time:\n{table}");
+    // The trace: a device process with one complete event per timed op and a flow arrow each.
+    let trace: serde_json::Value = serde_json::from_str(&prof.chrome_trace()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let device_pid = events
+        .iter()
+        .find(|e| e["ph"] == "M" && e["args"]["name"] == "device example:0")
+        .map(|e| e["pid"].clone())
+        .expect("a device process");
+    let device_work: Vec<_> = events.iter().filter(|e| e["ph"] == "X" && e["pid"] == device_pid).collect();
+    assert_eq!(device_work.len(), 6);
+    for phase in ["s", "f"] {
+        assert_eq!(events.iter().filter(|e| e["ph"] == phase && e["cat"] == "flow").count(), 6);
+    }
+}
+
+#[test]
+fn device_time_can_be_turned_off() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let dev = example();
+    let a = Tensor::ones(&[8], DType::F32, &dev).unwrap();
+    let (_, prof) = profile(ProfilerOptions { device_time: false, ..Default::default() }, || a.exp()).unwrap();
+    assert!(prof.events().iter().all(|e| e.device_ns.is_none()));
+    assert!(prof.device_timing().is_empty());
+    assert!(prof.table(&TableOptions::default()).contains("not recorded"));
 }

@@ -10,6 +10,7 @@ mod elementwise;
 pub(crate) mod fused;
 mod index;
 pub(crate) mod linear;
+pub(crate) mod linear_loss;
 pub(crate) mod loss;
 mod matmul;
 mod nn;
@@ -54,8 +55,8 @@ pub(crate) fn exec_views(op: &Op, inputs: &[(&Tensor, &Layout)], outputs: &[(&Te
     if !crate::profiler::active() {
         return device.execute(op, &ins, &outs);
     }
-    let mut span = crate::profiler::Span::begin(crate::profiler::EventKind::Op, || op.name().to_string());
-    span.inputs(device, inputs.iter().map(|(t, l)| (l.shape.as_slice(), t.dtype())));
+    let _span =
+        crate::profiler::Span::op(device, op.name(), inputs.iter().map(|(t, l)| (l.shape.as_slice(), t.dtype())));
     device.execute(op, &ins, &outs)
 }
 

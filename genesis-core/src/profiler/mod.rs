@@ -8,9 +8,13 @@
 //! allocation and free is recorded too, and each op is charged with the allocations made for
 //! it (its outputs are allocated just before it runs).
 //!
-//! Device time is not measured yet: backend interface 1.1 has no timing events, so the times
-//! are host times (for an asynchronous backend such as CUDA, the time to issue the work) and
-//! the table says so.
+//! With `device_time` (on by default), each op on a device whose backend has timing events
+//! (interface 1.2; the CUDA backend records CUDA events) is bracketed by two of them, and
+//! the profiler resolves them to device start times and durations when it stops: the table
+//! gains device columns and the trace a track per device stream. A backend without timing
+//! events (the CPU backend, which runs ops synchronously, so host time is its device time)
+//! reports host times only, and the table says so. On an asynchronous backend the host time
+//! of an op is the time to issue its work.
 //!
 //! Every op also enters a `tracing` span (`genesis::op`, level TRACE), so a `tracing`
 //! subscriber sees ops without the profiler.
@@ -41,16 +45,37 @@ pub use table::{SortBy, TableOptions};
 
 use crate::error::{Error, Result};
 pub(crate) use record::{active, memory, Span};
-use record::{set_active, Session, SESSION};
+use record::{set_active, Session, TimedOp, SESSION};
 use std::time::Instant;
 
 /// What a profiling scope records.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct ProfilerOptions {
-    /// Record the shapes and dtypes of each op's inputs (`record_shapes`).
+    /// Record the shapes and dtypes of each op's inputs (`record_shapes`; off by default).
     pub record_shapes: bool,
-    /// Record device allocations and frees (`profile_memory`).
+    /// Record device allocations and frees (`profile_memory`; off by default).
     pub profile_memory: bool,
+    /// Measure each op's time on devices with timing events (on by default, as
+    /// `torch.profiler` records CUDA activity by default where there is a GPU). Costs two
+    /// event records per op on such devices, and a synchronization of each device when it
+    /// is first seen and when the profiler stops.
+    pub device_time: bool,
+}
+
+impl Default for ProfilerOptions {
+    fn default() -> Self {
+        ProfilerOptions { record_shapes: false, profile_memory: false, device_time: true }
+    }
+}
+
+/// Whether a device's op times were measured on the device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceTiming {
+    /// The device (`"cuda:0"`).
+    pub device: String,
+    /// `None` when measured; otherwise why not (for example, the backend has no timing
+    /// events).
+    pub unavailable: Option<String>,
 }
 
 /// A running profiler; [`stop`](Profiler::stop) it to get the [`Profile`]. Dropping it
@@ -71,7 +96,10 @@ impl Profiler {
             start: Instant::now(),
             record_shapes: options.record_shapes,
             profile_memory: options.profile_memory,
+            device_time: options.device_time,
             events: Vec::new(),
+            clocks: Vec::new(),
+            timed: Vec::new(),
         });
         set_active(true);
         Ok(Profiler { stopped: false })
@@ -80,7 +108,7 @@ impl Profiler {
     /// Stop recording and return what was recorded. Spans still open are not included.
     pub fn stop(mut self) -> Profile {
         self.stopped = true;
-        Profile { events: finish().map(|s| s.events).unwrap_or_default() }
+        finish().unwrap_or_default()
     }
 }
 
@@ -92,11 +120,53 @@ impl Drop for Profiler {
     }
 }
 
-fn finish() -> Option<Session> {
+fn finish() -> Option<Profile> {
     set_active(false);
     let mut session = SESSION.lock().unwrap_or_else(|p| p.into_inner()).take()?;
+    let timing = resolve_device_times(&mut session);
     session.events.sort_by_key(|e| (e.start_ns, e.id));
-    Some(session)
+    Some(Profile { events: session.events, device_time: session.device_time, timing })
+}
+
+/// Turn each timed op's two events into its device start and duration, then release the
+/// events. A device whose events cannot be read loses its device times, with the reason.
+fn resolve_device_times(session: &mut Session) -> Vec<DeviceTiming> {
+    let index: std::collections::HashMap<u64, usize> =
+        session.events.iter().enumerate().map(|(i, e)| (e.id, i)).collect();
+    let mut timing = Vec::new();
+    for (c, clock) in session.clocks.iter().enumerate() {
+        let device = &clock.device;
+        let ops: Vec<&TimedOp> = session.timed.iter().filter(|t| t.clock == c).collect();
+        let resolved = clock.clock.clone().and_then(|(reference, host_ns)| {
+            device.synchronize().map_err(|e| e.to_string())?;
+            let mut times = Vec::with_capacity(ops.len());
+            for t in &ops {
+                let start_us = device.event_elapsed_us(reference, t.start).map_err(|e| e.to_string())?;
+                let duration_us = device.event_elapsed_us(t.start, t.end).map_err(|e| e.to_string())?;
+                let start_ns = host_ns as f64 + start_us.max(0.0) * 1e3;
+                times.push((t.event, start_ns as u64, (duration_us.max(0.0) * 1e3) as u64));
+            }
+            Ok(times)
+        });
+        if let Ok((reference, _)) = &clock.clock {
+            let events: Vec<_> = std::iter::once(*reference).chain(ops.iter().flat_map(|t| [t.start, t.end])).collect();
+            let _ = device.release_events(&events);
+        }
+        let unavailable = match resolved {
+            Ok(times) => {
+                for (id, start_ns, ns) in times {
+                    if let Some(&i) = index.get(&id) {
+                        session.events[i].device_start_ns = Some(start_ns);
+                        session.events[i].device_ns = Some(ns);
+                    }
+                }
+                None
+            }
+            Err(reason) => Some(reason),
+        };
+        timing.push(DeviceTiming { device: device.to_string(), unavailable });
+    }
+    timing
 }
 
 /// Run `f` under a profiler; returns its result and the profile (`with profile(...) as prof`).
@@ -122,6 +192,8 @@ pub struct RecordFunction {
 #[derive(Debug, Clone, Default)]
 pub struct Profile {
     events: Vec<Event>,
+    device_time: bool,
+    timing: Vec<DeviceTiming>,
 }
 
 impl Profile {
@@ -135,9 +207,15 @@ impl Profile {
         self.events.iter().filter(move |e| e.kind == kind)
     }
 
+    /// For each device ops ran on (when device time was requested): whether their device
+    /// time was measured.
+    pub fn device_timing(&self) -> &[DeviceTiming] {
+        &self.timing
+    }
+
     /// The summary table (`key_averages().table()`).
     pub fn table(&self, options: &TableOptions) -> String {
-        table::render(&self.events, options)
+        table::render(&self.events, options, self.device_time, &self.timing)
     }
 
     /// The events as Chrome Trace Event Format JSON (opens in Perfetto and chrome://tracing).

@@ -1,6 +1,7 @@
 //! The summary table (`key_averages().table()`) and the memory peaks.
 
 use super::record::{Event, EventKind};
+use super::DeviceTiming;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 
@@ -16,6 +17,12 @@ pub enum SortBy {
     HostAverage,
     /// Number of calls.
     Calls,
+    /// Device time of the op itself (ops only; spans have none of their own).
+    SelfDevice,
+    /// Device time including the ops nested in a span.
+    DeviceTotal,
+    /// Device total per call.
+    DeviceAverage,
     /// Bytes allocated for the op (with `profile_memory`).
     Allocated,
     /// The name.
@@ -46,7 +53,24 @@ struct Row {
     calls: u64,
     self_ns: u64,
     total_ns: u64,
+    self_device_ns: u64,
+    device_total_ns: u64,
     allocated: i64,
+}
+
+/// Device time of each op itself, and of each span summed over the ops nested in it.
+fn device_totals(events: &[Event]) -> HashMap<u64, u64> {
+    let parents: HashMap<u64, Option<u64>> = events.iter().map(|e| (e.id, e.parent)).collect();
+    let mut totals: HashMap<u64, u64> = HashMap::new();
+    for e in events {
+        let Some(ns) = e.device_ns else { continue };
+        let mut id = Some(e.id);
+        while let Some(i) = id {
+            *totals.entry(i).or_default() += ns;
+            id = parents.get(&i).copied().flatten();
+        }
+    }
+    totals
 }
 
 /// Host time of each span minus that of the spans nested directly in it.
@@ -105,10 +129,12 @@ fn fmt_bytes(b: i64) -> String {
     format!("{}{v:.2} {unit}", if b < 0 { "-" } else { "" })
 }
 
-pub(crate) fn render(events: &[Event], options: &TableOptions) -> String {
+pub(crate) fn render(events: &[Event], options: &TableOptions, device_time: bool, timing: &[DeviceTiming]) -> String {
     let self_ns = self_times(events);
     let allocated = allocations(events);
+    let device_total = device_totals(events);
     let with_memory = events.iter().any(|e| e.kind == EventKind::Memory);
+    let with_device = events.iter().any(|e| e.device_ns.is_some());
     let mut rows: BTreeMap<(String, String), Row> = BTreeMap::new();
     for e in events.iter().filter(|e| e.kind != EventKind::Memory) {
         let shapes = if options.group_by_input_shape { shapes_of(e) } else { String::new() };
@@ -120,24 +146,35 @@ pub(crate) fn render(events: &[Event], options: &TableOptions) -> String {
         row.calls += 1;
         row.self_ns += self_ns.get(&e.id).copied().unwrap_or(0);
         row.total_ns += e.duration_ns();
+        row.self_device_ns += e.device_ns.unwrap_or(0);
+        row.device_total_ns += device_total.get(&e.id).copied().unwrap_or(0);
         row.allocated += allocated.get(&e.id).copied().unwrap_or(0);
     }
     let mut rows: Vec<Row> = rows.into_values().collect();
     let avg = |r: &Row| r.total_ns / r.calls.max(1);
+    let device_avg = |r: &Row| r.device_total_ns / r.calls.max(1);
     match options.sort_by {
         SortBy::SelfHost => rows.sort_by_key(|r| std::cmp::Reverse(r.self_ns)),
         SortBy::HostTotal => rows.sort_by_key(|r| std::cmp::Reverse(r.total_ns)),
         SortBy::HostAverage => rows.sort_by_key(|r| std::cmp::Reverse(avg(r))),
+        SortBy::SelfDevice => rows.sort_by_key(|r| std::cmp::Reverse(r.self_device_ns)),
+        SortBy::DeviceTotal => rows.sort_by_key(|r| std::cmp::Reverse(r.device_total_ns)),
+        SortBy::DeviceAverage => rows.sort_by_key(|r| std::cmp::Reverse(device_avg(r))),
         SortBy::Calls => rows.sort_by_key(|r| std::cmp::Reverse(r.calls)),
         SortBy::Allocated => rows.sort_by_key(|r| std::cmp::Reverse(r.allocated)),
         SortBy::Name => rows.sort_by(|a, b| a.name.cmp(&b.name)),
     }
     let all_self: u64 = rows.iter().map(|r| r.self_ns).sum();
+    let all_self_device: u64 = rows.iter().map(|r| r.self_device_ns).sum();
     let name_width = rows.iter().map(|r| r.name.chars().count()).max().unwrap_or(4).clamp(4, 40);
     let mut header = format!(
         "{:<name_width$}  {:>11}  {:>12}  {:>12}  {:>12}  {:>8}",
         "Name", "Self host %", "Self host", "Host total", "Host avg", "# Calls"
     );
+    if with_device {
+        header += &format!("  {:>13}  {:>12}  {:>12}", "Self device %", "Self device", "Device total");
+        header += &format!("  {:>12}", "Device avg");
+    }
     if with_memory {
         header += &format!("  {:>12}", "Allocated");
     }
@@ -158,6 +195,17 @@ pub(crate) fn render(events: &[Event], options: &TableOptions) -> String {
             fmt_time(avg(r)),
             r.calls
         );
+        if with_device {
+            let pct = if all_self_device > 0 { 100.0 * r.self_device_ns as f64 / all_self_device as f64 } else { 0.0 };
+            let _ = write!(
+                out,
+                "  {:>12.2}%  {:>12}  {:>12}  {:>12}",
+                pct,
+                fmt_time(r.self_device_ns),
+                fmt_time(r.device_total_ns),
+                fmt_time(device_avg(r))
+            );
+        }
         if with_memory {
             let _ = write!(out, "  {:>12}", fmt_bytes(r.allocated));
         }
@@ -167,8 +215,22 @@ pub(crate) fn render(events: &[Event], options: &TableOptions) -> String {
         out.push('\n');
     }
     let _ = writeln!(out, "{rule}\nSelf host time total: {}", fmt_time(all_self));
-    out += "Device time: not measured (backend interface 1.1 has no timing events); host times of \
-            asynchronous backends are the time to issue the work.\n";
+    if with_device {
+        let _ = writeln!(out, "Self device time total: {}", fmt_time(all_self_device));
+    }
+    if !device_time {
+        out += "Device time: not recorded (ProfilerOptions::device_time is off).\n";
+    }
+    for t in timing {
+        match &t.unavailable {
+            None => {
+                let _ = writeln!(out, "Device time on {}: measured with the backend's timing events; host times there are the time to issue the work.", t.device);
+            }
+            Some(why) => {
+                let _ = writeln!(out, "Device time on {}: not measured ({why}); host times only.", t.device);
+            }
+        }
+    }
     out
 }
 

@@ -16,11 +16,13 @@ mod memory;
 mod tests;
 
 use genesis_backend_api::{
-    Backend, BackendError, BackendInfo, BufferId, Capability, Device, DeviceProperties, MemoryStats, Op, Probe, Result,
-    TensorDesc,
+    Backend, BackendError, BackendInfo, BufferId, Capability, Device, DeviceProperties, EventId, MemoryStats, Op,
+    Probe, Result, TensorDesc,
 };
 use memory::Memory;
+use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 genesis_backend_api::export_backend!("example", ExampleBackend, ExampleBackend::new);
 
@@ -64,7 +66,7 @@ impl Backend for ExampleBackend {
 
     fn open_device(&self, index: usize) -> Result<ExampleDevice> {
         check_index(index)?;
-        Ok(ExampleDevice { memory: Mutex::new(Memory::new()) })
+        Ok(ExampleDevice { memory: Mutex::new(Memory::new()), events: Mutex::new(Events::default()) })
     }
 }
 
@@ -83,6 +85,16 @@ fn check_index(index: usize) -> Result<()> {
 /// run one after another and all work is finished when a call returns.
 pub struct ExampleDevice {
     memory: Mutex<Memory>,
+    events: Mutex<Events>,
+}
+
+/// Timing events (optional, for the profiler's device time). Work here is finished when its
+/// call returns, so an event is simply the moment it was recorded; an asynchronous backend
+/// records a marker on its queue instead (the CUDA backend uses CUDA events).
+#[derive(Default)]
+struct Events {
+    recorded: HashMap<u64, Instant>,
+    next: u64,
 }
 
 impl ExampleDevice {
@@ -91,6 +103,14 @@ impl ExampleDevice {
         // unusable for good; the memory map stays consistent between statements, so carry on.
         self.memory.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    fn events(&self) -> MutexGuard<'_, Events> {
+        self.events.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn unknown_event(id: EventId) -> BackendError {
+    BackendError::invalid(format!("timing event {} is unknown or released", id.0))
 }
 
 impl Device for ExampleDevice {
@@ -125,5 +145,31 @@ impl Device for ExampleDevice {
 
     fn execute(&self, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
         kernels::execute(&mut self.memory(), op, inputs, outputs)
+    }
+
+    fn record_event(&self) -> Result<EventId> {
+        let mut events = self.events();
+        events.next += 1;
+        let id = events.next;
+        events.recorded.insert(id, Instant::now());
+        Ok(EventId(id))
+    }
+
+    fn event_elapsed_us(&self, start: EventId, end: EventId) -> Result<f64> {
+        let events = self.events();
+        let time = |id: EventId| events.recorded.get(&id.0).copied().ok_or_else(|| unknown_event(id));
+        let (start, end) = (time(start)?, time(end)?);
+        Ok(end.saturating_duration_since(start).as_secs_f64() * 1e6)
+    }
+
+    fn release_events(&self, ids: &[EventId]) -> Result<()> {
+        let mut events = self.events();
+        let mut unknown = None;
+        for &id in ids {
+            if events.recorded.remove(&id.0).is_none() {
+                unknown = Some(id);
+            }
+        }
+        unknown.map_or(Ok(()), |id| Err(unknown_event(id)))
     }
 }

@@ -388,6 +388,30 @@ impl Qwen2ForCausalLM {
         self.logits(&self.model.norm.forward(&h)?)
     }
 
+    /// Final (normalized) hidden states `(b, s, hidden)` of `ids (b, s)`, causal, or with
+    /// `attention_mask (b, 1, s, s)` (bool, true where a query may see a key), such as the
+    /// block-diagonal mask of packed training rows. Rotary embeddings depend only on the
+    /// distance between positions, so examples packed at any offset and kept apart by the
+    /// mask see exactly what they would alone.
+    pub fn hidden_states(&self, ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
+        let s = token_count(ids)?;
+        if let Some(m) = attention_mask {
+            if m.rank() != 4
+                || m.shape()[1] != 1
+                || m.shape()[2] != s
+                || m.shape()[3] != s
+                || m.shape()[0] != ids.shape()[0]
+            {
+                return Err(Error::invalid(format!(
+                    "Qwen2: attention mask must be (batch, 1, {s}, {s}) for ids {:?}, got {:?}",
+                    ids.shape(),
+                    m.shape()
+                )));
+            }
+        }
+        self.model.norm.forward(&self.model.forward_from(ids, 0, attention_mask, None)?)
+    }
+
     /// One step of incremental decoding: the new `ids (b, s)` at positions `cache.len()..`,
     /// their keys and values appended to `cache`; returns the logits of the last position
     /// only, `(b, vocab)`. `key_valid (b, cache.len() + s)`, when given, marks the real

@@ -1,0 +1,80 @@
+//! `linear_cross_entropy`: the chunked head loss equals `cross_entropy(hidden · weightᵀ)` in
+//! value and gradients, for any chunk size, with ignored targets, and refuses bad input.
+
+use genesis::nn::functional::{cross_entropy, linear_cross_entropy};
+use genesis::nn::Reduction;
+use genesis::{DType, Device, Tensor};
+
+fn cpu() -> Device {
+    Device::cpu().unwrap()
+}
+
+fn rand(shape: &[usize], seed: u64) -> Tensor {
+    genesis::Generator::new(seed).normal(shape, 0.0, 1.0, DType::F64, &cpu()).unwrap()
+}
+
+fn leaf(t: &Tensor) -> Tensor {
+    t.detach().requires_grad_(true).unwrap()
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    a.sub(b).unwrap().abs().unwrap().max().unwrap().item::<f64>().unwrap()
+}
+
+#[test]
+fn equals_cross_entropy_of_the_full_logits_for_any_chunk() {
+    let (n, dim, classes) = (11, 6, 13);
+    let hidden = rand(&[n, dim], 1);
+    let weight = rand(&[classes, dim], 2);
+    let target = Tensor::from_vec(vec![0i64, 3, -100, 12, 5, 5, -100, 1, 7, 2, 9], &[n], &cpu()).unwrap();
+    for reduction in [Reduction::Mean, Reduction::Sum] {
+        let (h0, w0) = (leaf(&hidden), leaf(&weight));
+        let logits = h0.matmul(&w0.t().unwrap()).unwrap();
+        let reference = cross_entropy(&logits, &target, -100, 0.0, reduction).unwrap();
+        reference.backward().unwrap();
+        for chunk in [1, 4, 11, 64] {
+            let (h, w) = (leaf(&hidden), leaf(&weight));
+            let loss = linear_cross_entropy(&h, &w, &target, -100, reduction, chunk).unwrap();
+            let (a, b) = (loss.item::<f64>().unwrap(), reference.item::<f64>().unwrap());
+            assert!((a - b).abs() < 1e-12 * b.abs().max(1.0), "chunk {chunk}: {a} vs {b}");
+            // Scale the incoming gradient to check that the backward applies it.
+            loss.mul_scalar(3.0).unwrap().backward().unwrap();
+            let expected_h = h0.grad().unwrap().mul_scalar(3.0).unwrap();
+            let expected_w = w0.grad().unwrap().mul_scalar(3.0).unwrap();
+            assert!(max_diff(&h.grad().unwrap(), &expected_h) < 1e-12, "chunk {chunk}: hidden gradient");
+            assert!(max_diff(&w.grad().unwrap(), &expected_w) < 1e-12, "chunk {chunk}: weight gradient");
+        }
+    }
+}
+
+#[test]
+fn without_gradients_it_only_computes_the_loss() {
+    let hidden = rand(&[5, 4], 3);
+    let weight = rand(&[7, 4], 4);
+    let target = Tensor::from_vec(vec![1i64, 2, 3, 4, 5], &[5], &cpu()).unwrap();
+    let loss = linear_cross_entropy(&hidden, &weight, &target, -100, Reduction::Mean, 2).unwrap();
+    assert!(!loss.requires_grad());
+    let reference = cross_entropy(&hidden.matmul(&weight.t().unwrap()).unwrap(), &target, -100, 0.0, Reduction::Mean)
+        .unwrap()
+        .item::<f64>()
+        .unwrap();
+    assert!((loss.item::<f64>().unwrap() - reference).abs() < 1e-12);
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let hidden = rand(&[5, 4], 5);
+    let weight = rand(&[7, 4], 6);
+    let target = Tensor::from_vec(vec![1i64, 2, 3, 4, 5], &[5], &cpu()).unwrap();
+    let err = |r: genesis::Result<Tensor>| r.err().expect("an error").to_string();
+    assert!(err(linear_cross_entropy(&hidden, &weight, &target, -100, Reduction::None, 2)).contains("scalar"));
+    assert!(err(linear_cross_entropy(&hidden, &weight, &target, -100, Reduction::Mean, 0)).contains("chunk_rows"));
+    let short = target.narrow(0, 0, 4).unwrap();
+    assert!(err(linear_cross_entropy(&hidden, &weight, &short, -100, Reduction::Mean, 2)).contains("do not fit"));
+    let wrong_dim = rand(&[7, 3], 7);
+    assert!(err(linear_cross_entropy(&hidden, &wrong_dim, &target, -100, Reduction::Mean, 2)).contains("do not fit"));
+    let float_target = target.to_dtype(DType::F32).unwrap();
+    assert!(err(linear_cross_entropy(&hidden, &weight, &float_target, -100, Reduction::Mean, 2)).contains("integer"));
+    let out_of_range = Tensor::from_vec(vec![1i64, 2, 3, 4, 70], &[5], &cpu()).unwrap();
+    assert!(linear_cross_entropy(&hidden, &weight, &out_of_range, -100, Reduction::Mean, 2).is_err());
+}
