@@ -32,6 +32,8 @@ pub mod optim;
 pub mod profiler;
 pub mod random;
 pub mod serialize;
+#[cfg(feature = "text")]
+pub mod sft;
 mod storage;
 mod tensor;
 pub mod testing;
