@@ -66,7 +66,7 @@ fn bad_input_is_a_clear_error() {
     let hidden = rand(&[5, 4], 5);
     let weight = rand(&[7, 4], 6);
     let target = Tensor::from_vec(vec![1i64, 2, 3, 4, 5], &[5], &cpu()).unwrap();
-    let err = |r: genesis::Result<Tensor>| r.err().expect("an error").to_string();
+    let err = |r: genesis::Result<Tensor>| r.expect_err("an error").to_string();
     assert!(err(linear_cross_entropy(&hidden, &weight, &target, -100, Reduction::None, 2)).contains("scalar"));
     assert!(err(linear_cross_entropy(&hidden, &weight, &target, -100, Reduction::Mean, 0)).contains("chunk_rows"));
     let short = target.narrow(0, 0, 4).unwrap();

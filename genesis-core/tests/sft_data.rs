@@ -63,18 +63,17 @@ fn single_turn_mask_is_the_reply_and_im_end() {
         format!("{DEFAULT_SYSTEM}<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello there!<|im_end|>\n");
     assert_eq!(text, expected);
     assert_eq!(spans.len(), 1);
-    assert_eq!(&text[spans[0].clone()], "Hello there!<|im_end|>");
+    assert_eq!(&text[spans[0].clone()], "Hello there!<|im_end|>\n");
 
     let ex = enc.encode(&r).unwrap();
     assert_eq!(ex.input_ids, tokenizer().encode(&expected, false).unwrap(), "the text is tokenized once, whole");
     assert_eq!(ex.labels.len(), ex.input_ids.len());
-    assert_eq!(labelled_runs(&ex), vec!["Hello there!<|im_end|>".to_string()]);
-    // The newline after <|im_end|> is not trained on; the last trained token is <|im_end|>.
+    assert_eq!(labelled_runs(&ex), vec!["Hello there!<|im_end|>\n".to_string()]);
+    // The whole turn is trained on: <|im_end|>, then the line break that closes the turn.
     let im_end = i64::from(tokenizer().token_to_id("<|im_end|>").unwrap());
     let last_trained = ex.labels.iter().rposition(|&l| l != IGNORE_INDEX).unwrap();
-    assert_eq!(ex.labels[last_trained], im_end);
-    assert_eq!(last_trained, ex.len() - 2);
-    assert_eq!(ex.labels[ex.len() - 1], IGNORE_INDEX);
+    assert_eq!(last_trained, ex.len() - 1);
+    assert_eq!(ex.labels[ex.len() - 2], im_end);
     // "<|im_start|>assistant\n" is not trained on.
     let prompt = format!("{DEFAULT_SYSTEM}<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
     let prompt_len = tokenizer().encode(&prompt, false).unwrap().len();
@@ -95,7 +94,7 @@ fn multi_turn_with_system_trains_every_assistant_turn() {
     .unwrap();
     let ex = enc.encode(&r).unwrap();
     // The template strips contents; the spans follow the rendered text.
-    assert_eq!(labelled_runs(&ex), vec!["4.<|im_end|>".to_string(), "6, of course.<|im_end|>".to_string()]);
+    assert_eq!(labelled_runs(&ex), vec!["4.<|im_end|>\n".to_string(), "6, of course.<|im_end|>\n".to_string()]);
     let text = tokenizer().decode(&ex.input_ids, false).unwrap();
     assert!(text.starts_with("<|im_start|>system\nBe brief.<|im_end|>\n"), "{text}");
     assert!(!text.contains("helpful assistant"), "a given system message replaces the default");
@@ -107,7 +106,7 @@ fn unicode_reply_is_masked_on_byte_offsets() {
     let r =
         SftRecord::conversation(vec![Message::user("Grüße?"), Message::assistant("Grüße zurück — 你好 😀")]).unwrap();
     let ex = enc.encode(&r).unwrap();
-    assert_eq!(labelled_runs(&ex), vec!["Grüße zurück — 你好 😀<|im_end|>".to_string()]);
+    assert_eq!(labelled_runs(&ex), vec!["Grüße zurück — 你好 😀<|im_end|>\n".to_string()]);
 }
 
 #[test]
@@ -118,7 +117,7 @@ fn prompt_completion_is_a_user_and_an_assistant_message() {
     assert_eq!(pc.messages, vec![Message::user("Name a colour."), Message::assistant("Blue.")]);
     let conv = SftRecord::conversation(pc.messages.clone()).unwrap();
     assert_eq!(enc.encode(&pc).unwrap(), enc.encode(&conv).unwrap());
-    assert_eq!(labelled_runs(&enc.encode(&pc).unwrap()), vec!["Blue.<|im_end|>".to_string()]);
+    assert_eq!(labelled_runs(&enc.encode(&pc).unwrap()), vec!["Blue.<|im_end|>\n".to_string()]);
     assert_eq!(SftRecord::prompt_completion("Name a colour.", "Blue.").unwrap().messages, pc.messages);
 }
 
@@ -132,12 +131,12 @@ fn conversational_prompt_completion_trains_only_the_completion() {
     );
     assert_eq!(r.format, RecordFormat::ConversationalPromptCompletion);
     assert_eq!(r.first_trained, 4);
-    assert_eq!(labelled_runs(&enc.encode(&r).unwrap()), vec!["A2<|im_end|>".to_string()]);
+    assert_eq!(labelled_runs(&enc.encode(&r).unwrap()), vec!["A2<|im_end|>\n".to_string()]);
     // As a conversation, both assistant turns are trained on.
     let conv = SftRecord::conversation(r.messages.clone()).unwrap();
     assert_eq!(
         labelled_runs(&enc.encode(&conv).unwrap()),
-        vec!["A1<|im_end|>".to_string(), "A2<|im_end|>".to_string()]
+        vec!["A1<|im_end|>\n".to_string(), "A2<|im_end|>\n".to_string()]
     );
 }
 

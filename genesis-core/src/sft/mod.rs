@@ -27,13 +27,23 @@
 
 mod batch;
 mod encode;
+#[cfg(feature = "monitor")]
+mod exact_match;
+mod model;
 mod order;
 mod record;
+#[cfg(feature = "monitor")]
+mod trainer;
 
 pub use batch::{block_diagonal_mask, pack_examples, packed_batch, pad_batch, PackedBatch, PackedRow, PaddedBatch};
 pub use encode::{shift_labels, truncate, EncodeSummary, SftEncoder, SftExample, Truncated, IGNORE_INDEX};
+#[cfg(feature = "monitor")]
+pub use exact_match::{exact_match, ExactMatch};
+pub use model::SftModel;
 pub use order::{DataPosition, SftBatches, SftBatchesState};
 pub use record::{
     parse_jsonl, read_jsonl, read_jsonl_from, BadLine, BadLineKind, BadLinePolicy, ReadReport, RecordFormat, SftRecord,
     ROLES,
 };
+#[cfg(feature = "monitor")]
+pub use trainer::{ModelInputs, SftConfig, SftItem, SftOutcome, SftReport, SftTrainer};

@@ -1,0 +1,84 @@
+//! One SFT configuration of a Qwen2.5-0.5B-shaped model with random weights, timed: f32
+//! weights and AdamW state, bf16 autocast, batch `--batch` × `--len` tokens of random ids (all
+//! of them targets), the head's loss in blocks (`linear_cross_entropy`). Prints ms/step,
+//! tokens/s and peak device memory as one JSON line (`benches/sft/gpu_run.sh` runs it next to
+//! PyTorch + transformers on the same GPU).
+//!
+//! `cargo run --release --example sft_bench -- --device cuda [--batch 8 --len 1024 --steps 5]`
+
+use genesis::models::qwen2::{Qwen2Config, Qwen2ForCausalLM};
+use genesis::sft::{SftBatches, SftConfig, SftExample, SftTrainer};
+use genesis::{DType, Device, Error, Result};
+use std::time::Instant;
+
+fn main() -> Result<()> {
+    let (mut device, mut batch, mut len, mut steps, mut layers) = ("cuda".to_string(), 8, 1024, 5u64, None);
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| Error::invalid(format!("{flag} needs a value")));
+        let number = |v: String| v.parse::<usize>().map_err(|_| Error::invalid(format!("{flag}: not a number: {v}")));
+        match flag.as_str() {
+            "--device" => device = value()?,
+            "--batch" => batch = number(value()?)?,
+            "--len" => len = number(value()?)?,
+            "--steps" => steps = number(value()?)? as u64,
+            "--layers" => layers = Some(number(value()?)?),
+            other => return Err(Error::invalid(format!("unknown flag {other}"))),
+        }
+    }
+    let device = Device::parse(&device)?;
+    let mut config = Qwen2Config::qwen2_5_0_5b();
+    if let Some(n) = layers {
+        config.num_hidden_layers = n;
+    }
+    genesis::manual_seed(0);
+    let model = Qwen2ForCausalLM::new(config.clone(), &device, DType::F32)?;
+    let vocab = config.vocab_size as u64;
+    // Random token ids from a fixed sequence (no device RNG needed); every token is a target.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % vocab) as u32
+    };
+    let examples: Vec<SftExample> = (0..batch)
+        .map(|_| {
+            let ids: Vec<u32> = (0..len).map(|_| next()).collect();
+            SftExample { labels: ids.iter().map(|&i| i64::from(i)).collect(), input_ids: ids }
+        })
+        .collect();
+    let on_gpu = device.backend().name() != "cpu";
+    let sft = SftConfig {
+        max_steps: steps + 1,
+        batch_size: batch,
+        lr: 1e-5,
+        warmup_steps: 0,
+        autocast: on_gpu.then_some(DType::BF16),
+        loss_chunk_rows: 1024,
+        progress: false,
+        ..SftConfig::default()
+    };
+    let out = std::env::temp_dir().join(format!("genesis-sft-bench-{}", std::process::id()));
+    let mut trainer = SftTrainer::new(&model, SftConfig { max_steps: 1, ..sft.clone() }, &out)?;
+    let mut data = SftBatches::new(examples.clone(), batch, 0)?;
+    trainer.train(&mut data, None)?; // warm-up: kernels compiled, allocator filled, optimizer state made
+    device.synchronize()?;
+    let mut trainer = SftTrainer::new(&model, SftConfig { max_steps: steps, ..sft }, &out)?;
+    device.reset_peak_memory_stats()?;
+    let start = Instant::now();
+    let report = trainer.train(&mut data, None)?;
+    device.synchronize()?;
+    let seconds = start.elapsed().as_secs_f64();
+    let _ = std::fs::remove_dir_all(&out);
+    let peak = device.max_memory_allocated()? as f64 / (1u64 << 30) as f64;
+    println!(
+        "{{\"system\": \"genesis\", \"batch\": {batch}, \"len\": {len}, \"layers\": {}, \"ms_per_step\": {:.1}, \
+         \"tokens_per_s\": {:.0}, \"peak_gib\": {peak:.2}, \"losses\": {:?}}}",
+        config.num_hidden_layers,
+        1e3 * seconds / steps as f64,
+        (batch * len) as f64 * steps as f64 / seconds,
+        report.losses.iter().map(|l| l.1 as f32).collect::<Vec<_>>()
+    );
+    Ok(())
+}
