@@ -109,6 +109,19 @@ fn main() -> Result<()> {
     println!("trace: {} ({} events); table: {}", trace.display(), prof.events().len(), out.join("table.txt").display());
 
     println!("{}", device.memory_summary()?);
+    if let Ok(first) = device.record_event() {
+        // What one timing event costs the host through the plugin (record, later release).
+        let n = 20_000;
+        let start = Instant::now();
+        let mut events = vec![first];
+        for _ in 1..n {
+            events.push(device.record_event()?);
+        }
+        let per_event = start.elapsed().as_secs_f64() * 1e6 / n as f64;
+        device.synchronize()?;
+        device.release_events(&events)?;
+        println!("host time per timing event (record): {per_event:.2} us");
+    }
     let (off, on, timed) = overhead(&device, 20_000)?;
     println!(
         "host time per tiny op: {off:.2} us without a profiler, {on:.2} us recording shapes and memory (+{:.2} us), \

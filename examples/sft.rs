@@ -153,8 +153,13 @@ fn run<T: SftItem>(args: &Args, model: &Qwen2ForCausalLM, items: Vec<T>, eval: O
         println!("resumed from {} at step {}", dir.display(), trainer.step());
     }
     let stop = trainer.stop_flag();
-    ctrlc::set_handler(move || stop.store(true, Ordering::Relaxed))
-        .map_err(|e| Error::invalid(format!("installing the Ctrl-C handler: {e}")))?;
+    // The first Ctrl-C finishes the step and saves a checkpoint; a second one quits at once.
+    ctrlc::set_handler(move || {
+        if stop.swap(true, Ordering::Relaxed) {
+            std::process::exit(130);
+        }
+    })
+    .map_err(|e| Error::invalid(format!("installing the Ctrl-C handler: {e}")))?;
     let report = trainer.train(&mut data, eval)?;
     let last = report.losses.last().map_or(f64::NAN, |l| l.1);
     println!(
@@ -250,11 +255,12 @@ fn main() -> Result<()> {
     let after = ask(&model, "after fine-tuning")?;
     if let Some(goal) = args.goal.filter(|_| !held_out.is_empty()) {
         let met = after >= goal;
+        let before =
+            if before.is_nan() { "not measured (resumed)".to_string() } else { format!("{:.1}%", 100.0 * before) };
         println!(
-            "goal: exact match >= {:.0}% after fine-tuning: {} (before {:.1}%, after {:.1}%)",
+            "goal: exact match >= {:.0}% after fine-tuning: {} (before {before}, after {:.1}%)",
             100.0 * goal,
             if met { "met" } else { "MISSED" },
-            100.0 * before,
             100.0 * after
         );
         if !met {

@@ -8,7 +8,7 @@
 //! the weight's size, so three matrix products per block, as without chunking. The backward
 //! only scales them by the incoming gradient, which is why the loss must be a scalar.
 
-use super::loss::Reduction;
+use super::loss::{cross_entropy_sum_and_grad, Reduction};
 use crate::autograd::{is_grad_enabled, no_grad, record};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -40,7 +40,7 @@ pub fn linear_cross_entropy(
             target.shape()
         )));
     }
-    let (n, dim, classes) = (hidden.shape()[0], hidden.shape()[1], weight.shape()[0]);
+    let (n, dim) = (hidden.shape()[0], hidden.shape()[1]);
     if weight.shape()[1] != dim || target.shape()[0] != n {
         return Err(Error::invalid(format!(
             "{name}: hidden {:?}, weight {:?} and target {:?} do not fit (n, dim), (classes, dim), (n,)",
@@ -71,6 +71,9 @@ pub fn linear_cross_entropy(
     let compute = if hidden.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
     let wants_grad = is_grad_enabled() && (hidden.requires_grad() || weight.requires_grad());
     let (loss, grads) = no_grad(|| -> Result<(Tensor, Option<(Tensor, Tensor)>)> {
+        // The head weight as the products use it (cast once under autocast, not per block).
+        let w = crate::amp::cast_for(crate::amp::CastPolicy::Low, weight)?;
+        let w_t = w.t()?;
         let mut total = Tensor::zeros(&[], compute, hidden.device())?;
         let mut grad_hidden = Vec::new();
         let mut grad_weight: Option<Tensor> = None;
@@ -78,18 +81,13 @@ pub fn linear_cross_entropy(
         while start < n {
             let rows = chunk_rows.min(n - start);
             let (h, t) = (hidden.narrow(0, start, rows)?, target.narrow(0, start, rows)?);
-            let logits = h.matmul(&weight.t()?)?.to_dtype(compute)?;
-            let block = super::loss::cross_entropy(&logits, &t, ignore_index, 0.0, Reduction::Sum)?;
-            total = total.add(&block)?;
-            if wants_grad {
-                // d loss / d logits = (softmax - onehot) on the counted rows, times the scale.
-                let ok = t.ne_scalar(ignore_index)?;
-                let onehot = t.masked_fill(&ok.logical_not()?, 0i64)?.one_hot(classes)?.to_dtype(compute)?;
-                let rows_scale = ok.to_dtype(compute)?.mul_scalar(grad_scale)?.unsqueeze(1)?;
-                let d = logits.softmax(-1)?.sub(&onehot)?.mul(&rows_scale)?;
-                // `matmul` applies autocast; without it hidden and weight share a dtype.
-                grad_hidden.push(d.to_dtype(weight.dtype())?.matmul(weight)?.to_dtype(hidden.dtype())?);
-                let gw = d.to_dtype(hidden.dtype())?.t()?.matmul(&h)?.to_dtype(compute)?;
+            let logits = h.matmul(&w_t)?;
+            let (block, d) = cross_entropy_sum_and_grad(&logits, &t, ignore_index, wants_grad.then_some(grad_scale))?;
+            total = total.add(&block.to_dtype(compute)?)?;
+            if let Some(d) = d {
+                // `matmul` applies autocast; without it the logits, hidden and weight share a dtype.
+                grad_hidden.push(d.matmul(&w)?.to_dtype(hidden.dtype())?);
+                let gw = d.t()?.matmul(&h)?.to_dtype(compute)?;
                 grad_weight = Some(match grad_weight {
                     Some(acc) => acc.add(&gw)?,
                     None => gw,

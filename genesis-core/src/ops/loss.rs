@@ -211,6 +211,56 @@ pub fn cross_entropy(
     reduce_rows(loss, &valid, &shape, reduction)
 }
 
+/// The summed cross-entropy of `logits (n, c)` at `target (n,)` and, with `grad_scale`, the
+/// gradient of `grad_scale · sum` with respect to the logits (in the logits' dtype), without
+/// recording autograd: the building block of a loss computed a block of rows at a time. The
+/// fused kernels run where the device claims them (f32 statistics, so not for f64);
+/// otherwise the composition `softmax - onehot`.
+pub(crate) fn cross_entropy_sum_and_grad(
+    logits: &Tensor,
+    target: &Tensor,
+    ignore_index: i64,
+    grad_scale: Option<f64>,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let n = logits.shape()[0];
+    let forward = Op::CrossEntropy { ignore_index, label_smoothing: 0.0 };
+    let backward = Op::CrossEntropyBackward { ignore_index, label_smoothing: 0.0 };
+    let fused = logits.dtype() != DType::F64
+        && super::fused::use_fused(&forward, logits)?
+        && (grad_scale.is_none() || super::fused::use_fused(&backward, logits)?);
+    let valid = target.ne_scalar(ignore_index)?;
+    if fused {
+        let device = logits.device();
+        let (loss, lse) = (Tensor::empty(&[n], DType::F32, device)?, Tensor::empty(&[n], DType::F32, device)?);
+        exec(&forward, &[(logits, logits.layout()), (target, target.layout())], &[&loss, &lse])?;
+        let grad = match grad_scale {
+            Some(scale) => {
+                let g = valid.to_dtype(DType::F32)?.mul_scalar(scale)?;
+                let dx = Tensor::empty(logits.shape(), logits.dtype(), device)?;
+                let ins = [logits, target, &lse, &g];
+                exec(&backward, &ins.iter().map(|t| (*t, t.layout())).collect::<Vec<_>>(), &[&dx])?;
+                Some(dx)
+            }
+            None => None,
+        };
+        // The kernel writes 0 for ignored rows.
+        return Ok((loss.sum()?, grad));
+    }
+    check_targets("cross_entropy", target, logits.shape()[1], ignore_index)?;
+    let x = if logits.dtype() == DType::F64 { logits.clone() } else { logits.to_dtype(DType::F32)? };
+    let sum = cross_entropy(&x, target, ignore_index, 0.0, Reduction::Sum)?;
+    let grad = match grad_scale {
+        Some(scale) => {
+            let safe = target.masked_fill(&valid.logical_not()?, 0i64)?;
+            let onehot = safe.one_hot(logits.shape()[1])?.to_dtype(x.dtype())?;
+            let rows = valid.to_dtype(x.dtype())?.mul_scalar(scale)?.unsqueeze(1)?;
+            Some(x.softmax(-1)?.sub(&onehot)?.mul(&rows)?.to_dtype(logits.dtype())?)
+        }
+        None => None,
+    };
+    Ok((sum, grad))
+}
+
 /// Per-row f32 losses from the fused kernel, with a backward through the fused backward op
 /// (first order) or the composition `dloss·(softmax - (1-ε)·onehot - ε/c)` (higher order).
 fn cross_entropy_fused(rows: &Tensor, target: &Tensor, ignore_index: i64, eps: f64) -> Result<Tensor> {

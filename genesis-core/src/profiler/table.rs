@@ -185,22 +185,20 @@ pub(crate) fn render(events: &[Event], options: &TableOptions, device_time: bool
     let mut out = format!("{rule}\n{header}\n{rule}\n");
     for r in rows.iter().take(options.row_limit) {
         let name: String = r.name.chars().take(name_width).collect();
-        let pct = if all_self > 0 { 100.0 * r.self_ns as f64 / all_self as f64 } else { 0.0 };
         let _ = write!(
             out,
             "{name:<name_width$}  {:>10.2}%  {:>12}  {:>12}  {:>12}  {:>8}",
-            pct,
+            percent(r.self_ns, all_self),
             fmt_time(r.self_ns),
             fmt_time(r.total_ns),
             fmt_time(avg(r)),
             r.calls
         );
         if with_device {
-            let pct = if all_self_device > 0 { 100.0 * r.self_device_ns as f64 / all_self_device as f64 } else { 0.0 };
             let _ = write!(
                 out,
                 "  {:>12.2}%  {:>12}  {:>12}  {:>12}",
-                pct,
+                percent(r.self_device_ns, all_self_device),
                 fmt_time(r.self_device_ns),
                 fmt_time(r.device_total_ns),
                 fmt_time(device_avg(r))
@@ -232,6 +230,15 @@ pub(crate) fn render(events: &[Event], options: &TableOptions, device_time: bool
         }
     }
     out
+}
+
+/// `part` as a percentage of `all` (0 when `all` is 0).
+fn percent(part: u64, all: u64) -> f64 {
+    if all > 0 {
+        100.0 * part as f64 / all as f64
+    } else {
+        0.0
+    }
 }
 
 pub(crate) fn memory_peaks(events: &[Event]) -> Vec<(String, i64, String)> {

@@ -354,6 +354,8 @@ impl<'m, M: SftModel> SftTrainer<'m, M> {
                 report.checkpoints.push(self.save_checkpoint(data)?);
             }
             if stop {
+                // Handled: a later call to `train` continues.
+                self.stop.store(false, Ordering::Relaxed);
                 report.outcome = SftOutcome::Stopped;
                 bar.println(format!("stopped at step {}: checkpoint saved", self.step));
                 break;
