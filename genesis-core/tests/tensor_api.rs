@@ -34,6 +34,13 @@ fn creation_functions() {
         vec![0.0, 0.25, 0.5, 0.75, 1.0]
     );
     assert_eq!(Tensor::arange(1.0, 2.0, 0.25, DType::F32, &d).unwrap().shape(), &[4]);
+    // As PyTorch: equal bounds give an empty range, a step pointing away from the end raises.
+    assert_eq!(Tensor::arange(2.0, 2.0, -1.0, DType::F32, &d).unwrap().shape(), &[0]);
+    assert_eq!(Tensor::arange(3.0, 0.0, -1.0, DType::I64, &d).unwrap().to_vec::<i64>().unwrap(), vec![3, 2, 1]);
+    for (start, end, step) in [(0.0, 1.0, -1.0), (1.0, 0.0, 1.0)] {
+        let e = Tensor::arange(start, end, step, DType::F32, &d).unwrap_err();
+        assert!(e.to_string().contains("inconsistent with the sign"), "{e}");
+    }
     assert!(Tensor::new(vec![vec![1.0f32, 2.0], vec![3.0]], &d).is_err(), "ragged data is refused");
     let r = Tensor::randint(3, 7, &[1000], &d).unwrap().to_vec::<i64>().unwrap();
     assert!(r.iter().all(|&v| (3..7).contains(&v)) && (3..7).all(|v| r.contains(&v)));

@@ -157,6 +157,12 @@ impl Tensor {
         if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
             return Err(Error::invalid(format!("arange: invalid range start={start} end={end} step={step}")));
         }
+        // As PyTorch: a step pointing away from `end` is an error, not an empty range.
+        if (step > 0.0 && end < start) || (step < 0.0 && end > start) {
+            return Err(Error::invalid(format!(
+                "arange: the bounds start={start} end={end} are inconsistent with the sign of step={step}"
+            )));
+        }
         let len = ((end - start) / step).ceil().max(0.0) as usize;
         let t = Self::empty(&[len], dtype, device)?;
         device.execute(&Op::Arange { start, step }, &[], &[t.desc()?])?;
