@@ -31,6 +31,9 @@ impl DType {
     pub const ALL: [DType; 8] =
         [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64, DType::I32, DType::U8, DType::Bool];
 
+    /// The floating-point dtypes, the domain of the fused ops (norms, softmax, attention, ...).
+    pub const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+
     /// The dtype for a wire code.
     pub fn from_code(code: u32) -> Result<DType> {
         DType::ALL

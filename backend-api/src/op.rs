@@ -181,38 +181,17 @@ open_enum! {
     }
 }
 
-/// Collective operations across devices of one backend.
-#[repr(u32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CollectiveOp {
-    /// Every rank ends with the sum of all inputs.
-    AllReduceSum = 0,
-    /// Every rank ends with rank 0's input.
-    Broadcast = 1,
-    /// Every rank ends with the inputs of all ranks concatenated along dim 0.
-    AllGather = 2,
-    /// Rank r ends with chunk r (along dim 0) of the sum of all inputs.
-    ReduceScatterSum = 3,
-}
-
-impl CollectiveOp {
-    /// Every collective of this interface version, in wire-code order.
-    pub const ALL: [CollectiveOp; 4] =
-        [CollectiveOp::AllReduceSum, CollectiveOp::Broadcast, CollectiveOp::AllGather, CollectiveOp::ReduceScatterSum];
-
-    /// The op for a wire code.
-    pub fn from_code(code: u32) -> Option<CollectiveOp> {
-        Self::ALL.get(code as usize).copied()
-    }
-
-    /// The name in messages and reports (`"all_reduce_sum"`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            CollectiveOp::AllReduceSum => "all_reduce_sum",
-            CollectiveOp::Broadcast => "broadcast",
-            CollectiveOp::AllGather => "all_gather",
-            CollectiveOp::ReduceScatterSum => "reduce_scatter_sum",
-        }
+open_enum! {
+    /// Collective operations across devices of one backend.
+    CollectiveOp {
+        /// Every rank ends with the sum of all inputs.
+        AllReduceSum = 0 => "all_reduce_sum",
+        /// Every rank ends with rank 0's input.
+        Broadcast = 1 => "broadcast",
+        /// Every rank ends with the inputs of all ranks concatenated along dim 0.
+        AllGather = 2 => "all_gather",
+        /// Rank r ends with chunk r (along dim 0) of the sum of all inputs.
+        ReduceScatterSum = 3 => "reduce_scatter_sum",
     }
 }
 
@@ -229,179 +208,323 @@ pub struct Window2d {
     pub dilation: [i64; 2],
 }
 
-/// One operation with its attributes. Operands are listed as `inputs -> outputs`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Op {
-    /// `[x] -> [y]`, see [`UnaryOp`].
-    Unary(UnaryOp),
-    /// `[a, b] -> [y]`, see [`BinaryOp`].
-    Binary(BinaryOp),
-    /// `[a] -> [y]` with `b` a scalar; `scalar_first` computes `op(scalar, a)`.
-    BinaryScalar {
-        /// The operation.
-        op: BinaryOp,
-        /// The scalar operand, converted to the tensor's dtype first.
-        scalar: f64,
-        /// True for `op(scalar, a)`.
-        scalar_first: bool,
-    },
+/// Declares [`Op`] and its wire form in one place. Each member of the "other" family is one
+/// entry: its doc, its attributes with the [`OpAttrs`] slot each travels in, its code and its
+/// name. The code is the member's index (a compile-time check): append, never reorder.
+macro_rules! declare_ops {
+    ($(
+        $(#[$doc:meta])*
+        $variant:ident $({ $($(#[$field_doc:meta])* $field:ident: $ty:ty => $slot:ident[$k:literal],)* })?
+            = $code:literal => $name:literal,
+    )*) => {
+        /// One operation with its attributes. Operands are listed as `inputs -> outputs`.
+        #[derive(Debug, Clone, Copy, PartialEq)]
+        pub enum Op {
+            /// `[x] -> [y]`, see [`UnaryOp`].
+            Unary(UnaryOp),
+            /// `[a, b] -> [y]`, see [`BinaryOp`].
+            Binary(BinaryOp),
+            /// `[a] -> [y]` with `b` a scalar; `scalar_first` computes `op(scalar, a)`.
+            BinaryScalar {
+                /// The operation.
+                op: BinaryOp,
+                /// The scalar operand, converted to the tensor's dtype first.
+                scalar: f64,
+                /// True for `op(scalar, a)`.
+                scalar_first: bool,
+            },
+            /// `[x] -> [y]`, see [`ReduceOp`].
+            Reduce(ReduceOp),
+            $($(#[$doc])* $variant $({ $($(#[$field_doc])* $field: $ty,)* })?,)*
+        }
+
+        /// Names of the "other" family, by member code.
+        const OTHER_NAMES: &[&str] = &[$($name,)*];
+
+        // Member codes are their positions in the table.
+        const _: () = {
+            let codes: &[u32] = &[$($code,)*];
+            let mut i = 0;
+            while i < codes.len() {
+                assert!(codes[i] == i as u32, "op codes of the other family must count up from 0");
+                i += 1;
+            }
+        };
+
+        impl Op {
+            /// The member code of an op of the "other" family, its attributes written to `a`.
+            fn encode_other(&self, a: &mut OpAttrs) -> Option<u32> {
+                match *self {
+                    $(Op::$variant $({ $($field,)* })? => {
+                        $($(slot::$slot::put(a, $k, $field);)*)?
+                        Some($code)
+                    })*
+                    _ => None,
+                }
+            }
+
+            /// The op of the "other" family with member code `member`, attributes from `a`.
+            fn decode_other(member: u32, a: &OpAttrs) -> Option<Op> {
+                match member {
+                    $($code => Some(Op::$variant $({ $($field: slot::$slot::get(a, $k),)* })?),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+/// How attributes travel in [`OpAttrs`]: `float[k]` is `floats[k]`; `int[k]` is `ints[k]`
+/// (bools as 0/1, unsigned values bit-cast); `window[0]` is a [`Window2d`] in `ints[0..8]`;
+/// `high[k]` is a u32 in the high half of `ints[k]` (the groups of a convolution, beside the
+/// last dilation).
+mod slot {
+    use super::{OpAttrs, Window2d};
+
+    /// A value stored in an integer slot.
+    pub trait IntAttr: Copy {
+        fn to_slot(self) -> i64;
+        fn from_slot(v: i64) -> Self;
+    }
+    impl IntAttr for bool {
+        fn to_slot(self) -> i64 {
+            self as i64
+        }
+        fn from_slot(v: i64) -> bool {
+            v != 0
+        }
+    }
+    impl IntAttr for u32 {
+        fn to_slot(self) -> i64 {
+            self as i64
+        }
+        fn from_slot(v: i64) -> u32 {
+            v as u32
+        }
+    }
+    impl IntAttr for u64 {
+        fn to_slot(self) -> i64 {
+            self as i64
+        }
+        fn from_slot(v: i64) -> u64 {
+            v as u64
+        }
+    }
+    impl IntAttr for i64 {
+        fn to_slot(self) -> i64 {
+            self
+        }
+        fn from_slot(v: i64) -> i64 {
+            v
+        }
+    }
+
+    pub mod float {
+        use super::OpAttrs;
+        pub fn put(a: &mut OpAttrs, k: usize, v: f64) {
+            a.floats[k] = v;
+        }
+        pub fn get(a: &OpAttrs, k: usize) -> f64 {
+            a.floats[k]
+        }
+    }
+
+    pub mod int {
+        use super::{IntAttr, OpAttrs};
+        pub fn put<T: IntAttr>(a: &mut OpAttrs, k: usize, v: T) {
+            a.ints[k] = v.to_slot();
+        }
+        pub fn get<T: IntAttr>(a: &OpAttrs, k: usize) -> T {
+            T::from_slot(a.ints[k])
+        }
+    }
+
+    pub mod window {
+        use super::{OpAttrs, Window2d};
+        pub fn put(a: &mut OpAttrs, k: usize, w: Window2d) {
+            let values = [w.kernel, w.stride, w.padding, w.dilation];
+            for (slot, v) in a.ints[k..k + 8].iter_mut().zip(values.iter().flatten()) {
+                *slot = *v;
+            }
+        }
+        pub fn get(a: &OpAttrs, k: usize) -> Window2d {
+            let i = &a.ints[k..k + 8];
+            Window2d {
+                kernel: [i[0], i[1]],
+                stride: [i[2], i[3]],
+                padding: [i[4], i[5]],
+                dilation: [i[6], i[7] & 0xffff_ffff],
+            }
+        }
+    }
+
+    pub mod high {
+        use super::OpAttrs;
+        pub fn put(a: &mut OpAttrs, k: usize, v: u32) {
+            a.ints[k] += (v as i64) << 32;
+        }
+        pub fn get(a: &OpAttrs, k: usize) -> u32 {
+            (a.ints[k] >> 32) as u32
+        }
+    }
+}
+
+declare_ops! {
     /// `[x] -> [y]`, `min(max(x, min), max)`; NaN propagates.
     Clamp {
         /// Lower bound (`-inf` for none).
-        min: f64,
+        min: f64 => float[0],
         /// Upper bound (`+inf` for none).
-        max: f64,
-    },
+        max: f64 => float[1],
+    } = 0 => "clamp",
     /// `[cond(bool), a, b] -> [y]`, `cond ? a : b`.
-    Where,
-    /// `[x] -> [y]`, see [`ReduceOp`].
-    Reduce(ReduceOp),
+    Where = 1 => "where",
     /// `[x] -> [y]`, same shape and dtype, any strides: the strided copy.
-    Copy,
+    Copy = 2 => "copy",
     /// `[x] -> [y]`, same shape, dtype converted (floats to ints truncate toward zero,
     /// to bool is `!= 0`).
-    Cast,
+    Cast = 3 => "cast",
     /// `[] -> [y]`, every element set to `value`.
     Fill {
         /// The value, converted to the output dtype.
-        value: f64,
-    },
+        value: f64 => float[0],
+    } = 4 => "fill",
     /// `[] -> [y]` (rank 1), `y[i] = start + i*step`.
     Arange {
         /// First value.
-        start: f64,
+        start: f64 => float[0],
         /// Increment.
-        step: f64,
-    },
+        step: f64 => float[1],
+    } = 5 => "arange",
     /// `[a (.., m, k), b (.., k, n)] -> [y (.., m, n)]`; batch dims equal (broadcast ones have
     /// stride 0); transposes arrive as strides.
-    Matmul,
+    Matmul = 6 => "matmul",
     /// `[x, index(i64)] -> [y]`, `y[..i..] = x[..index[..i..]..]` along `dim`.
     Gather {
         /// The indexed dimension.
-        dim: u32,
-    },
+        dim: u32 => int[0],
+    } = 7 => "gather",
     /// `[src, index(i64)] -> [y]` in place: `y[..index[..i..]..] += src[..i..]` along `dim`.
     ScatterAdd {
         /// The indexed dimension.
-        dim: u32,
-    },
+        dim: u32 => int[0],
+    } = 8 => "scatter_add",
     /// `[x, index(i64, rank 1)] -> [y]`, rows of `x` along `dim` picked by `index`.
     IndexSelect {
         /// The indexed dimension.
-        dim: u32,
-    },
+        dim: u32 => int[0],
+    } = 9 => "index_select",
     /// `[src, index(i64, rank 1)] -> [y]` in place: `y.select(dim, index[i]) += src.select(dim, i)`.
     IndexAdd {
         /// The indexed dimension.
-        dim: u32,
-    },
+        dim: u32 => int[0],
+    } = 10 => "index_add",
     /// `[x] -> [y]`, inclusive prefix sum along `dim`.
     CumSum {
         /// The scanned dimension.
-        dim: u32,
-    },
+        dim: u32 => int[0],
+    } = 11 => "cumsum",
     /// `[] -> [y]` uniform in `[low, high)` from Philox4x32-10 at `(seed, offset)`: element
     /// `i` (row-major) is `low + (high-low)*u` computed in f64 and rounded to the dtype, with
     /// `u` = `sdk::philox::uniform_f64` for f64 outputs and `uniform_f32` otherwise.
     RandUniform {
         /// Philox key.
-        seed: u64,
+        seed: u64 => int[0],
         /// Philox counter start, in 128-bit blocks.
-        offset: u64,
+        offset: u64 => int[1],
         /// Inclusive lower bound.
-        low: f64,
+        low: f64 => float[0],
         /// Exclusive upper bound.
-        high: f64,
-    },
+        high: f64 => float[1],
+    } = 12 => "rand_uniform",
     /// `[] -> [y]` normal(mean, std) from Philox4x32-10 at `(seed, offset)`: element `i` is
     /// `mean + std*sdk::philox::normal_f64(seed, offset, i)` in f64, rounded to the dtype.
     RandNormal {
         /// Philox key.
-        seed: u64,
+        seed: u64 => int[0],
         /// Philox counter start, in 128-bit blocks.
-        offset: u64,
+        offset: u64 => int[1],
         /// Mean.
-        mean: f64,
+        mean: f64 => float[0],
         /// Standard deviation.
-        std: f64,
-    },
+        std: f64 => float[1],
+    } = 13 => "rand_normal",
     /// `[x] -> [y]`, `y = x * keep / (1-p)` computed in the compute type, with element `i`
     /// kept when `u >= p` (compared in f64), `u` drawn as in `RandUniform` for y's dtype.
     /// The same call on the gradient is the backward.
     Dropout {
         /// Philox key.
-        seed: u64,
+        seed: u64 => int[0],
         /// Philox counter start.
-        offset: u64,
+        offset: u64 => int[1],
         /// Drop probability in `[0, 1)`.
-        p: f64,
-    },
+        p: f64 => float[0],
+    } = 14 => "dropout",
     /// `[x] -> [y]`, softmax over the last dim; an all `-inf` row gives NaN.
-    Softmax,
+    Softmax = 15 => "softmax",
     /// `[x] -> [y]`, log-softmax over the last dim.
-    LogSoftmax,
+    LogSoftmax = 16 => "log_softmax",
     /// `[y, dy] -> [dx]` given the softmax output `y`.
-    SoftmaxBackward,
+    SoftmaxBackward = 17 => "softmax_backward",
     /// `[y, dy] -> [dx]` given the log-softmax output `y`.
-    LogSoftmaxBackward,
+    LogSoftmaxBackward = 18 => "log_softmax_backward",
     /// `[x, weight, bias] -> [y, mean(f32), rstd(f32)]` over the last dim; `mean` and `rstd`
     /// have the leading dims of `x` (`rstd = 1/sqrt(var + eps)`, biased variance).
     LayerNorm {
         /// Added to the variance.
-        eps: f64,
-    },
+        eps: f64 => float[0],
+    } = 19 => "layer_norm",
     /// `[dy, x, weight, mean, rstd] -> [dx, dweight, dbias]`.
-    LayerNormBackward,
+    LayerNormBackward = 20 => "layer_norm_backward",
     /// `[x, weight] -> [y, rstd(f32)]` over the last dim, `y = x * rstd * weight` with
     /// `rstd = 1/sqrt(mean(x²) + eps)` of shape `x.shape[..-1]`.
     RmsNorm {
         /// Added to the mean square.
-        eps: f64,
-    },
+        eps: f64 => float[0],
+    } = 21 => "rms_norm",
     /// `[dy, x, weight, rstd] -> [dx, dweight]`.
-    RmsNormBackward,
+    RmsNormBackward = 22 => "rms_norm_backward",
     /// `[x (b, h, s, d), cos (s, d/2), sin (s, d/2)] -> [y]`, rotating pairs `(i, i+d/2)`
     /// (the Hugging Face "rotate half" layout): `y_i = x_i cos - x_{i+d/2} sin`,
     /// `y_{i+d/2} = x_{i+d/2} cos + x_i sin`; `inverse` rotates by `-θ` (the backward).
     Rotary {
         /// Rotate by the negative angle.
-        inverse: bool,
-    },
+        inverse: bool => int[0],
+    } = 23 => "rotary",
     /// `[q (b, hq, s, d), k (b, hk, t, d), v (b, hk, t, d)] -> [o (b, hq, s, d), lse(f32, b, hq, s)]`
     /// with `hq` a multiple of `hk` (grouped-query: query head `h` reads kv head
     /// `h / (hq/hk)`); `lse` is the log-sum-exp of the scaled, masked scores of each query. A
     /// fully masked row gives NaN.
     Attention {
         /// Mask keys after the query position (bottom-right aligned when `t > s`).
-        causal: bool,
+        causal: bool => int[0],
         /// Multiplies `q·k`; usually `1/sqrt(d)`.
-        scale: f64,
-    },
+        scale: f64 => float[0],
+    } = 24 => "attention",
     /// `[q, k, v, o, lse, do] -> [dq, dk, dv]`.
     AttentionBackward {
         /// As in the forward.
-        causal: bool,
+        causal: bool => int[0],
         /// As in the forward.
-        scale: f64,
-    },
+        scale: f64 => float[0],
+    } = 25 => "attention_backward",
     /// `[logits (n, c), target(i64, n)] -> [loss(f32, n), lse(f32, n)]` per row:
     /// `loss = (1-ε)(lse - x_t) + ε(lse - mean_j x_j)` with ε the label smoothing; rows whose
     /// target is `ignore_index` get loss 0; any other target outside `[0, c)` is an error.
     CrossEntropy {
         /// Target value that contributes nothing.
-        ignore_index: i64,
+        ignore_index: i64 => int[0],
         /// Label smoothing in `[0, 1)`.
-        label_smoothing: f64,
-    },
+        label_smoothing: f64 => float[0],
+    } = 26 => "cross_entropy",
     /// `[logits, target, lse, dloss(f32, n)] -> [dlogits]`,
     /// `dlogits = dloss * (softmax - (1-ε) onehot(t) - ε/c)`, zero on ignored rows.
     CrossEntropyBackward {
         /// As in the forward.
-        ignore_index: i64,
+        ignore_index: i64 => int[0],
         /// As in the forward.
-        label_smoothing: f64,
-    },
+        label_smoothing: f64 => float[0],
+    } = 27 => "cross_entropy_backward",
     /// Multi-tensor AdamW, in place, PyTorch's update rule. `inputs = [grad_0, .., grad_n-1]`,
     /// `outputs = [param_0, exp_avg_0, exp_avg_sq_0, param_1, ..]` (moments in the param's
     /// dtype or f32); `step` counts from 1:
@@ -409,63 +532,63 @@ pub enum Op {
     /// p -= lr/(1-β1^step) · m / (sqrt(v)/sqrt(1-β2^step) + eps)`.
     AdamW {
         /// Learning rate.
-        lr: f64,
+        lr: f64 => float[0],
         /// First-moment decay.
-        beta1: f64,
+        beta1: f64 => float[1],
         /// Second-moment decay.
-        beta2: f64,
+        beta2: f64 => float[2],
         /// Denominator term.
-        eps: f64,
+        eps: f64 => float[3],
         /// Decoupled weight decay.
-        weight_decay: f64,
+        weight_decay: f64 => float[4],
         /// The step number after this update (bias correction).
-        step: u64,
-    },
+        step: u64 => int[0],
+    } = 28 => "adamw",
     /// `[x (n, c, h, w), weight (o, c/groups, kh, kw)]` or with a third input `bias (o)`
     /// `-> [y (n, o, oh, ow)]`, zero padding, `oh = (h + 2p - d(kh-1) - 1)/s + 1`.
     Conv2d {
         /// Stride, padding and dilation (`kernel` unused).
-        window: Window2d,
+        window: Window2d => window[0],
         /// Channel groups.
-        groups: u32,
-    },
+        groups: u32 => high[7],
+    } = 29 => "conv2d",
     /// `[dy, weight] -> [dx]`.
     Conv2dBackwardInput {
         /// As in the forward.
-        window: Window2d,
+        window: Window2d => window[0],
         /// As in the forward.
-        groups: u32,
-    },
+        groups: u32 => high[7],
+    } = 30 => "conv2d_backward_input",
     /// `[dy, x] -> [dweight]` (and `[dbias]` as a second output when given).
     Conv2dBackwardWeight {
         /// As in the forward.
-        window: Window2d,
+        window: Window2d => window[0],
         /// As in the forward.
-        groups: u32,
-    },
+        groups: u32 => high[7],
+    } = 31 => "conv2d_backward_weight",
     /// `[x (n, c, h, w)] -> [y, argmax(i64)]`, -inf padding, floor output size; `argmax` is the
     /// flat index `ih*w + iw` of the chosen input element in its plane (PyTorch's convention);
     /// NaN wins.
     MaxPool2d {
         /// Kernel, stride, padding, dilation.
-        window: Window2d,
-    },
+        window: Window2d => window[0],
+    } = 32 => "max_pool2d",
     /// `[dy, argmax] -> [dx]`.
     MaxPool2dBackward {
         /// As in the forward.
-        window: Window2d,
-    },
+        window: Window2d => window[0],
+    } = 33 => "max_pool2d_backward",
     /// `[x (n, c, h, w)] -> [y]`, zero padding that counts toward the divisor
     /// (`count_include_pad`), floor output size.
     AvgPool2d {
         /// Kernel, stride, padding.
-        window: Window2d,
-    },
+        window: Window2d => window[0],
+    } = 34 => "avg_pool2d",
     /// `[dy] -> [dx]`.
     AvgPool2dBackward {
         /// As in the forward.
-        window: Window2d,
-    },
+        window: Window2d => window[0],
+    } = 35 => "avg_pool2d_backward",
 }
 
 /// An op kind: the wire code of an [`Op`] without its attributes. Used in capability lists.
@@ -481,46 +604,6 @@ mod family {
     pub const REDUCE: u32 = 0x400;
     pub const OTHER: u32 = 0x500;
 }
-
-// Members of the OTHER family, in the order of the `Op` variants. Never reorder: append.
-const OTHER_NAMES: &[&str] = &[
-    "clamp",
-    "where",
-    "copy",
-    "cast",
-    "fill",
-    "arange",
-    "matmul",
-    "gather",
-    "scatter_add",
-    "index_select",
-    "index_add",
-    "cumsum",
-    "rand_uniform",
-    "rand_normal",
-    "dropout",
-    "softmax",
-    "log_softmax",
-    "softmax_backward",
-    "log_softmax_backward",
-    "layer_norm",
-    "layer_norm_backward",
-    "rms_norm",
-    "rms_norm_backward",
-    "rotary",
-    "attention",
-    "attention_backward",
-    "cross_entropy",
-    "cross_entropy_backward",
-    "adamw",
-    "conv2d",
-    "conv2d_backward_input",
-    "conv2d_backward_weight",
-    "max_pool2d",
-    "max_pool2d_backward",
-    "avg_pool2d",
-    "avg_pool2d_backward",
-];
 
 impl OpKind {
     /// The kind of a unary op.
@@ -590,29 +673,6 @@ pub struct RawOp {
     pub attrs: OpAttrs,
 }
 
-fn window_ints(w: &Window2d, extra: i64) -> [i64; 8] {
-    [
-        w.kernel[0],
-        w.kernel[1],
-        w.stride[0],
-        w.stride[1],
-        w.padding[0],
-        w.padding[1],
-        w.dilation[0],
-        w.dilation[1] + (extra << 32),
-    ]
-}
-
-fn window_from(ints: &[i64; 8]) -> (Window2d, u32) {
-    let w = Window2d {
-        kernel: [ints[0], ints[1]],
-        stride: [ints[2], ints[3]],
-        padding: [ints[4], ints[5]],
-        dilation: [ints[6], ints[7] & 0xffff_ffff],
-    };
-    (w, (ints[7] >> 32) as u32)
-}
-
 impl Op {
     /// This op's kind code.
     pub fn kind(&self) -> OpKind {
@@ -626,183 +686,37 @@ impl Op {
 
     /// The wire form.
     pub fn encode(&self) -> RawOp {
-        let mut a = OpAttrs::default();
-        let other = |i: u32| OpKind(family::OTHER + i);
+        let mut attrs = OpAttrs::default();
         let kind = match *self {
             Op::Unary(u) => OpKind::unary(u),
             Op::Binary(b) => OpKind::binary(b),
             Op::BinaryScalar { op, scalar, scalar_first } => {
-                a.floats[0] = scalar;
-                a.ints[0] = scalar_first as i64;
+                attrs.floats[0] = scalar;
+                attrs.ints[0] = scalar_first as i64;
                 OpKind::binary_scalar(op)
             }
             Op::Reduce(r) => OpKind::reduce(r),
-            Op::Clamp { min, max } => {
-                a.floats[..2].copy_from_slice(&[min, max]);
-                other(0)
-            }
-            Op::Where => other(1),
-            Op::Copy => other(2),
-            Op::Cast => other(3),
-            Op::Fill { value } => {
-                a.floats[0] = value;
-                other(4)
-            }
-            Op::Arange { start, step } => {
-                a.floats[..2].copy_from_slice(&[start, step]);
-                other(5)
-            }
-            Op::Matmul => other(6),
-            Op::Gather { dim }
-            | Op::ScatterAdd { dim }
-            | Op::IndexSelect { dim }
-            | Op::IndexAdd { dim }
-            | Op::CumSum { dim } => {
-                a.ints[0] = dim as i64;
-                other(match self {
-                    Op::Gather { .. } => 7,
-                    Op::ScatterAdd { .. } => 8,
-                    Op::IndexSelect { .. } => 9,
-                    Op::IndexAdd { .. } => 10,
-                    _ => 11,
-                })
-            }
-            Op::RandUniform { seed, offset, low, high } | Op::RandNormal { seed, offset, mean: low, std: high } => {
-                a.ints[..2].copy_from_slice(&[seed as i64, offset as i64]);
-                a.floats[..2].copy_from_slice(&[low, high]);
-                other(if matches!(self, Op::RandUniform { .. }) { 12 } else { 13 })
-            }
-            Op::Dropout { seed, offset, p } => {
-                a.ints[..2].copy_from_slice(&[seed as i64, offset as i64]);
-                a.floats[0] = p;
-                other(14)
-            }
-            Op::Softmax => other(15),
-            Op::LogSoftmax => other(16),
-            Op::SoftmaxBackward => other(17),
-            Op::LogSoftmaxBackward => other(18),
-            Op::LayerNorm { eps } => {
-                a.floats[0] = eps;
-                other(19)
-            }
-            Op::LayerNormBackward => other(20),
-            Op::RmsNorm { eps } => {
-                a.floats[0] = eps;
-                other(21)
-            }
-            Op::RmsNormBackward => other(22),
-            Op::Rotary { inverse } => {
-                a.ints[0] = inverse as i64;
-                other(23)
-            }
-            Op::Attention { causal, scale } | Op::AttentionBackward { causal, scale } => {
-                a.ints[0] = causal as i64;
-                a.floats[0] = scale;
-                other(if matches!(self, Op::Attention { .. }) { 24 } else { 25 })
-            }
-            Op::CrossEntropy { ignore_index, label_smoothing }
-            | Op::CrossEntropyBackward { ignore_index, label_smoothing } => {
-                a.ints[0] = ignore_index;
-                a.floats[0] = label_smoothing;
-                other(if matches!(self, Op::CrossEntropy { .. }) { 26 } else { 27 })
-            }
-            Op::AdamW { lr, beta1, beta2, eps, weight_decay, step } => {
-                a.floats[..5].copy_from_slice(&[lr, beta1, beta2, eps, weight_decay]);
-                a.ints[0] = step as i64;
-                other(28)
-            }
-            Op::Conv2d { window, groups } => {
-                a.ints = window_ints(&window, groups as i64);
-                other(29)
-            }
-            Op::Conv2dBackwardInput { window, groups } => {
-                a.ints = window_ints(&window, groups as i64);
-                other(30)
-            }
-            Op::Conv2dBackwardWeight { window, groups } => {
-                a.ints = window_ints(&window, groups as i64);
-                other(31)
-            }
-            Op::MaxPool2d { window } => {
-                a.ints = window_ints(&window, 0);
-                other(32)
-            }
-            Op::MaxPool2dBackward { window } => {
-                a.ints = window_ints(&window, 0);
-                other(33)
-            }
-            Op::AvgPool2d { window } => {
-                a.ints = window_ints(&window, 0);
-                other(34)
-            }
-            Op::AvgPool2dBackward { window } => {
-                a.ints = window_ints(&window, 0);
-                other(35)
-            }
+            _ => OpKind(family::OTHER + self.encode_other(&mut attrs).unwrap_or(0xff)),
         };
-        RawOp { kind, attrs: a }
+        RawOp { kind, attrs }
     }
 
     /// The typed form of a wire op; an unknown kind is `Unsupported`.
     pub fn decode(raw: &RawOp) -> Result<Op> {
-        let unknown = || BackendError::unsupported(format!("unknown op kind {:#x}", raw.kind.0));
         let (fam, member) = (raw.kind.0 & !0xff, raw.kind.0 & 0xff);
-        let (f, i) = (&raw.attrs.floats, &raw.attrs.ints);
-        let dim = i[0] as u32;
-        let (window, groups) = window_from(i);
         let op = match fam {
-            family::UNARY => Op::Unary(UnaryOp::from_code(member).ok_or_else(unknown)?),
-            family::BINARY => Op::Binary(BinaryOp::from_code(member).ok_or_else(unknown)?),
-            family::BINARY_SCALAR => Op::BinaryScalar {
-                op: BinaryOp::from_code(member).ok_or_else(unknown)?,
-                scalar: f[0],
-                scalar_first: i[0] != 0,
-            },
-            family::REDUCE => Op::Reduce(ReduceOp::from_code(member).ok_or_else(unknown)?),
-            family::OTHER => match member {
-                0 => Op::Clamp { min: f[0], max: f[1] },
-                1 => Op::Where,
-                2 => Op::Copy,
-                3 => Op::Cast,
-                4 => Op::Fill { value: f[0] },
-                5 => Op::Arange { start: f[0], step: f[1] },
-                6 => Op::Matmul,
-                7 => Op::Gather { dim },
-                8 => Op::ScatterAdd { dim },
-                9 => Op::IndexSelect { dim },
-                10 => Op::IndexAdd { dim },
-                11 => Op::CumSum { dim },
-                12 => Op::RandUniform { seed: i[0] as u64, offset: i[1] as u64, low: f[0], high: f[1] },
-                13 => Op::RandNormal { seed: i[0] as u64, offset: i[1] as u64, mean: f[0], std: f[1] },
-                14 => Op::Dropout { seed: i[0] as u64, offset: i[1] as u64, p: f[0] },
-                15 => Op::Softmax,
-                16 => Op::LogSoftmax,
-                17 => Op::SoftmaxBackward,
-                18 => Op::LogSoftmaxBackward,
-                19 => Op::LayerNorm { eps: f[0] },
-                20 => Op::LayerNormBackward,
-                21 => Op::RmsNorm { eps: f[0] },
-                22 => Op::RmsNormBackward,
-                23 => Op::Rotary { inverse: i[0] != 0 },
-                24 => Op::Attention { causal: i[0] != 0, scale: f[0] },
-                25 => Op::AttentionBackward { causal: i[0] != 0, scale: f[0] },
-                26 => Op::CrossEntropy { ignore_index: i[0], label_smoothing: f[0] },
-                27 => Op::CrossEntropyBackward { ignore_index: i[0], label_smoothing: f[0] },
-                28 => {
-                    Op::AdamW { lr: f[0], beta1: f[1], beta2: f[2], eps: f[3], weight_decay: f[4], step: i[0] as u64 }
-                }
-                29 => Op::Conv2d { window, groups },
-                30 => Op::Conv2dBackwardInput { window, groups },
-                31 => Op::Conv2dBackwardWeight { window, groups },
-                32 => Op::MaxPool2d { window },
-                33 => Op::MaxPool2dBackward { window },
-                34 => Op::AvgPool2d { window },
-                35 => Op::AvgPool2dBackward { window },
-                _ => return Err(unknown()),
-            },
-            _ => return Err(unknown()),
+            family::UNARY => UnaryOp::from_code(member).map(Op::Unary),
+            family::BINARY => BinaryOp::from_code(member).map(Op::Binary),
+            family::BINARY_SCALAR => BinaryOp::from_code(member).map(|op| Op::BinaryScalar {
+                op,
+                scalar: raw.attrs.floats[0],
+                scalar_first: raw.attrs.ints[0] != 0,
+            }),
+            family::REDUCE => ReduceOp::from_code(member).map(Op::Reduce),
+            family::OTHER => Op::decode_other(member, &raw.attrs),
+            _ => None,
         };
-        Ok(op)
+        op.ok_or_else(|| BackendError::unsupported(format!("unknown op kind {:#x}", raw.kind.0)))
     }
 }
 
@@ -858,4 +772,109 @@ mod tests {
             assert_eq!(Op::decode(&raw).unwrap_err().kind, crate::ErrorKind::Unsupported);
         }
     }
+
+    /// Every op with distinct attribute values, for the wire-layout test.
+    fn one_of_each() -> Vec<Op> {
+        let w = Window2d { kernel: [3, 2], stride: [2, 1], padding: [1, 0], dilation: [1, 2] };
+        vec![
+            Op::Unary(UnaryOp::Gelu),
+            Op::Binary(BinaryOp::Remainder),
+            Op::BinaryScalar { op: BinaryOp::Sub, scalar: 2.5, scalar_first: true },
+            Op::Reduce(ReduceOp::ArgMin),
+            Op::Clamp { min: -1.5, max: 2.5 },
+            Op::Where,
+            Op::Copy,
+            Op::Cast,
+            Op::Fill { value: 3.25 },
+            Op::Arange { start: -2.0, step: 0.5 },
+            Op::Matmul,
+            Op::Gather { dim: 1 },
+            Op::ScatterAdd { dim: 2 },
+            Op::IndexSelect { dim: 3 },
+            Op::IndexAdd { dim: 4 },
+            Op::CumSum { dim: 5 },
+            Op::RandUniform { seed: u64::MAX, offset: 7, low: -1.0, high: 2.0 },
+            Op::RandNormal { seed: 11, offset: 13, mean: 1.0, std: 2.0 },
+            Op::Dropout { seed: 17, offset: 19, p: 0.25 },
+            Op::Softmax,
+            Op::LogSoftmax,
+            Op::SoftmaxBackward,
+            Op::LogSoftmaxBackward,
+            Op::LayerNorm { eps: 1e-5 },
+            Op::LayerNormBackward,
+            Op::RmsNorm { eps: 1e-6 },
+            Op::RmsNormBackward,
+            Op::Rotary { inverse: true },
+            Op::Attention { causal: true, scale: 0.125 },
+            Op::AttentionBackward { causal: false, scale: 0.25 },
+            Op::CrossEntropy { ignore_index: -100, label_smoothing: 0.1 },
+            Op::CrossEntropyBackward { ignore_index: 3, label_smoothing: 0.2 },
+            Op::AdamW { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, step: 3 },
+            Op::Conv2d { window: w, groups: 4 },
+            Op::Conv2dBackwardInput { window: w, groups: 5 },
+            Op::Conv2dBackwardWeight { window: w, groups: 6 },
+            Op::MaxPool2d { window: w },
+            Op::MaxPool2dBackward { window: w },
+            Op::AvgPool2d { window: w },
+            Op::AvgPool2dBackward { window: w },
+        ]
+    }
+
+    /// The wire form is frozen: kind codes and attribute slots of every op, written out.
+    #[test]
+    fn the_wire_form_is_pinned() {
+        let mut text = String::new();
+        for op in one_of_each() {
+            let raw = op.encode();
+            let (f, i) = (&raw.attrs.floats, &raw.attrs.ints);
+            let used_f = f.iter().rposition(|&v| v != 0.0).map_or(0, |k| k + 1);
+            let used_i = i.iter().rposition(|&v| v != 0).map_or(0, |k| k + 1);
+            text += &format!("{} {:#x} {:?} {:?}\n", op.name(), raw.kind.0, &f[..used_f], &i[..used_i]);
+            assert_eq!(Op::decode(&raw).unwrap(), op);
+        }
+        println!("{text}");
+        assert_eq!(text, PINNED_WIRE_FORM);
+    }
+
+    const PINNED_WIRE_FORM: &str = "\
+        gelu 0x10b [] []\n\
+        remainder 0x207 [] []\n\
+        sub_scalar 0x301 [2.5] [1]\n\
+        argmin 0x406 [] []\n\
+        clamp 0x500 [-1.5, 2.5] []\n\
+        where 0x501 [] []\n\
+        copy 0x502 [] []\n\
+        cast 0x503 [] []\n\
+        fill 0x504 [3.25] []\n\
+        arange 0x505 [-2.0, 0.5] []\n\
+        matmul 0x506 [] []\n\
+        gather 0x507 [] [1]\n\
+        scatter_add 0x508 [] [2]\n\
+        index_select 0x509 [] [3]\n\
+        index_add 0x50a [] [4]\n\
+        cumsum 0x50b [] [5]\n\
+        rand_uniform 0x50c [-1.0, 2.0] [-1, 7]\n\
+        rand_normal 0x50d [1.0, 2.0] [11, 13]\n\
+        dropout 0x50e [0.25] [17, 19]\n\
+        softmax 0x50f [] []\n\
+        log_softmax 0x510 [] []\n\
+        softmax_backward 0x511 [] []\n\
+        log_softmax_backward 0x512 [] []\n\
+        layer_norm 0x513 [1e-5] []\n\
+        layer_norm_backward 0x514 [] []\n\
+        rms_norm 0x515 [1e-6] []\n\
+        rms_norm_backward 0x516 [] []\n\
+        rotary 0x517 [] [1]\n\
+        attention 0x518 [0.125] [1]\n\
+        attention_backward 0x519 [0.25] []\n\
+        cross_entropy 0x51a [0.1] [-100]\n\
+        cross_entropy_backward 0x51b [0.2] [3]\n\
+        adamw 0x51c [0.001, 0.9, 0.999, 1e-8, 0.01] [3]\n\
+        conv2d 0x51d [] [3, 2, 2, 1, 1, 0, 1, 17179869186]\n\
+        conv2d_backward_input 0x51e [] [3, 2, 2, 1, 1, 0, 1, 21474836482]\n\
+        conv2d_backward_weight 0x51f [] [3, 2, 2, 1, 1, 0, 1, 25769803778]\n\
+        max_pool2d 0x520 [] [3, 2, 2, 1, 1, 0, 1, 2]\n\
+        max_pool2d_backward 0x521 [] [3, 2, 2, 1, 1, 0, 1, 2]\n\
+        avg_pool2d 0x522 [] [3, 2, 2, 1, 1, 0, 1, 2]\n\
+        avg_pool2d_backward 0x523 [] [3, 2, 2, 1, 1, 0, 1, 2]\n";
 }

@@ -7,7 +7,7 @@
 
 use crate::allocator::{CachingAllocator, Memory, ReserveError};
 use crate::events::EventPool;
-use crate::kernels::{self, Args, Operand};
+use crate::kernels::{self, Args, Module, Operand};
 use crate::nvrtc::Compiler;
 use crate::ops;
 use cudarc::driver::{result, sys, CudaContext, DriverError};
@@ -239,10 +239,10 @@ impl CudaDevice {
     fn loaded<'m>(
         &self,
         modules: &'m mut HashMap<(&'static str, DType), LoadedModule>,
-        module: &'static str,
+        module: &'static Module,
         dtype: DType,
     ) -> Result<&'m mut LoadedModule> {
-        Ok(match modules.entry((module, dtype)) {
+        Ok(match modules.entry((module.name, dtype)) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
                 let handle = self.load_module(module, dtype)?;
@@ -251,7 +251,7 @@ impl CudaDevice {
         })
     }
 
-    fn function(&self, module: &'static str, dtype: DType, name: &str) -> Result<sys::CUfunction> {
+    fn function(&self, module: &'static Module, dtype: DType, name: &str) -> Result<sys::CUfunction> {
         let mut modules = Self::lock(&self.modules);
         let loaded = self.loaded(&mut modules, module, dtype)?;
         if let Some(&f) = loaded.functions.get(name) {
@@ -260,14 +260,14 @@ impl CudaDevice {
         let cname = CString::new(name).map_err(|_| BackendError::internal("kernel name with NUL"))?;
         // SAFETY: the module is loaded and never unloaded while the device lives.
         let f = unsafe { result::module::get_function(loaded.handle, cname) }
-            .map_err(|e| driver_error(&format!("kernel {name} of module {module} for {dtype}"), e))?;
+            .map_err(|e| driver_error(&format!("kernel {name} of module {} for {dtype}", module.name), e))?;
         loaded.functions.insert(name.to_string(), f);
         Ok(f)
     }
 
     /// Device address of the `__device__` variable `name` of kernel module `module` built for
     /// `dtype` (loading the module if needed).
-    pub fn module_global(&self, module: &'static str, dtype: DType, name: &'static str) -> Result<u64> {
+    pub fn module_global(&self, module: &'static Module, dtype: DType, name: &'static str) -> Result<u64> {
         let mut modules = Self::lock(&self.modules);
         let loaded = self.loaded(&mut modules, module, dtype)?;
         if let Some(&ptr) = loaded.globals.get(name) {
@@ -276,7 +276,7 @@ impl CudaDevice {
         let cname = CString::new(name).map_err(|_| BackendError::internal("global name with NUL"))?;
         // SAFETY: a loaded module; the driver writes the address and size.
         let (ptr, _) = unsafe { result::module::get_global(loaded.handle, cname) }
-            .map_err(|e| driver_error(&format!("variable {name} of module {module} for {dtype}"), e))?;
+            .map_err(|e| driver_error(&format!("variable {name} of module {} for {dtype}", module.name), e))?;
         loaded.globals.insert(name, ptr);
         Ok(ptr)
     }
@@ -341,17 +341,13 @@ impl CudaDevice {
     }
 
     /// Compile (or fetch from the disk cache) and load kernel module `module` for `dtype`.
-    fn load_module(&self, module: &'static str, dtype: DType) -> Result<sys::CUmodule> {
-        if !kernels::serves(module, dtype) {
-            return Err(BackendError::internal(format!("cuda: kernel module {module} has no {dtype} build")));
+    fn load_module(&self, module: &'static Module, dtype: DType) -> Result<sys::CUmodule> {
+        if !module.serves(dtype) {
+            return Err(BackendError::internal(format!("cuda: kernel module {} has no {dtype} build", module.name)));
         }
-        let sources = kernels::MODULES
-            .iter()
-            .find(|(n, _)| *n == module)
-            .map(|(_, s)| s.concat())
-            .ok_or_else(|| BackendError::internal(format!("cuda: no kernel module {module}")))?;
-        let name = format!("{module}_{}", dtype.name());
-        let cubin = compiler()?.cubin(&name, &sources, &kernels::defines(dtype), self.facts.arch, self.facts.driver)?;
+        let name = format!("{}_{}", module.name, dtype.name());
+        let cubin =
+            compiler()?.cubin(&name, &module.source(), &kernels::defines(dtype), self.facts.arch, self.facts.driver)?;
         // SAFETY: a CUBIN NVRTC produced for this device's architecture.
         unsafe { result::module::load_data(cubin.as_ptr() as *const c_void) }
             .map_err(|e| driver_error(&format!("loading kernel module {name}"), e))
@@ -363,7 +359,7 @@ impl CudaDevice {
         if args.n == 0 {
             return Ok(());
         }
-        let f = self.function("elementwise", dtype, name)?;
+        let f = self.function(&crate::ops::ELEMENTWISE, dtype, name)?;
         const THREADS: u64 = 256;
         let wanted = args.n.div_ceil(THREADS * per_thread.max(1));
         // Enough blocks to fill every SM several times over; grid-stride loops do the rest.
@@ -384,7 +380,7 @@ impl CudaDevice {
         if args.n == 0 {
             return Ok(());
         }
-        let f = self.function("elementwise", dtype, name)?;
+        let f = self.function(&crate::ops::ELEMENTWISE, dtype, name)?;
         let blocks = args.n.min(self.facts.sm_count as u64 * 64).max(1) as u32;
         let mut params = [args as *mut Args as *mut c_void];
         // SAFETY: as in `launch`.
@@ -405,7 +401,7 @@ impl CudaDevice {
     pub fn launch_grid<P: Copy>(
         &self,
         op: &str,
-        module: &'static str,
+        module: &'static Module,
         dtype: DType,
         name: &str,
         params: &mut P,

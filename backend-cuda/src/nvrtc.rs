@@ -216,11 +216,12 @@ mod tests {
     fn every_kernel_module_compiles() {
         let mut compiler = Compiler::open().expect("NVRTC opens");
         compiler.cache_dir = None;
-        for (name, sources) in crate::kernels::MODULES {
-            for &dtype in crate::kernels::module_dtypes(name) {
+        for module in crate::kernels::Module::all() {
+            let name = module.name;
+            for &dtype in module.dtypes {
                 for arch in [75, 80, 90] {
                     let defines = crate::kernels::defines(dtype);
-                    let cubin = compiler.cubin(name, &sources.concat(), &defines, arch, 0);
+                    let cubin = compiler.cubin(name, &module.source(), &defines, arch, 0);
                     assert!(
                         cubin.as_ref().is_ok_and(|c| c.len() > 1000),
                         "{name} {dtype} sm_{arch}: {:?}",

@@ -3,69 +3,41 @@
 
 use genesis_backend_api::{BackendError, DType, Result, TensorDesc, MAX_DIMS};
 
-/// The elementwise, cast, random and reduction kernels, compiled once per element type.
-pub const ELEMENTWISE: &[&str] = &[
-    include_str!("common.cuh"),
-    include_str!("elementwise.cu"),
-    include_str!("cast.cu"),
-    include_str!("random.cu"),
-    include_str!("reduce.cu"),
-];
+/// The header every module starts with: element types, conversions, the argument block.
+const COMMON: &str = include_str!("common.cuh");
 
-/// The index kernels (gather, scatter-add, index-select, index-add, cumsum) and the index
-/// bounds check, compiled for every dtype.
-pub const INDEX: &[&str] = &[include_str!("common.cuh"), include_str!("index_check.cu"), include_str!("index.cu")];
-
-/// Softmax, log-softmax, their backward ops and cross-entropy: float dtypes only.
-pub const SOFTMAX: &[&str] = &[
-    include_str!("common.cuh"),
-    include_str!("index_check.cu"),
-    include_str!("rows.cuh"),
-    include_str!("softmax.cu"),
-    include_str!("cross_entropy.cu"),
-];
-
-/// Flash-style attention forward and backward (float element types only).
-pub const ATTENTION: &[&str] = &[include_str!("common.cuh"), include_str!("attention.cu")];
-
-/// im2col/col2im for convolution, and 2-D pooling (float element types only).
-pub const WINDOW: &[&str] = &[include_str!("common.cuh"), include_str!("conv.cu"), include_str!("pool.cu")];
-
-/// Layer norm and RMS norm, forward and backward (float dtypes only).
-pub const NORM: &[&str] = &[include_str!("common.cuh"), include_str!("norm.cu")];
-
-/// Rotary position embedding (float dtypes only).
-pub const ROTARY: &[&str] = &[include_str!("common.cuh"), include_str!("rotary.cu")];
-
-/// Multi-tensor AdamW, compiled per parameter dtype (float dtypes only).
-pub const ADAMW: &[&str] = &[include_str!("common.cuh"), include_str!("adamw.cu")];
-
-/// Every module source with its name, for the compile-everything test and the cache warm-up.
-pub const MODULES: &[(&str, &[&str])] = &[
-    ("elementwise", ELEMENTWISE),
-    ("index", INDEX),
-    ("softmax", SOFTMAX),
-    ("attention", ATTENTION),
-    ("window", WINDOW),
-    ("norm", NORM),
-    ("rotary", ROTARY),
-    ("adamw", ADAMW),
-];
-
-/// The dtypes module `name` is compiled for. Modules are compiled lazily, per dtype, on first
-/// use, and each NVRTC compile costs seconds on a cold cache: the fused families exist for
-/// float types only.
-pub fn module_dtypes(name: &str) -> &'static [DType] {
-    const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
-    match name {
-        "softmax" | "attention" | "window" | "norm" | "rotary" | "adamw" => FLOATS,
-        _ => &DType::ALL,
-    }
+/// A kernel module: CUDA C sources that NVRTC compiles together, after `common.cuh`, once per
+/// element type in `dtypes`, on first use (each compile costs seconds on a cold cache, so the
+/// fused families exist for the float types only). The family file that launches a module's
+/// kernels declares it and registers it with `inventory::submit!`; a new module is a `.cu`
+/// file and one declaration.
+#[derive(Debug)]
+pub struct Module {
+    /// The name in cache files and errors.
+    pub name: &'static str,
+    /// The sources after `common.cuh`, in order.
+    pub sources: &'static [&'static str],
+    /// The element types it is compiled for.
+    pub dtypes: &'static [DType],
 }
 
-/// Whether `module` is ever compiled for `dtype`.
-pub fn serves(module: &str, dtype: DType) -> bool {
-    module_dtypes(module).contains(&dtype)
+inventory::collect!(Module);
+
+impl Module {
+    /// Every registered module.
+    pub fn all() -> impl Iterator<Item = &'static Module> {
+        inventory::iter::<Module>.into_iter()
+    }
+
+    /// The whole source NVRTC compiles.
+    pub fn source(&self) -> String {
+        std::iter::once(COMMON).chain(self.sources.iter().copied()).collect()
+    }
+
+    /// Whether this module is ever compiled for `dtype`.
+    pub fn serves(&self, dtype: DType) -> bool {
+        self.dtypes.contains(&dtype)
+    }
 }
 
 /// Mirror of `struct Args` in common.cuh: one argument block per launch.
@@ -281,15 +253,20 @@ mod tests {
             let name = entry.file_name().to_string_lossy().to_string();
             if name.ends_with(".cu") || name.ends_with(".cuh") {
                 let text = std::fs::read_to_string(entry.path()).unwrap();
-                assert!(MODULES.iter().any(|(_, srcs)| srcs.contains(&text.as_str())), "{name} is in no module");
+                let used = text == COMMON || Module::all().any(|m| m.sources.contains(&text.as_str()));
+                assert!(used, "{name} is in no module");
                 files.insert(text);
             }
         }
         // And every source of every module is a file here (none listed twice in one module).
-        for (module, srcs) in MODULES {
+        let mut names = std::collections::HashSet::new();
+        for module in Module::all() {
+            assert!(names.insert(module.name), "two modules are named {}", module.name);
+            let srcs = module.sources;
             let unique: std::collections::HashSet<&str> = srcs.iter().copied().collect();
-            assert_eq!(unique.len(), srcs.len(), "{module} lists a source twice");
-            assert!(srcs.iter().all(|s| files.contains(*s)), "{module} has a source that is not a file here");
+            assert_eq!(unique.len(), srcs.len(), "{} lists a source twice", module.name);
+            assert!(!srcs.contains(&COMMON), "{} lists common.cuh, which every module starts with", module.name);
+            assert!(srcs.iter().all(|s| files.contains(*s)), "{} has a source that is not a file here", module.name);
         }
     }
 

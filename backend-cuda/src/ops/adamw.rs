@@ -7,12 +7,19 @@
 //! of its own with the strided kernel (no copies).
 
 use super::resolve;
+use super::Family;
 use crate::device::CudaDevice;
+use crate::kernels::Module;
 use crate::kernels::{set_geometry, Args, Operand};
 use genesis_backend_api::sdk::{checks, expect_disjoint_updates, Extent};
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
-const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+/// The kernel module of multi-tensor AdamW, compiled per parameter dtype.
+pub const MODULE: Module =
+    Module { name: "adamw", sources: &[include_str!("../kernels/adamw.cu")], dtypes: &DType::FLOATS };
+
+inventory::submit! { MODULE }
+inventory::submit! { Family { claims, run } }
 
 /// Tensors per launch (`MAX_ENTRIES` in adamw.cu: the table fills most of the 4 KiB of kernel
 /// parameters).
@@ -45,13 +52,13 @@ struct TableArgs {
 }
 
 /// What this family runs.
-pub fn claims() -> Vec<(OpKind, DType)> {
+fn claims() -> Vec<(OpKind, DType)> {
     let op = Op::AdamW { lr: 0.0, beta1: 0.0, beta2: 0.0, eps: 0.0, weight_decay: 0.0, step: 1 };
-    FLOATS.iter().map(|&d| (op.kind(), d)).collect()
+    DType::FLOATS.iter().map(|&d| (op.kind(), d)).collect()
 }
 
 /// Run one AdamW step.
-pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     let Op::AdamW { lr, beta1, beta2, eps, weight_decay, step } = *op else {
         return Err(BackendError::unsupported(format!("cuda: {} is not adamw", op.name())));
     };
@@ -85,7 +92,7 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             args.u = [step_size.to_bits(), bc2_sqrt.to_bits()];
             let grid = n.div_ceil(256).min(device.facts.sm_count as u64 * 16) as u32;
             // The four operands were validated against their buffers with the geometry above.
-            device.launch_grid("adamw", "adamw", p.dtype, &format!("{kernel}_s"), &mut args, (grid, 1), (256, 1), 0)?;
+            device.launch_grid("adamw", &MODULE, p.dtype, &format!("{kernel}_s"), &mut args, (grid, 1), (256, 1), 0)?;
             continue;
         }
         let (ps, ms) = (p.dtype.size_in_bytes() as u64 * 4, m.dtype.size_in_bytes() as u64 * 4);
@@ -106,7 +113,7 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             }
             let grid = a.chunks.min(device.facts.sm_count as u64 * 16) as u32;
             // Each entry's four dense operands of `n` elements were validated against their buffers.
-            device.launch_grid("adamw", "adamw", pd, kernel, &mut a, (grid, 1), (256, 1), 0)?;
+            device.launch_grid("adamw", &MODULE, pd, kernel, &mut a, (grid, 1), (256, 1), 0)?;
         }
     }
     Ok(())

@@ -8,12 +8,19 @@
 
 use super::launch::{compute_dtype, grid, launch_1d, Scratch};
 use super::resolve;
+use super::Family;
 use crate::device::CudaDevice;
+use crate::kernels::Module;
 use crate::kernels::Operand;
 use genesis_backend_api::sdk::checks::{attention, attention_backward, AttentionDims as Dims};
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
-const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+/// The kernel module of flash-style attention forward and backward.
+pub const MODULE: Module =
+    Module { name: "attention", sources: &[include_str!("../kernels/attention.cu")], dtypes: &DType::FLOATS };
+
+inventory::submit! { MODULE }
+inventory::submit! { Family { claims, run } }
 
 /// Threads per block: 8 warps (`WARPS` in attention.cu).
 const THREADS: u32 = 256;
@@ -22,9 +29,9 @@ const BR: usize = 32;
 const BC: usize = 32;
 
 /// What this family runs.
-pub fn claims() -> Vec<(OpKind, DType)> {
+fn claims() -> Vec<(OpKind, DType)> {
     let ops = [Op::Attention { causal: false, scale: 1.0 }, Op::AttentionBackward { causal: false, scale: 1.0 }];
-    ops.iter().flat_map(|op| DTYPES.iter().map(move |&d| (op.kind(), d))).collect()
+    ops.iter().flat_map(|op| DType::FLOATS.iter().map(move |&d| (op.kind(), d))).collect()
 }
 
 /// Mirror of `struct AttnArgs` in attention.cu.
@@ -174,7 +181,7 @@ fn smem(dtype: DType, d: usize, rows: usize, extra: usize) -> u32 {
 }
 
 /// Run one attention op.
-pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     match *op {
         Op::Attention { causal, scale } => {
             let (ins, outs) = resolve(device, inputs, outputs)?;
@@ -190,12 +197,12 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
                 if work <= i32::MAX as u64 {
                     let shape = (work as u32, TC_THREADS, tc_smem(tc));
                     let name = format!("attn_fwd_tc_{tc}");
-                    return launch_1d(device, op.name(), "attention", q.dtype, &name, &mut a, shape);
+                    return launch_1d(device, op.name(), &MODULE, q.dtype, &name, &mut a, shape);
                 }
             }
             let work = (dm.b * dm.hq * dm.s.div_ceil(BR)) as u64;
             let shape = (grid(device, work, 8), THREADS, smem(q.dtype, dm.d, BR + 2 * BC, 0));
-            launch_1d(device, op.name(), "attention", q.dtype, &format!("attn_fwd_{dmax}"), &mut a, shape)
+            launch_1d(device, op.name(), &MODULE, q.dtype, &format!("attn_fwd_{dmax}"), &mut a, shape)
         }
         Op::AttentionBackward { causal, scale } => {
             let (ins, outs) = resolve(device, inputs, outputs)?;
@@ -235,12 +242,12 @@ fn backward(
         delta(device, name, rows, dtype, a, scratch)?;
         let work = (dm.b * dm.hq * dm.s.div_ceil(BR)) as u64;
         let shape = (grid(device, work, 8), THREADS, smem(dtype, dm.d, 2 * BR + 2 * BC, 0));
-        launch_1d(device, name, "attention", dtype, &format!("attn_bwd_dq_{dmax}"), a, shape)?;
+        launch_1d(device, name, &MODULE, dtype, &format!("attn_bwd_dq_{dmax}"), a, shape)?;
     }
     // dk and dv are written for every key (zeros where no query sees it), even when s = 0.
     let work = (dm.b * dm.hk * dm.t.div_ceil(BR)) as u64;
     let shape = (grid(device, work, 8), THREADS, smem(dtype, dm.d, 2 * BR + 2 * BC, 2 * BC));
-    launch_1d(device, name, "attention", dtype, &format!("attn_bwd_dkv_{dmax}"), a, shape)
+    launch_1d(device, name, &MODULE, dtype, &format!("attn_bwd_dkv_{dmax}"), a, shape)
 }
 
 /// D = rowsum(do ∘ o) into scratch (`a.delta`), a warp per row.
@@ -255,7 +262,7 @@ fn delta(
     a.delta = scratch.dense(device, compute_dtype(dtype), &[rows])?.ptr;
     let warps_per_block = (THREADS / 32) as u64;
     let shape = (grid(device, (rows as u64).div_ceil(warps_per_block), 32), THREADS, 0);
-    launch_1d(device, name, "attention", dtype, "attn_bwd_delta_k", a, shape)
+    launch_1d(device, name, &MODULE, dtype, "attn_bwd_delta_k", a, shape)
 }
 
 /// The tensor-core backward: dq (and D) per 64-query tile, then dk, dv per 64-key tile (one
@@ -282,11 +289,11 @@ fn backward_tc(
         // fetches both per-query scalars with cp.async.
         a.delta = scratch.dense(device, compute_dtype(dtype), &[2 * rows])?.ptr;
         let shape = (q_work as u32, TC_THREADS, tc_dq_smem(dpad));
-        launch_1d(device, name, "attention", dtype, &format!("attn_bwd_dq_tc_{dpad}"), a, shape)?;
+        launch_1d(device, name, &MODULE, dtype, &format!("attn_bwd_dq_tc_{dpad}"), a, shape)?;
     }
     // dk and dv are written for every key (zeros where no query sees it), even when s = 0.
     let shape = (k_work as u32, TC_THREADS, tc_dkv_smem(dpad));
-    launch_1d(device, name, "attention", dtype, &format!("attn_bwd_dkv_tc_{dpad}"), a, shape)
+    launch_1d(device, name, &MODULE, dtype, &format!("attn_bwd_dkv_tc_{dpad}"), a, shape)
 }
 
 #[cfg(test)]

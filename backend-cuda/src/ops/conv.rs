@@ -11,27 +11,37 @@
 
 use super::launch::{compute_dtype, grid, launch_1d, zero, Scratch};
 use super::resolve;
+use super::Family;
 use crate::blas::{compute, data_type, Blas, Gemm};
 use crate::device::CudaDevice;
+use crate::kernels::Module;
 use crate::kernels::Operand;
 use genesis_backend_api::sdk::window::{Axis, Conv2d as Geom};
 use genesis_backend_api::{contiguous_strides, BackendError, DType, Op, OpKind, Result, TensorDesc, Window2d};
 
-const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+/// The kernel module of im2col/col2im for convolution, and 2-D pooling.
+pub const MODULE: Module = Module {
+    name: "window",
+    sources: &[include_str!("../kernels/conv.cu"), include_str!("../kernels/pool.cu")],
+    dtypes: &DType::FLOATS,
+};
+
+inventory::submit! { MODULE }
+inventory::submit! { Family { claims, run } }
 
 /// Bytes of scratch one chunk of samples may use (column matrix plus product); a single
 /// sample always goes, whatever its size.
 const CHUNK_BYTES: usize = 256 << 20;
 
 /// What this family runs.
-pub fn claims() -> Vec<(OpKind, DType)> {
+fn claims() -> Vec<(OpKind, DType)> {
     let (window, groups) = (Window2d::default(), 1);
     let ops = [
         Op::Conv2d { window, groups },
         Op::Conv2dBackwardInput { window, groups },
         Op::Conv2dBackwardWeight { window, groups },
     ];
-    ops.iter().flat_map(|op| DTYPES.iter().map(move |&d| (op.kind(), d))).collect()
+    ops.iter().flat_map(|op| DType::FLOATS.iter().map(move |&d| (op.kind(), d))).collect()
 }
 
 /// Mirror of `struct ConvArgs` in conv.cu.
@@ -117,7 +127,7 @@ impl ConvArgs {
 /// Launch `name` of the window module (conv.cu + pool.cu) over `work` elements.
 pub fn launch(device: &CudaDevice, op: &Op, dtype: DType, name: &str, a: &mut ConvArgs, work: u64) -> Result<()> {
     let blocks = grid(device, work.div_ceil(256), 32);
-    launch_1d(device, op.name(), "window", dtype, name, a, (blocks, 256, 0))
+    launch_1d(device, op.name(), &MODULE, dtype, name, a, (blocks, 256, 0))
 }
 
 /// The argument block of `g`.
@@ -134,7 +144,7 @@ fn chunk(g: &Geom, per_sample: usize) -> usize {
 }
 
 /// Run one convolution op.
-pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     let (ins, outs) = resolve(device, inputs, outputs)?;
     let mut scratch = Scratch::default();
     let result = match *op {
@@ -407,7 +417,7 @@ fn backward_weight(
             b.p = [dy.ptr, db.ptr, 0, 0];
             let smem = 256 * compute_dtype(dtype).size_in_bytes() as u32;
             let blocks = grid(device, g.o as u64, 64);
-            launch_1d(device, op.name(), "window", dtype, "conv_bias_grad", &mut b, (blocks, 256, smem))?;
+            launch_1d(device, op.name(), &MODULE, dtype, "conv_bias_grad", &mut b, (blocks, 256, smem))?;
         }
     }
     Ok(())

@@ -9,11 +9,14 @@
 
 use super::resolve;
 use super::rows::{check_indices, rows_of, with_rows, RowView};
-use super::softmax::{pack_width, FLOATS};
+use super::softmax::{self, pack_width};
+use super::Family;
 use crate::device::CudaDevice;
 use crate::kernels::Args;
 use genesis_backend_api::sdk::checks;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
+
+inventory::submit! { Family { claims, run } }
 
 /// Packs a thread loads per step of the forward (CE_P in the kernel).
 const CHUNK_PACKS: usize = 4;
@@ -22,13 +25,13 @@ const CHUNK_PACKS: usize = 4;
 const BACKWARD_PACKS: usize = 4;
 
 /// What this family runs.
-pub fn claims() -> Vec<(OpKind, DType)> {
+fn claims() -> Vec<(OpKind, DType)> {
     [
         Op::CrossEntropy { ignore_index: 0, label_smoothing: 0.0 },
         Op::CrossEntropyBackward { ignore_index: 0, label_smoothing: 0.0 },
     ]
     .iter()
-    .flat_map(|op| FLOATS.iter().map(move |&d| (op.kind(), d)))
+    .flat_map(|op| DType::FLOATS.iter().map(move |&d| (op.kind(), d)))
     .collect()
 }
 
@@ -41,14 +44,14 @@ fn set_views(args: &mut Args, views: &[RowView]) {
 }
 
 /// Run one op of this family.
-pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     match *op {
         Op::CrossEntropy { ignore_index, label_smoothing } => {
             let (ins, outs) = resolve(device, inputs, outputs)?;
             let ([logits, target], [loss, lse]) = checks::cross_entropy(op, label_smoothing, &ins, &outs)?;
             let (lead, c) = rows_of(&logits.shape);
             let dtype = logits.dtype;
-            check_indices(device, op, "softmax", dtype, target, c, Some(ignore_index), "target")?;
+            check_indices(device, op, &softmax::MODULE, dtype, target, c, Some(ignore_index), "target")?;
             let rows: usize = lead.iter().product();
             if rows == 0 {
                 return Ok(());
@@ -65,7 +68,7 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
                 let ty = 256 / tx;
                 let blocks = rows.div_ceil(ty as usize).min(i32::MAX as usize) as u32;
                 let name = format!("cross_entropy_fwd_v{}", vec as u8);
-                device.launch_grid(op.name(), "softmax", dtype, &name, &mut args, (blocks, 1), (tx, ty), 0)
+                device.launch_grid(op.name(), &softmax::MODULE, dtype, &name, &mut args, (blocks, 1), (tx, ty), 0)
             })
         }
         Op::CrossEntropyBackward { ignore_index, label_smoothing } => {
@@ -74,7 +77,7 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
                 checks::cross_entropy_backward(op, label_smoothing, &ins, &outs)?;
             let (lead, c) = rows_of(&logits.shape);
             let dtype = logits.dtype;
-            check_indices(device, op, "softmax", dtype, target, c, Some(ignore_index), "target")?;
+            check_indices(device, op, &softmax::MODULE, dtype, target, c, Some(ignore_index), "target")?;
             let rows: usize = lead.iter().product();
             if rows == 0 || c == 0 {
                 return Ok(());
@@ -100,7 +103,7 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
                 let chunks = c.div_ceil(pack_width(dtype) * THREADS * BACKWARD_PACKS).min(i32::MAX as usize) as u32;
                 let grid = (chunks, rows.min(65535) as u32);
                 let name = format!("cross_entropy_bwd_v{}", vec as u8);
-                device.launch_grid(op.name(), "softmax", dtype, &name, &mut args, grid, (THREADS as u32, 1), 0)
+                device.launch_grid(op.name(), &softmax::MODULE, dtype, &name, &mut args, grid, (THREADS as u32, 1), 0)
             })
         }
         _ => Err(BackendError::unsupported(format!("cuda: {} is not a cross-entropy op", op.name()))),

@@ -2,11 +2,28 @@
 //! `kernels/elementwise.cu` and `kernels/cast.cu`. The dtype rules are the CPU backend's.
 
 use super::arity;
+use super::Family;
 use crate::device::CudaDevice;
+use crate::kernels::Module;
 use crate::kernels::{set_geometry, Args, KernelName, Operand};
 use cudarc::driver::result;
 use genesis_backend_api::sdk::checks;
 use genesis_backend_api::{BackendError, BinaryOp, DType, Op, OpKind, Result, TensorDesc, UnaryOp};
+
+/// The kernel module of the elementwise, cast, random and reduction kernels, for every dtype.
+pub const MODULE: Module = Module {
+    name: "elementwise",
+    sources: &[
+        include_str!("../kernels/elementwise.cu"),
+        include_str!("../kernels/cast.cu"),
+        include_str!("../kernels/random.cu"),
+        include_str!("../kernels/reduce.cu"),
+    ],
+    dtypes: &DType::ALL,
+};
+
+inventory::submit! { MODULE }
+inventory::submit! { Family { claims, run } }
 
 fn unary_supported(op: UnaryOp, dtype: DType) -> bool {
     match op {
@@ -26,7 +43,7 @@ fn binary_supported(op: BinaryOp, dtype: DType) -> bool {
 }
 
 /// What this family runs.
-pub fn claims() -> Vec<(OpKind, DType)> {
+fn claims() -> Vec<(OpKind, DType)> {
     let mut claims = Vec::new();
     for dtype in DType::ALL {
         for &u in UnaryOp::ALL {
@@ -127,7 +144,7 @@ fn broadcast(args: &mut Args, operands: &[&Operand; 3]) -> Option<u64> {
 }
 
 /// Run one op of this family.
-pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+pub(super) fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     let resolve = |descs: &[TensorDesc]| descs.iter().map(|d| device.operand(d)).collect::<Result<Vec<_>>>();
     match *op {
         Op::Unary(u) => {

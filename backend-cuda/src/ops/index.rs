@@ -10,15 +10,25 @@
 
 use super::arity;
 use super::rows::{check_indices, fill_geometry, launch_flat, lift};
+use super::Family;
 use crate::device::CudaDevice;
+use crate::kernels::Module;
 use crate::kernels::{Args, Operand};
 use genesis_backend_api::sdk::checks;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
-const MODULE: &str = "index";
+/// The kernel module of the index kernels (gather, scatter-add, index-select, index-add, cumsum) and the deferred index check, for every dtype.
+pub const MODULE: Module = Module {
+    name: "index",
+    sources: &[include_str!("../kernels/index_check.cu"), include_str!("../kernels/index.cu")],
+    dtypes: &DType::ALL,
+};
+
+inventory::submit! { MODULE }
+inventory::submit! { Family { claims, run } }
 
 /// What this family runs: every dtype, as on the CPU (cumsum: all but bool).
-pub fn claims() -> Vec<(OpKind, DType)> {
+fn claims() -> Vec<(OpKind, DType)> {
     let mut claims = Vec::new();
     for dtype in DType::ALL {
         for op in
@@ -34,7 +44,7 @@ pub fn claims() -> Vec<(OpKind, DType)> {
 }
 
 /// Run one index op.
-pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     let n_in = if matches!(op, Op::CumSum { .. }) { 1 } else { 2 };
     arity(op, n_in, 1, inputs, outputs)?;
     let a = lift(&device.operand(&inputs[0])?);
@@ -83,18 +93,18 @@ fn launch(
     args.p = [index.0.ptr, walked.ptr, indexed.ptr, 0];
     args.u = [indexed.shape[dim] as u64, indexed.strides[dim] as i64 as u64];
     let name = if scatter { "scatter_add" } else { "gather" };
-    launch_flat(device, op, MODULE, walked.dtype, name, &mut args)
+    launch_flat(device, op, &MODULE, walked.dtype, name, &mut args)
 }
 
 fn gather(device: &CudaDevice, op: &Op, x: &Operand, index: &Operand, y: &Operand, dim: usize) -> Result<()> {
     checks::gather(op, x, index, y, dim)?;
-    check_indices(device, op, MODULE, x.dtype, index, x.shape[dim], None, "index")?;
+    check_indices(device, op, &MODULE, x.dtype, index, x.shape[dim], None, "index")?;
     launch(device, op, false, &index.shape, (index, &index.strides), y, x, dim)
 }
 
 fn scatter_add(device: &CudaDevice, op: &Op, src: &Operand, index: &Operand, y: &Operand, dim: usize) -> Result<()> {
     checks::scatter_add(op, src, index, y, dim)?;
-    check_indices(device, op, MODULE, src.dtype, index, y.shape[dim], None, "index")?;
+    check_indices(device, op, &MODULE, src.dtype, index, y.shape[dim], None, "index")?;
     // The index may be smaller than src: walk src over the index's shape.
     let walked = Operand { shape: index.shape.clone(), ..src.clone() };
     launch(device, op, true, &index.shape, (index, &index.strides), &walked, y, dim)
@@ -102,14 +112,14 @@ fn scatter_add(device: &CudaDevice, op: &Op, src: &Operand, index: &Operand, y: 
 
 fn index_select(device: &CudaDevice, op: &Op, x: &Operand, index: &Operand, y: &Operand, dim: usize) -> Result<()> {
     checks::index_select(op, x, index, y, dim)?;
-    check_indices(device, op, MODULE, x.dtype, index, x.shape[dim], None, "index")?;
+    check_indices(device, op, &MODULE, x.dtype, index, x.shape[dim], None, "index")?;
     let spread = spread(index, y.shape.len(), dim);
     launch(device, op, false, &y.shape, (index, &spread), y, x, dim)
 }
 
 fn index_add(device: &CudaDevice, op: &Op, src: &Operand, index: &Operand, y: &Operand, dim: usize) -> Result<()> {
     checks::index_add(op, src, index, y, dim)?;
-    check_indices(device, op, MODULE, src.dtype, index, y.shape[dim], None, "index")?;
+    check_indices(device, op, &MODULE, src.dtype, index, y.shape[dim], None, "index")?;
     let spread = spread(index, src.shape.len(), dim);
     launch(device, op, true, &src.shape, (index, &spread), src, y, dim)
 }
@@ -136,8 +146,8 @@ fn cumsum(device: &CudaDevice, op: &Op, x: &Operand, y: &Operand, dim: usize) ->
     if steps >= 64 && args.n < sm * 1024 {
         let blocks = args.n.min(sm * 32) as u32;
         let threads = (steps.div_ceil(4).min(1024) as u32).next_power_of_two().clamp(32, 1024);
-        device.launch_grid(op.name(), MODULE, x.dtype, "cumsum_scan", &mut args, (blocks, 1), (threads, 1), 0)
+        device.launch_grid(op.name(), &MODULE, x.dtype, "cumsum_scan", &mut args, (blocks, 1), (threads, 1), 0)
     } else {
-        launch_flat(device, op, MODULE, x.dtype, "cumsum_lines", &mut args)
+        launch_flat(device, op, &MODULE, x.dtype, "cumsum_lines", &mut args)
     }
 }

@@ -2,7 +2,7 @@
 //! types, scratch buffers and 1-D launches. (Their operand checks are the SDK's `sdk::checks`.)
 
 use crate::device::CudaDevice;
-use crate::kernels::{set_geometry, Args, Operand};
+use crate::kernels::{set_geometry, Args, Module, Operand};
 use genesis_backend_api::{contiguous_strides, BufferId, DType, Op, Result};
 
 /// Blocks for a grid-stride kernel over `work` items: enough to fill every SM `per_sm` times.
@@ -79,7 +79,7 @@ pub fn zero(device: &CudaDevice, ptr: u64, bytes: usize) -> Result<()> {
 pub fn launch_1d<P: Copy>(
     device: &CudaDevice,
     op: &str,
-    module: &'static str,
+    module: &'static Module,
     dtype: DType,
     name: &str,
     params: &mut P,

@@ -6,16 +6,17 @@
 //! in f32 and f32 is IEEE (no TF32) unless `GENESIS_CUDA_ALLOW_TF32=1`.
 
 use super::arity;
+use super::Family;
 use crate::blas::{compute, data_type, Blas, Gemm};
 use crate::device::CudaDevice;
 use crate::kernels::{merge_dims, set_geometry, Args, Operand};
 use genesis_backend_api::{contiguous_strides, BackendError, BufferId, DType, Op, OpKind, Result, TensorDesc};
 
-const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+inventory::submit! { Family { claims, run } }
 
 /// What this family runs.
-pub fn claims() -> Vec<(OpKind, DType)> {
-    DTYPES.iter().map(|&d| (Op::Matmul.kind(), d)).collect()
+fn claims() -> Vec<(OpKind, DType)> {
+    DType::FLOATS.iter().map(|&d| (Op::Matmul.kind(), d)).collect()
 }
 
 /// How one matrix (rows × cols, strides rs, cs) is handed to cuBLAS as its transpose in
@@ -53,7 +54,7 @@ fn dense_copy(device: &CudaDevice, x: &Operand) -> Result<(Operand, BufferId)> {
 }
 
 /// Run one matrix product.
-pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     arity(op, 2, 1, inputs, outputs)?;
     let (a, b, y) = (device.operand(&inputs[0])?, device.operand(&inputs[1])?, device.operand(&outputs[0])?);
     if b.dtype != a.dtype || y.dtype != a.dtype {

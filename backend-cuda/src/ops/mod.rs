@@ -1,6 +1,7 @@
-//! Op dispatch and the capability list. Each family file says which (op, dtype) pairs it
-//! runs (`claims`) and runs them (`run`); the capability list is the union of the claims, and
-//! an op outside them is refused with `Unsupported` before anything is launched.
+//! Op dispatch and the capability list. Each family file registers a [`Family`]: which
+//! (op, dtype) pairs it runs (`claims`) and the function that runs them (`run`), next to the
+//! kernel [`Module`](crate::kernels::Module)s it owns. The capability list is the union of the
+//! claims, and an op outside them is refused with `Unsupported` before anything is launched.
 
 mod adamw;
 mod attention;
@@ -25,28 +26,23 @@ use genesis_backend_api::{BackendError, Capability, DType, Op, OpKind, Result, T
 use std::collections::{HashMap, HashSet};
 use std::sync::OnceLock;
 
-type Claims = fn() -> Vec<(OpKind, DType)>;
+pub use elementwise::MODULE as ELEMENTWISE;
+
 type Run = fn(&CudaDevice, &Op, &[TensorDesc], &[TensorDesc]) -> Result<()>;
 
-const FAMILIES: &[(Claims, Run)] = &[
-    (elementwise::claims, elementwise::run),
-    (random::claims, random::run),
-    (matmul::claims, matmul::run),
-    (reduce::claims, reduce::run),
-    (index::claims, index::run),
-    (softmax::claims, softmax::run),
-    (cross_entropy::claims, cross_entropy::run),
-    (attention::claims, attention::run),
-    (conv::claims, conv::run),
-    (pool::claims, pool::run),
-    (norm::claims, norm::run),
-    (rotary::claims, rotary::run),
-    (adamw::claims, adamw::run),
-];
+/// A family of ops, registered by its file with `inventory::submit!`.
+pub struct Family {
+    /// The (op, dtype) pairs it runs.
+    pub claims: fn() -> Vec<(OpKind, DType)>,
+    /// Runs one of them (operands checked by the family).
+    pub run: Run,
+}
+
+inventory::collect!(Family);
 
 fn claimed() -> &'static HashSet<(OpKind, DType)> {
     static CLAIMED: OnceLock<HashSet<(OpKind, DType)>> = OnceLock::new();
-    CLAIMED.get_or_init(|| FAMILIES.iter().flat_map(|(claims, _)| claims()).collect())
+    CLAIMED.get_or_init(|| inventory::iter::<Family>.into_iter().flat_map(|f| (f.claims)()).collect())
 }
 
 /// The family that runs each op kind, built once (dispatch is on every op's path).
@@ -54,7 +50,8 @@ fn runner(kind: OpKind) -> Option<Run> {
     static RUNNERS: OnceLock<HashMap<OpKind, Run>> = OnceLock::new();
     RUNNERS
         .get_or_init(|| {
-            FAMILIES.iter().flat_map(|&(claims, run)| claims().into_iter().map(move |(k, _)| (k, run))).collect()
+            let families = inventory::iter::<Family>.into_iter();
+            families.flat_map(|f| (f.claims)().into_iter().map(move |(k, _)| (k, f.run))).collect()
         })
         .get(&kind)
         .copied()

@@ -9,12 +9,19 @@
 //! deterministic (no float atomics).
 
 use super::resolve;
+use super::Family;
 use crate::device::CudaDevice;
+use crate::kernels::Module;
 use crate::kernels::{merge_dims, Operand};
 use genesis_backend_api::sdk::checks;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc, MAX_DIMS};
 
-const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+/// The kernel module of layer norm and RMS norm, forward and backward.
+pub const MODULE: Module =
+    Module { name: "norm", sources: &[include_str!("../kernels/norm.cu")], dtypes: &DType::FLOATS };
+
+inventory::submit! { MODULE }
+inventory::submit! { Family { claims, run } }
 
 /// Most threads per row group and per block (`MAXG` in norm.cu, the kernels' launch bound).
 const MAX_GROUP: usize = 512;
@@ -62,9 +69,9 @@ struct RowArgs {
 }
 
 /// What this family runs.
-pub fn claims() -> Vec<(OpKind, DType)> {
+fn claims() -> Vec<(OpKind, DType)> {
     let ops = [Op::LayerNorm { eps: 0.0 }, Op::LayerNormBackward, Op::RmsNorm { eps: 0.0 }, Op::RmsNormBackward];
-    ops.iter().flat_map(|op| FLOATS.iter().map(move |&d| (op.kind(), d))).collect()
+    ops.iter().flat_map(|op| DType::FLOATS.iter().map(move |&d| (op.kind(), d))).collect()
 }
 
 /// The argument block for rows of `x`: `rows` operands (x's shape) and `stats` (its leading
@@ -127,7 +134,7 @@ fn blocks(device: &CudaDevice, a: &RowArgs, threads: u32, per_sm: u32) -> u32 {
 }
 
 /// Run one op of this family.
-pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     match *op {
         Op::LayerNorm { eps } | Op::RmsNorm { eps } => {
             let ln = matches!(op, Op::LayerNorm { .. });
@@ -164,7 +171,7 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
             }
             let grid = blocks(device, &a, threads, per_sm);
             // Every operand was validated against its buffer with the shapes the kernel is given.
-            device.launch_grid(op.name(), "norm", x.dtype, &name, &mut a, (grid, 1), (threads, 1), 0)
+            device.launch_grid(op.name(), &MODULE, x.dtype, &name, &mut a, (grid, 1), (threads, 1), 0)
         }
         Op::LayerNormBackward | Op::RmsNormBackward => {
             let ln = *op == Op::LayerNormBackward;
@@ -230,7 +237,7 @@ fn backward(device: &CudaDevice, op: &Op, ln: bool, ins: &[Operand], outs: &[Ope
             a.parts = parts as i32;
             let kernel = format!("{}_{stem}", if ln { "norm_bwd_ln" } else { "norm_bwd_rms" });
             // As in the forward; the scratch holds `parts` partial rows of `nout * d`.
-            device.launch_grid(name, "norm", x.dtype, &kernel, &mut a, (grid, 1), (threads, 1), smem)?;
+            device.launch_grid(name, &MODULE, x.dtype, &kernel, &mut a, (grid, 1), (threads, 1), smem)?;
         }
         // Column sums (zeros when there are no rows).
         let mut c = RowArgs { rows: parts as i64, d: d as i64, parts: nout as i32, ..RowArgs::default() };
@@ -242,7 +249,7 @@ fn backward(device: &CudaDevice, op: &Op, ln: bool, ins: &[Operand], outs: &[Ope
         // The outputs `[d]` were validated.
         device.launch_grid(
             name,
-            "norm",
+            &MODULE,
             x.dtype,
             "norm_colsum",
             &mut c,

@@ -4,15 +4,16 @@
 
 use super::conv::{launch, strides, ConvArgs};
 use super::resolve;
+use super::Family;
 use crate::device::CudaDevice;
 use crate::kernels::Operand;
 use genesis_backend_api::sdk::window::Pool2d as Geom;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc, Window2d};
 
-const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+inventory::submit! { Family { claims, run } }
 
 /// What this family runs.
-pub fn claims() -> Vec<(OpKind, DType)> {
+fn claims() -> Vec<(OpKind, DType)> {
     let window = Window2d::default();
     let ops = [
         Op::MaxPool2d { window },
@@ -20,7 +21,7 @@ pub fn claims() -> Vec<(OpKind, DType)> {
         Op::AvgPool2d { window },
         Op::AvgPool2dBackward { window },
     ];
-    ops.iter().flat_map(|op| DTYPES.iter().map(move |&d| (op.kind(), d))).collect()
+    ops.iter().flat_map(|op| DType::FLOATS.iter().map(move |&d| (op.kind(), d))).collect()
 }
 
 /// Elements of y, and of x, over all planes.
@@ -32,7 +33,7 @@ fn in_elems(g: &Geom) -> u64 {
 }
 
 /// Run one pooling op.
-pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     let (ins, outs) = resolve(device, inputs, outputs)?;
     match *op {
         Op::MaxPool2d { window } => {

@@ -1,24 +1,25 @@
 //! Philox fills and dropout (`kernels/random.cu`), bit-compatible with the CPU backend.
 
 use super::arity;
+use super::Family;
 use crate::device::CudaDevice;
 use crate::kernels::{set_geometry, Args};
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
-const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+inventory::submit! { Family { claims, run } }
 
 /// What this family runs.
-pub fn claims() -> Vec<(OpKind, DType)> {
+fn claims() -> Vec<(OpKind, DType)> {
     let ops = [
         Op::RandUniform { seed: 0, offset: 0, low: 0.0, high: 1.0 },
         Op::RandNormal { seed: 0, offset: 0, mean: 0.0, std: 1.0 },
         Op::Dropout { seed: 0, offset: 0, p: 0.5 },
     ];
-    ops.iter().flat_map(|op| DTYPES.iter().map(move |&d| (op.kind(), d))).collect()
+    ops.iter().flat_map(|op| DType::FLOATS.iter().map(move |&d| (op.kind(), d))).collect()
 }
 
 /// Run one op of this family.
-pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     let mut args = Args::default();
     match *op {
         Op::RandUniform { seed, offset, low: a, high: b } | Op::RandNormal { seed, offset, mean: a, std: b } => {

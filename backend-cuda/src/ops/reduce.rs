@@ -2,10 +2,13 @@
 //! argmax/argmin over one, with the CPU backend's dtype rules and empty-input behaviour.
 
 use super::arity;
+use super::Family;
 use crate::device::CudaDevice;
 use crate::kernels::{merge_dims, Args};
 use genesis_backend_api::sdk::checks;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, ReduceOp, Result, TensorDesc};
+
+inventory::submit! { Family { claims, run } }
 
 fn supported(op: ReduceOp, dtype: DType) -> bool {
     match op {
@@ -17,7 +20,7 @@ fn supported(op: ReduceOp, dtype: DType) -> bool {
 }
 
 /// What this family runs.
-pub fn claims() -> Vec<(OpKind, DType)> {
+fn claims() -> Vec<(OpKind, DType)> {
     let mut claims = Vec::new();
     for dtype in DType::ALL {
         for &r in ReduceOp::ALL {
@@ -30,7 +33,7 @@ pub fn claims() -> Vec<(OpKind, DType)> {
 }
 
 /// Run one reduction.
-pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     let Op::Reduce(r) = *op else {
         return Err(BackendError::unsupported(format!("cuda: {} is not a reduction", op.name())));
     };
@@ -120,7 +123,7 @@ fn rows(device: &CudaDevice, op: &Op, r: ReduceOp, dtype: DType, mut args: Args)
     with_parts(device, op, r, dtype, args, parts, |a| {
         device.launch_grid(
             op.name(),
-            "elementwise",
+            &super::ELEMENTWISE,
             dtype,
             &format!("reduce_rows_{}", r.name()),
             a,
@@ -153,7 +156,7 @@ fn cols(device: &CudaDevice, op: &Op, r: ReduceOp, dtype: DType, mut args: Args,
     with_parts(device, op, r, dtype, args, parts, |a| {
         device.launch_grid(
             op.name(),
-            "elementwise",
+            &super::ELEMENTWISE,
             dtype,
             &format!("reduce_cols_{}", r.name()),
             a,

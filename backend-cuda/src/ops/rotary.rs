@@ -6,16 +6,23 @@
 //! vectorized kernel.
 
 use super::resolve;
+use super::Family;
 use crate::device::CudaDevice;
+use crate::kernels::Module;
 use crate::kernels::{merge_dims, Args, Operand};
 use genesis_backend_api::sdk::checks;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
-const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+/// The kernel module of rotary position embedding.
+pub const MODULE: Module =
+    Module { name: "rotary", sources: &[include_str!("../kernels/rotary.cu")], dtypes: &DType::FLOATS };
+
+inventory::submit! { MODULE }
+inventory::submit! { Family { claims, run } }
 
 /// What this family runs.
-pub fn claims() -> Vec<(OpKind, DType)> {
-    FLOATS.iter().map(|&d| (Op::Rotary { inverse: false }.kind(), d)).collect()
+fn claims() -> Vec<(OpKind, DType)> {
+    DType::FLOATS.iter().map(|&d| (Op::Rotary { inverse: false }.kind(), d)).collect()
 }
 
 fn is_dense(o: &Operand) -> bool {
@@ -30,7 +37,7 @@ fn is_dense(o: &Operand) -> bool {
 }
 
 /// Run the rotation.
-pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     let Op::Rotary { inverse } = *op else {
         return Err(BackendError::unsupported(format!("cuda: {} is not rotary", op.name())));
     };
@@ -69,5 +76,5 @@ pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tenso
     let wanted = (n as u64).div_ceil(threads * per_thread);
     let grid = wanted.min(device.facts.sm_count as u64 * 32).max(1) as u32;
     // Every operand was validated against its buffer with the shapes and strides in `args`.
-    device.launch_grid("rotary", "rotary", x.dtype, kernel, &mut args, (grid, 1), (threads as u32, 1), 0)
+    device.launch_grid("rotary", &MODULE, x.dtype, kernel, &mut args, (grid, 1), (threads as u32, 1), 0)
 }

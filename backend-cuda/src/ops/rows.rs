@@ -4,7 +4,7 @@
 
 use super::launch;
 use crate::device::{CudaDevice, IndexCheck};
-use crate::kernels::{merge_dims, set_geometry, Args, Operand};
+use crate::kernels::{merge_dims, set_geometry, Args, Module, Operand};
 use genesis_backend_api::{BufferId, DType, Op, Result};
 
 /// Threads of the flat (one element per thread, grid-stride) launches.
@@ -14,7 +14,7 @@ const FLAT_THREADS: u64 = 256;
 pub fn launch_flat(
     device: &CudaDevice,
     op: &Op,
-    module: &'static str,
+    module: &'static Module,
     dtype: DType,
     name: &str,
     args: &mut Args,
@@ -31,7 +31,7 @@ pub fn launch_flat(
 pub fn check_indices(
     device: &CudaDevice,
     op: &Op,
-    module: &'static str,
+    module: &'static Module,
     dtype: DType,
     index: &Operand,
     bound: usize,

@@ -9,19 +9,33 @@
 
 use super::resolve;
 use super::rows::{rows_of, with_rows, RowView};
+use super::Family;
 use crate::device::CudaDevice;
 use crate::kernels::Args;
+use crate::kernels::Module;
 use genesis_backend_api::sdk::checks;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
-/// The float dtypes, for which the fused row ops are compiled.
-pub const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+/// The kernel module of softmax, log-softmax, their backward ops and cross-entropy, with the deferred index check for targets.
+pub const MODULE: Module = Module {
+    name: "softmax",
+    sources: &[
+        include_str!("../kernels/index_check.cu"),
+        include_str!("../kernels/rows.cuh"),
+        include_str!("../kernels/softmax.cu"),
+        include_str!("../kernels/cross_entropy.cu"),
+    ],
+    dtypes: &DType::FLOATS,
+};
+
+inventory::submit! { MODULE }
+inventory::submit! { Family { claims, run } }
 
 /// What this family runs.
-pub fn claims() -> Vec<(OpKind, DType)> {
+fn claims() -> Vec<(OpKind, DType)> {
     [Op::Softmax, Op::LogSoftmax, Op::SoftmaxBackward, Op::LogSoftmaxBackward]
         .iter()
-        .flat_map(|op| FLOATS.iter().map(move |&d| (op.kind(), d)))
+        .flat_map(|op| DType::FLOATS.iter().map(move |&d| (op.kind(), d)))
         .collect()
 }
 
@@ -102,11 +116,11 @@ fn launch(
     // Short rows: several rows (a warp each, or more) per 256-thread block.
     let ty = (256 / tx).max(1);
     let blocks = rows.div_ceil(ty as usize).min(i32::MAX as usize) as u32;
-    device.launch_grid(op.name(), "softmax", dtype, &name, &mut args, (blocks, 1), (tx, ty), 0)
+    device.launch_grid(op.name(), &MODULE, dtype, &name, &mut args, (blocks, 1), (tx, ty), 0)
 }
 
 /// Run one op of this family.
-pub fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     match op {
         Op::Softmax | Op::LogSoftmax => {
             let (ins, outs) = resolve(device, inputs, outputs)?;

@@ -195,7 +195,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
     let count = t.device.backend().probe().device_count;
     for (world_name, world) in worlds(count) {
         let n = world.len();
-        for op in CollectiveOp::ALL {
+        for &op in CollectiveOp::ALL {
             for dtype in DType::ALL {
                 let sums = matches!(op, CollectiveOp::AllReduceSum | CollectiveOp::ReduceScatterSum);
                 if sums && dtype == DType::Bool {
