@@ -461,8 +461,7 @@ extern "C" __global__ void attn_bwd_delta_k(const AttnArgs a) { attn_bwd_delta(a
 // barrier per tile. S = Q·Kᵀ and O += P·V use mma.m16n8k16 (f32 accumulate); the online
 // softmax runs in f32 (base 2) on the accumulator fragments, with row max and sum reduced
 // over the 4 lanes of a quad, and its mask code runs only on tiles that cross the diagonal or
-// the last key (H100 bench shape: 0.114 -> 0.087 ms with the pipeline, the exp2, the fused
-// weights, the skipped rescales and the unmasked tiles of tc_softmax).
+// the last key.
 // The head dim is padded to D (64 or 128) with zeros in shared memory; the launcher picks this
 // path only for head dims that are multiples of 8, a dense head dim, 16-byte aligned rows of
 // q/k/v and 4-byte aligned pairs of o (see ops/attention.rs).
@@ -845,9 +844,10 @@ template <int D, int MT, int S> __device__ void attn_fwd_tc(const AttnArgs& a, T
 
 
 // d = 64: 128 query rows per block, two m-tiles per warp sharing each K and V fragment (half
-// the shared-memory reads per product), three K/V stages (two tiles in flight; H100 bench
-// shape 0.088 -> 0.087 ms); d = 128: 64 rows (the accumulators of two m-tiles would not fit
-// in registers) and two stages (three would pass the 99 KiB a block gets on sm_86/sm_89).
+// the shared-memory reads per product), three K/V stages (two tiles in flight; measured
+// fastest, RESULTS.md, "Kernel design notes"); d = 128: 64 rows (the accumulators of two
+// m-tiles would not fit in registers) and two stages (three would pass the 99 KiB a block
+// gets on sm_86/sm_89).
 // The stage counts are mirrored by `tc_stages` in ops/attention.rs.
 extern "C" __global__ void __launch_bounds__(TC_THREADS) attn_fwd_tc_64(const AttnArgs a) {
     ASMEM;
@@ -947,8 +947,8 @@ template <int D, int BM, int S> __device__ void attn_bwd_dkv_tc(const AttnArgs& 
 
     // Stage `st` <- step `it`, all by cp.async (committed by the caller): Q, dO, and the
     // queries' lse·log2 e and D, which the dQ pass wrote densely, zero for rows that see no
-    // key. (Plain loads here stalled each warp on global latency in the middle of the step
-    // until its shared-memory store could issue.)
+    // key. (cp.async, not plain loads: no warp waits on global latency in the middle of the
+    // step before it can store to shared memory.)
     const float* lse2 = delta + a.b * a.hq * a.s;
     auto stage = [&](int it, int st) {
         const i64 h = kh * group + it / nq;
@@ -1163,8 +1163,8 @@ template <int D, int S> __device__ void attn_bwd_dq_tc(const AttnArgs& a, T* sm)
             // D = rowsum(dO ∘ O) of the warp's 16 rows, from dO in shared memory (now landed)
             // and O in global memory, two lanes per row; written out with lse·log2 e for the
             // dK/dV pass, which runs after this one, both 0 for rows that see no key. The O
-            // loads of a lane are independent (unrolled, pairs where O allows): a loop of
-            // dependent loads cost each warp a global round trip per element.
+            // loads of a lane are independent (unrolled, pairs where O allows), so a warp waits
+            // on global memory once, not once per element.
             const int rr = 16 * warp + (lane >> 1), i = i0 + rr, c0 = (lane & 1) * (D / 2);
             float acc = 0.f;
             if (i < s) {
@@ -1264,8 +1264,8 @@ template <int D, int S> __device__ void attn_bwd_dq_tc(const AttnArgs& a, T* sm)
 // The dK/dV pass streams 64 queries per step at d = 64, 32 at d = 128 (the two D-wide
 // accumulators of a warp take 128 registers there). At d = 64 both passes are capped at 168
 // registers, three blocks (12 warps) per SM: the products are latency bound at two blocks,
-// and a few spilled bytes cost less (H100 bench shape: backward 0.52 -> 0.42 ms; a 32-query
-// dK/dV step that fits without spilling measured 0.50 ms, four dQ blocks per SM 0.50 ms).
+// and a few spilled bytes cost less than a block fewer per SM (measured against the
+// alternatives: RESULTS.md, "Kernel design notes").
 // The dK/dV template arguments <D, BM, S> are mirrored by `tc_dkv_rows` and `TC_DKV_STAGES` in
 // ops/attention.rs (which size shared memory from them), the dQ pass's S by `tc_stages`.
 extern "C" __global__ void __launch_bounds__(TC_THREADS, 3) attn_bwd_dkv_tc_64(const AttnArgs a) {

@@ -13,7 +13,7 @@ extern "C" __global__ void copy_s(const Args a) {
 
 // Transposing copy: y's unit-stride dim `da` (u[0]) is not x's `db` (u[1]), so the strided
 // kernel above keeps one side coalesced and makes the other touch a 32-byte sector per
-// element (4096² f32 ran at a third of copy bandwidth). Here a block moves one TILE×TILE
+// element (well below copy bandwidth; RESULTS.md). Here a block moves one TILE×TILE
 // tile of the (da, db) plane: read along db into shared memory, written along da. The
 // other dims are a batch of planes. Rows are padded so that the column reads hit distinct
 // banks for every element size.

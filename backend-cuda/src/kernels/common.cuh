@@ -41,9 +41,9 @@ __device__ __forceinline__ unsigned short f2h(float f) {
 __device__ __forceinline__ float bf2f(unsigned short b) { return __uint_as_float(((u32)b) << 16); }
 // Round to nearest even. sm_80+ has the instruction (a NaN comes out as the canonical quiet
 // NaN); before it, six integer operations do the same and keep a NaN's payload, quieted, as
-// the `half` crate does. The instruction matters: bf16 outputs of the streaming kernels
-// (cross-entropy's backward, the norms' forward) spent more issue slots on this rounding
-// than on their arithmetic.
+// the `half` crate does. The instruction matters: with the integer form, bf16 outputs of the
+// streaming kernels (cross-entropy's backward, the norms' forward) spend more issue slots on
+// this rounding than on their arithmetic.
 __device__ __forceinline__ unsigned short f2bf(float f) {
 #if __CUDA_ARCH__ >= 800
     unsigned short h;

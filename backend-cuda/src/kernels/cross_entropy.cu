@@ -20,7 +20,7 @@
 #if IS_FLOAT
 
 #define CE_P 4  // packs per thread per step of the forward
-#define CE_B 4  // packs per thread per step of the backward (2 and 8 measured slower)
+#define CE_B 4  // packs per thread per step of the backward (measured fastest; RESULTS.md)
 
 // Columns j..j+VW of a row known to lie inside it: one 16-byte load (VEC) or VW strided ones,
 // with no bounds checks (the hot loops run on whole chunks; only a row's last chunk checks).
@@ -179,9 +179,9 @@ template <int B> __device__ __forceinline__ void ce_backward(const Args& a) {
 // few dependent loads overlap instead of queueing before the data streams. Every pack that
 // lies inside the row is loaded up front, also in a row's last (partial) span, which with
 // 32000 classes is nearly a quarter of the data; only a pack that straddles the row's end
-// takes the checked path. Loads and stores stream (evict-first): the data is touched once.
-// H100, 8192x32000 bf16: 387 -> 364 us (the same kernel with plain loads and stores took
-// 1029 us, and 2 or 8 packs per thread were slower).
+// takes the checked path. Loads and stores stream (evict-first): the data is touched once,
+// and with plain loads and stores this kernel measured far slower (RESULTS.md, "Kernel
+// design notes").
 __device__ __forceinline__ Pack<T, VW> ld_raw(const T* p) {
     const int4 v = __ldcs((const int4*)p);
     return *(const Pack<T, VW>*)&v;

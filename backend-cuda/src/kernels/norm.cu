@@ -431,13 +431,11 @@ template <bool LN, int MODE> __device__ void norm_bwd(const RowArgs& a) {
 // The backward's fast path (mode 3 on sm_80+, the same conditions as the forward's; older GPUs
 // take mode 1). Thread t of a group holds packs k*G + t of a row; group p writes partial row
 // p as norm_bwd does. Each thread streams its x and dy packs of the next S rows into shared
-// memory with cp.async, w stays in registers, and both row sums share one barrier. It
-// replaced a kernel that held x, dy and one prefetched row in registers (H200, layer norm
-// bf16 4096x4096, kernel and column sums: 71.6 -> 53.4 us). Nsight Compute showed that kernel
-// issue-bound rather than waiting on memory: 58 instructions per element, "not selected" the
-// largest stall; most of it was the bit-exact bf16 rounding of dx (10 instructions an
-// element), the unpacking of each bf16 twice, a 32-bit division for the group's first warp and
-// two IEEE divisions per row, and 64-bit row address arithmetic.
+// memory with cp.async, w stays in registers, and both row sums share one barrier. Rows of
+// this kind are bound by instruction issue more than by memory, so the per-element and
+// per-row work is kept small: a bf16 unpacks with one shift or mask, the group's warp indices
+// are computed once, means of power-of-two rows are multiplications, and the load addresses
+// advance by an add per row (RESULTS.md, "Kernel design notes", has the profile behind this).
 // A thread reads back only the bytes it copied itself, so the stages need no barrier: the
 // thread's own cp.async.wait_group orders them. A stage is refilled only after the barrier of
 // the row that read it, by which time the row sums (which use every value read) are done.
@@ -576,8 +574,8 @@ template <bool LN, int PK, int S> __device__ void norm_bwd_pipe(const RowArgs& a
         }
         // Both sums over the group with one barrier (group_sum's scheme, two values per warp).
         // Lane w of each warp then reads warp w's sums and a shuffle tree adds them in a fixed
-        // order (deterministic): 16 dependent shared loads per value were a visible share of a
-        // 512-thread group's row time (H100, layer norm bf16 4096x4096: 78.1 -> 71.6 us).
+        // order (deterministic): group_sum's loop of up to 16 dependent shared loads per value
+        // would be a visible share of a 512-thread group's row time.
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
             sg += __shfl_xor_sync(0xffffffffu, sg, o);
@@ -670,10 +668,10 @@ extern "C" __global__ void __launch_bounds__(MAXG) norm_colsum(const RowArgs a) 
     extern "C" __global__ void __launch_bounds__(MAXG) NAME##_2(const RowArgs a) { F<LN, 2>(a); }
 KERNELS(norm_fwd_ln, norm_fwd, true)
 KERNELS(norm_fwd_rms, norm_fwd, false)
-// The forward's fast path (mode 3; ops/norm.rs sizes its groups for 4 packs per thread).
-// Measured on an H100 (4096x4096): 4 packs beat 2 and 8; a register cap of 42 (three
-// 512-thread blocks) suits every type but bf16, whose float conversions then spill, so bf16
-// gets 64 (two blocks).
+// The forward's fast path (mode 3; ops/norm.rs sizes its groups for 4 packs per thread, the
+// count measured fastest: RESULTS.md, "Kernel design notes"). A register cap of 42 (three
+// 512-thread blocks) suits every type but bf16, whose float conversions spill under it, so
+// bf16 gets 64 (two blocks).
 template <class E> struct VMinBlocks { static const int value = 3; };
 template <> struct VMinBlocks<b16> { static const int value = 2; };
 extern "C" __global__ void __launch_bounds__(MAXG, VMinBlocks<T>::value) norm_fwd_ln_v(const RowArgs a) {
@@ -686,10 +684,8 @@ KERNELS(norm_bwd_ln, norm_bwd, true)
 KERNELS(norm_bwd_rms, norm_bwd, false)
 // The backward's fast path (sm_80+), by packs per thread: ops/norm.rs gives each thread 8
 // columns (1 pack of f16/bf16, 2 of f32); f16/bf16 fit two 512-thread blocks per SM, f32 one.
-// Stages: PIPE_STAGES in ops/norm.rs sizes the dynamic shared memory for it. Prototype on the
-// H200 (4096x4096, kernel and column sums; the register kernel it replaced 71.8 / 53.4 us
-// for layer / RMS norm bf16): 2 stages 53.8 / 38.8 us, 3 stages 54.6 / 39.3, 4 stages
-// 55.7 / 41.2; f32 layer norm 61.8 -> 59.7 us, RMS 58.1 -> 56.5.
+// Stages: two, measured fastest (RESULTS.md, "Kernel design notes"); PIPE_STAGES in
+// ops/norm.rs sizes the dynamic shared memory for it.
 #define NORM_PIPE_S 2
 #if __CUDA_ARCH__ >= 800
 #define BWD_P(PK, MB)                                                                                     \

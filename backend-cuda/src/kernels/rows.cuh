@@ -24,7 +24,7 @@ __device__ __forceinline__ float clog(float v) { return logf(v); }
 __device__ __forceinline__ double clog(double v) { return log(v); }
 // exp(v - m) for the row kernels' hot loops. f32: one multiply into base 2 and the SFU's
 // ex2 (relative error about 2^-22, far inside the fused ops' tolerance) instead of expf's
-// range reduction, which made the bf16 cross-entropy compute-bound. -inf gives 0, NaN stays
+// range reduction, which makes the bf16 cross-entropy compute-bound. -inf gives 0, NaN stays
 // NaN, subnormal results are kept (the .ftz form would flush them). f64 keeps exp.
 __device__ __forceinline__ float exp_diff(float v, float m) {
     float r;

@@ -13,8 +13,8 @@
 // PyTorch); a NaN anywhere makes the row NaN; -inf entries of other rows give 0 / -inf.
 // Backward: softmax dx = y * (dy - sum(y * dy)); log-softmax dx = dy - exp(y) * sum(dy).
 // Everything is computed in C (f32 for f16/bf16, the type itself otherwise).
-// Exponentials go through rows.cuh's exp_diff (ex2.approx for f32): expf's range reduction
-// made the f32 forward partly compute-bound (H100, 8192x8192 f32: 0.231 -> 0.212 ms).
+// Exponentials go through rows.cuh's exp_diff (ex2.approx for f32): with expf's range
+// reduction the f32 forward is partly compute-bound.
 
 #if IS_FLOAT
 
@@ -29,9 +29,9 @@ template <int P, bool VEC, bool LOG> __device__ __forceinline__ void softmax_reg
         C m = neg_inf();
         if (VEC && !LOG && ((i64)(P - 1) * blockDim.x + threadIdx.x) * VW + VW <= len) {
             // Every pack of this thread lies inside the row: the P loads go out back to back,
-            // one memory latency per row (the general path's per-pack range checks made the
-            // compiler issue them one pack after another). Not for log-softmax, whose kernels
-            // then spilled more (8 f32 packs at 85 registers: 24 -> 84 bytes).
+            // one memory latency per row (with the general path's per-pack range checks the
+            // compiler issues them one pack after another). Not for log-softmax, whose kernels
+            // spill more with this path (RESULTS.md, "Kernel design notes").
             Pack<T, VW> q[P];
 #pragma unroll
             for (int p = 0; p < P; ++p) q[p] = *(const Pack<T, VW>*)(x + ((i64)p * blockDim.x + threadIdx.x) * VW);
@@ -116,8 +116,7 @@ template <bool VEC, bool LOG> __device__ __forceinline__ void softmax_bwd_loop(c
 
 // The vector path keeps y and dy as loaded (raw 16-byte packs: a bf16 pack takes 4 registers
 // rather than the 8 of its f32 values) and converts on each use, so the f16/bf16 4-pack
-// kernel holds 32 registers of data instead of 64 (it spilled about 600 bytes at the
-// 1024-thread bound's 64-register cap). Still more than 64 with the addressing, so
+// kernel holds 32 registers of data instead of 64. Still more than 64 with the addressing, so
 // ops/softmax.rs runs 4 packs of f16/bf16 only in the 256-thread kernel (80 registers); the
 // 1024-bound one (WIDE), and the element-by-element one with no packs to keep, loop instead:
 // never picked, they exist so that every kernel name resolves.
@@ -141,8 +140,8 @@ __device__ __forceinline__ void softmax_bwd_reg(const Args& a, C* sh) {
         if (VEC) {
             if (((i64)(P - 1) * blockDim.x + threadIdx.x) * VW + VW <= len) {
                 // Every pack of this thread lies inside the row: all 2P loads go out back to
-                // back, one memory latency per row (the per-pack range checks below made the
-                // compiler issue them a pack at a time).
+                // back, one memory latency per row (with the per-pack range checks below the
+                // compiler issues them a pack at a time).
 #pragma unroll
                 for (int p = 0; p < P; ++p) {
                     const i64 j = ((i64)p * blockDim.x + threadIdx.x) * VW;
@@ -234,11 +233,10 @@ template <bool VEC, bool LOG> __device__ __forceinline__ void softmax_bwd_loop(c
 // loaded packs, so there is no _t256_v0 backward, and the other types' t256 ones loop.
 // The forward's t256 bound: 3 blocks per SM (85 registers; the f32 8-pack kernel needs
 // them), 4 for the contiguous f16/bf16 softmax (64 registers, which its 4-pack kernel fits
-// without spilling; more rows in flight per SM for a kernel that waits on memory): H200,
-// cuda_bench softmax 8192x8192 bf16 0.1040 -> 0.1007 ms. Not for log-softmax or strided
-// rows: their 4-pack kernels spill 4 and 40 bytes at 64 registers (not measured there). The
-// f16/bf16 8-pack forward is never picked (ops/softmax.rs stops them at 4 packs) and loops,
-// which costs no compile time.
+// without spilling; more rows in flight per SM for a kernel that waits on memory; RESULTS.md,
+// "Kernel design notes"). Not for log-softmax or strided rows: their 4-pack kernels spill at
+// 64 registers. The f16/bf16 8-pack forward is never picked (ops/softmax.rs stops them at 4
+// packs) and loops, which costs no compile time.
 #define RED_SMEM __shared__ C sh[1024]
 #define KERNEL extern "C" __global__ void __launch_bounds__(1024)
 #define FWD_T256_BLOCKS(V, L) (sizeof(T) == 2 && V == 1 && L == 0 ? 4 : 3)

@@ -107,8 +107,8 @@ fn tensor_core_dim(arch: u32, dm: &Dims, load: &[&Operand], store: &[&Operand]) 
 }
 
 /// Query rows per block of `attn_fwd_tc_{dpad}`: at d = 64 each warp takes two 16-row m-tiles
-/// (they share every K and V fragment read from shared memory; 0.125 -> 0.113 ms on the H100
-/// bench shape), at d = 128 one (two would not fit in registers).
+/// (they share every K and V fragment read from shared memory), at d = 128 one (two would not
+/// fit in registers).
 fn tc_fwd_rows(dpad: usize) -> usize {
     if dpad <= 64 {
         2 * TC_ROWS
@@ -144,7 +144,8 @@ fn tc_dkv_rows(dpad: usize) -> usize {
     }
 }
 
-/// Q/dO pipeline stages of `attn_bwd_dkv_tc_{dpad}` (its `S`; three measured slower).
+/// Q/dO pipeline stages of `attn_bwd_dkv_tc_{dpad}` (its `S`; two measured fastest, see
+/// RESULTS.md, "Kernel design notes").
 const TC_DKV_STAGES: usize = 2;
 
 /// Shared memory of `attn_bwd_dkv_tc_{dpad}`: the block's K and V (64 rows each), and per

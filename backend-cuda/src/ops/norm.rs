@@ -34,8 +34,8 @@ const VEC_PACKS: usize = 4;
 const PIPE_STAGES: usize = 2;
 
 /// Columns per thread in the backward's fast path (`norm_bwd_pipe`: 1 pack of bf16/f16, 2 of
-/// f32). Measured on an H100 (4096x4096, 1024 resident threads per SM): 8 columns beat 16
-/// and 32 for bf16 (LN 0.086 ms against 0.106 and 0.135) and 4 and 16 for f32 LN.
+/// f32): the count measured fastest, on the kernel this path replaced (RESULTS.md, "Kernel
+/// design notes").
 const BWD_COLS: usize = 8;
 
 // Operand slots of `RowArgs::p` (the S_* defines of norm.cu).

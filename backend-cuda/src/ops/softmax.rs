@@ -103,13 +103,11 @@ fn launch(
         args.st[k][1] = v.col;
     }
     // The forward's blocks of at most 256 threads get kernels bounded for 256 threads and 3
-    // blocks per SM (85 registers): the 1024-thread bound capped them at 64, and the f32 reg8
-    // kernel (8192 columns) spilled. H100, softmax 8192x8192: f32 0.212 -> 0.183 ms. The
-    // contiguous f16/bf16 softmax (not log-softmax) is bounded for 4 blocks (64 registers,
-    // enough for its 4 packs; kernels/softmax.cu).
-    // The backward of f16/bf16 rows kept as loaded packs likewise (H100, 8192x8192 bf16: 4
-    // packs at 256 threads 0.139 ms against 2 packs at 512 threads 0.149, and 0.177 before
-    // the rows were kept raw).
+    // blocks per SM (85 registers): the 1024-thread bound caps them at 64, where the f32 reg8
+    // kernel (8192 columns) spills. The contiguous f16/bf16 softmax (not log-softmax) is
+    // bounded for 4 blocks (64 registers, enough for its 4 packs; kernels/softmax.cu).
+    // The backward of f16/bf16 rows kept as loaded packs likewise: 4 packs at 256 threads
+    // measured faster than 2 at 512 (RESULTS.md, "Kernel design notes").
     let t256 = (base == "softmax_fwd" || raw) && tx <= 256;
     let kind = p.map_or("loop".to_string(), |p| if t256 { format!("reg{p}_t256") } else { format!("reg{p}") });
     let name = format!("{base}_{kind}_v{}_l{}", vec as u8, log as u8);
