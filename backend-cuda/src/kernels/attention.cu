@@ -19,7 +19,7 @@ typedef ELEM T;
 typedef Ty<T> TT;
 typedef typename TT::C C;
 
-// Mirror of `AttnArgs` in ops/attention.rs.
+// Mirror of `AttnArgs` in ops/attention.rs (a test compares the two layouts).
 struct AttnArgs {
     char* p[9];     // q k v o lse do dq dk dv
     char* delta;    // backward: rowsum(do ∘ o) per query, dense (b, hq, s), type C; the

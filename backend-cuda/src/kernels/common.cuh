@@ -15,7 +15,8 @@ struct h16 { unsigned short x; };
 struct b16 { unsigned short x; };
 struct bool8 { unsigned char x; };
 
-// Every launch takes one argument block (layout mirrored by `Args` in kernels/mod.rs).
+// Every launch takes one argument block (mirrored by `Args` in kernels/mod.rs; a test compares
+// the two layouts).
 #define MAXD 8
 struct Args {
     char* p[4];          // operand base addresses (element zero)

@@ -12,7 +12,7 @@ typedef ELEM T;
 typedef Ty<T> TT;
 typedef typename TT::C C;
 
-// Mirror of `ConvArgs` in ops/conv.rs (shared with pool.cu).
+// Mirror of `ConvArgs` in ops/conv.rs, shared with pool.cu (a test compares the two layouts).
 struct ConvArgs {
     char* p[4];
     i64 xs[4];   // strides of x / dx (n, c, h, w); of dweight (o, c/g, kh, kw) in conv_store

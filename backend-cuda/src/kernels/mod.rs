@@ -3,6 +3,9 @@
 
 use genesis_backend_api::{BackendError, DType, Result, TensorDesc, MAX_DIMS};
 
+#[cfg(test)]
+pub mod layout;
+
 /// The header every module starts with: element types, conversions, the argument block.
 const COMMON: &str = include_str!("common.cuh");
 
@@ -40,7 +43,8 @@ impl Module {
     }
 }
 
-/// Mirror of `struct Args` in common.cuh: one argument block per launch.
+/// Mirror of `struct Args` in common.cuh (a test compares the layouts): one argument block per
+/// launch.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Args {
@@ -272,7 +276,6 @@ mod tests {
 
     #[test]
     fn the_argument_block_has_the_c_layout() {
-        // 4 pointers, n, 4 doubles, 2 u64, 2 ints, 8 + 32 i64: 8-byte aligned, no padding.
-        assert_eq!(std::mem::size_of::<Args>(), 8 * 4 + 8 + 8 * 4 + 8 * 2 + 4 * 2 + 8 * 8 + 8 * 32);
+        layout::assert_c_layout!(Args { p, n, s, u, flag, ndim, shape, st }, COMMON, "Args");
     }
 }

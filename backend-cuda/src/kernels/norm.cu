@@ -37,7 +37,7 @@ typedef typename TT::C C;
 #define S_DY 6    // dy
 #define S_PART 7  // backward partial sums, dense [parts][nout][d] of C
 
-// Mirror of `RowArgs` in ops/norm.rs.
+// Mirror of `RowArgs` in ops/norm.rs (a test compares the two layouts).
 struct RowArgs {
     char* p[8];          // operand addresses (element zero), by slot
     i64 rows;            // rows (product of the leading dims)

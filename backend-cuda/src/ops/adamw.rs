@@ -28,7 +28,7 @@ const MAX_ENTRIES: usize = 64;
 /// Elements per chunk (`CHUNK` in adamw.cu); a block updates one chunk at a time.
 const CHUNK: u64 = 4096;
 
-/// Mirror of `struct Entry` in adamw.cu.
+/// Mirror of `struct Entry` in adamw.cu (a test compares the layouts).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct Entry {
@@ -41,7 +41,7 @@ struct Entry {
     aligned: u64,
 }
 
-/// Mirror of `struct TableArgs` in adamw.cu.
+/// Mirror of `struct TableArgs` in adamw.cu (a test compares the layouts).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 struct TableArgs {
@@ -132,4 +132,16 @@ fn check_disjoint(op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Res
         list.iter().map(|v| Ok(v.byte_extent()?.map(|(s, e)| (v.buffer.0, s, e)))).collect()
     };
     expect_disjoint_updates(op, "grad", &extents(inputs)?, &extents(outputs)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_argument_blocks_have_the_c_layout() {
+        use crate::kernels::layout::assert_c_layout;
+        assert_c_layout!(Entry { g, p, m, v, n, chunk0, aligned }, MODULE.source(), "Entry");
+        assert_c_layout!(TableArgs { h, count, chunks, e }, MODULE.source(), "TableArgs");
+    }
 }

@@ -44,7 +44,7 @@ fn claims() -> Vec<(OpKind, DType)> {
     ops.iter().flat_map(|op| DType::FLOATS.iter().map(move |&d| (op.kind(), d))).collect()
 }
 
-/// Mirror of `struct ConvArgs` in conv.cu.
+/// Mirror of `struct ConvArgs` in conv.cu (a test compares the layouts).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ConvArgs {
@@ -429,7 +429,11 @@ mod tests {
 
     #[test]
     fn the_argument_block_has_the_c_layout() {
-        // 4 pointers, 3x4 strides, n0 and nc, 9 sizes, 6 window attributes: no padding.
-        assert_eq!(std::mem::size_of::<ConvArgs>(), 8 * 4 + 8 * 12 + 8 * 2 + 8 * 9 + 8 * 6);
+        use crate::kernels::layout::assert_c_layout;
+        assert_c_layout!(
+            ConvArgs { p, xs, ys, zs, n0, nc, c, h, w, o, g, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw },
+            MODULE.source(),
+            "ConvArgs"
+        );
     }
 }

@@ -51,7 +51,7 @@ const S_PART: usize = 7;
 /// An operand in its slot.
 type Slot<'a> = (usize, &'a Operand);
 
-/// Mirror of `struct RowArgs` in norm.cu.
+/// Mirror of `struct RowArgs` in norm.cu (a test compares the layouts).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct RowArgs {
@@ -263,4 +263,19 @@ fn backward(device: &CudaDevice, op: &Op, ln: bool, ins: &[Operand], outs: &[Ope
         device.free_scratch(id)?;
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_argument_blocks_have_the_c_layout() {
+        use crate::kernels::layout::assert_c_layout;
+        assert_c_layout!(
+            RowArgs { p, rows, d, eps, flag, ndim, group, parts, shape, st, cs },
+            MODULE.source(),
+            "RowArgs"
+        );
+    }
 }
