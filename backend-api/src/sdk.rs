@@ -3,6 +3,7 @@
 
 pub mod checks;
 pub mod collective;
+pub mod domain;
 pub mod philox;
 pub mod window;
 

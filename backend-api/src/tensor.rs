@@ -174,6 +174,19 @@ impl TensorDesc {
     }
 }
 
+/// True when a view of `shape` with `strides` (in elements) is dense in row-major order
+/// (size-1 dims may have any stride).
+pub fn is_contiguous(shape: &[usize], strides: &[isize]) -> bool {
+    let mut expected = 1isize;
+    for (&n, &s) in shape.iter().zip(strides).rev() {
+        if n != 1 && s != expected {
+            return false;
+        }
+        expected = expected.wrapping_mul(n as isize);
+    }
+    true
+}
+
 /// Row-major strides of `shape`, in elements.
 pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
     let mut strides = vec![0isize; shape.len()];

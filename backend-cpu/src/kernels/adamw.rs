@@ -4,15 +4,16 @@
 //! may update parameters of several dtypes. The update runs in the param's compute type (f32
 //! for f16/bf16 params); the moments are stored in the param's dtype or in f32.
 
-use super::softmax::{cvt, dense, float_claims, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS};
+use super::softmax::{cvt, dense, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS};
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::sdk::{checks, expect_disjoint_updates, Extent};
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result};
 use rayon::prelude::*;
 
 fn claims() -> Vec<(OpKind, DType)> {
-    float_claims(&[Op::AdamW { lr: 0.0, beta1: 0.0, beta2: 0.0, eps: 0.0, weight_decay: 0.0, step: 1 }])
+    domain::claims(&[Op::AdamW { lr: 0.0, beta1: 0.0, beta2: 0.0, eps: 0.0, weight_decay: 0.0, step: 1 }])
 }
 
 /// The per-call constants of the update, in f64 (rounded to the compute type per group).

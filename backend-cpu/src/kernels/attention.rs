@@ -5,17 +5,16 @@
 //! probabilities from the saved log-sum-exp, as flash-attention does, so the two directions
 //! agree with the saved statistics of any backend.
 
-use super::softmax::{
-    dense, dense_compute, float_claims, row_max, split_mut, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS,
-};
+use super::softmax::{dense, dense_compute, row_max, split_mut, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS};
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
 use genesis_backend_api::sdk::checks::{self, AttentionDims as Dims};
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{DType, Op, OpKind, Result};
 use rayon::prelude::*;
 
 fn claims() -> Vec<(OpKind, DType)> {
-    float_claims(&[Op::Attention { causal: false, scale: 1.0 }, Op::AttentionBackward { causal: false, scale: 1.0 }])
+    domain::claims(&[Op::Attention { causal: false, scale: 1.0 }, Op::AttentionBackward { causal: false, scale: 1.0 }])
 }
 
 /// Queries per parallel task so that a task has enough work to be worth scheduling.

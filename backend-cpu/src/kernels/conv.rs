@@ -6,17 +6,18 @@
 //! what keeps the accumulation in f32), f64 for f64. The geometry and operand checks are the
 //! SDK's `sdk::window::Conv2d`, shared with the other backends.
 
-use super::softmax::{dense, float_claims, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS};
+use super::softmax::{dense, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS};
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
 use gemm::Parallelism;
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::sdk::window::Conv2d as Geom;
 use genesis_backend_api::{DType, Op, OpKind, Result, Window2d};
 use rayon::prelude::*;
 
 fn claims() -> Vec<(OpKind, DType)> {
     let (window, groups) = (Window2d::default(), 1);
-    float_claims(&[
+    domain::claims(&[
         Op::Conv2d { window, groups },
         Op::Conv2dBackwardInput { window, groups },
         Op::Conv2dBackwardWeight { window, groups },

@@ -3,18 +3,11 @@
 use super::{map1, unsupported, Kernel, View};
 use crate::element::Element;
 use crate::with_dtype;
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result};
 
 fn claims() -> Vec<(OpKind, DType)> {
-    let kind = |op: Op| op.kind();
-    let mut claims = Vec::new();
-    for dtype in DType::ALL {
-        claims.push((kind(Op::Copy), dtype));
-        claims.push((kind(Op::Cast), dtype));
-        claims.push((kind(Op::Fill { value: 0.0 }), dtype));
-        claims.push((kind(Op::Arange { start: 0.0, step: 1.0 }), dtype));
-    }
-    claims
+    domain::claims(&[Op::Copy, Op::Cast, Op::Fill { value: 0.0 }, Op::Arange { start: 0.0, step: 1.0 }])
 }
 
 fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {

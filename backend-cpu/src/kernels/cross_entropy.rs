@@ -4,15 +4,16 @@
 //! `(n, c)`; more leading dims are rows, as for every "last dim" op); target, loss, lse and
 //! dloss have the leading dims.
 
-use super::softmax::{dense, float_claims, min_rows, row_max, with_float, Dense, Float, Real, C};
+use super::softmax::{dense, min_rows, row_max, with_float, Dense, Float, Real, C};
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
 use genesis_backend_api::sdk::checks;
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result};
 use rayon::prelude::*;
 
 fn claims() -> Vec<(OpKind, DType)> {
-    float_claims(&[
+    domain::claims(&[
         Op::CrossEntropy { ignore_index: 0, label_smoothing: 0.0 },
         Op::CrossEntropyBackward { ignore_index: 0, label_smoothing: 0.0 },
     ])

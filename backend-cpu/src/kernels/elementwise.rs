@@ -4,49 +4,11 @@
 use super::{for_chunks, map1, map2, unsupported, Kernel, SyncPtr, View};
 use crate::element::{Arith, Bool, Element};
 use crate::with_dtype;
-use genesis_backend_api::sdk::checks;
+use genesis_backend_api::sdk::{checks, domain};
 use genesis_backend_api::{BackendError, BinaryOp, DType, Op, OpKind, Result, UnaryOp};
 
 fn claims() -> Vec<(OpKind, DType)> {
-    let mut claims = Vec::new();
-    for dtype in DType::ALL {
-        for &u in UnaryOp::ALL {
-            if unary_supported(u, dtype) {
-                claims.push((OpKind::unary(u), dtype));
-            }
-        }
-        for &b in BinaryOp::ALL {
-            if binary_supported(b, dtype) {
-                claims.push((OpKind::binary(b), dtype));
-                claims.push((OpKind::binary_scalar(b), dtype));
-            }
-        }
-        if dtype != DType::Bool {
-            claims.push((Op::Clamp { min: 0.0, max: 0.0 }.kind(), dtype));
-        }
-        claims.push((Op::Where.kind(), dtype));
-    }
-    claims
-}
-
-fn unary_supported(op: UnaryOp, dtype: DType) -> bool {
-    match op {
-        UnaryOp::Not => dtype == DType::Bool,
-        UnaryOp::IsNan => true,
-        UnaryOp::Neg | UnaryOp::Sign => dtype.is_float() || matches!(dtype, DType::I64 | DType::I32),
-        UnaryOp::Abs | UnaryOp::Square => dtype != DType::Bool,
-        _ => dtype.is_float(),
-    }
-}
-
-fn binary_supported(op: BinaryOp, dtype: DType) -> bool {
-    match op {
-        BinaryOp::And | BinaryOp::Or | BinaryOp::Eq | BinaryOp::Ne => true,
-        BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge | BinaryOp::Maximum | BinaryOp::Minimum => {
-            dtype != DType::Bool
-        }
-        _ => dtype != DType::Bool,
-    }
+    domain::elementwise_claims()
 }
 
 fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
@@ -55,7 +17,7 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
         Op::Unary(u) => {
             let ([x], [y]) = (inputs, outputs) else { return Err(wrong()) };
             checks::same_shapes(op, &[x, y])?;
-            if !unary_supported(u, x.dtype) {
+            if !domain::unary_contains(u, x.dtype) {
                 return Err(unsupported(op, x.dtype));
             }
             let out_dtype = if u == UnaryOp::IsNan { DType::Bool } else { x.dtype };
@@ -66,7 +28,7 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
             let ([x, z], [y]) = (inputs, outputs) else { return Err(wrong()) };
             checks::same_shapes(op, &[x, z, y])?;
             checks::expect_dtype(op, "the second operand", z, x.dtype)?;
-            if !binary_supported(b, x.dtype) {
+            if !domain::binary_contains(b, x.dtype) {
                 return Err(unsupported(op, x.dtype));
             }
             checks::expect_dtype(op, "the output", y, if b.is_predicate() { DType::Bool } else { x.dtype })?;
@@ -75,7 +37,7 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
         Op::BinaryScalar { op: b, scalar, scalar_first } => {
             let ([x], [y]) = (inputs, outputs) else { return Err(wrong()) };
             checks::same_shapes(op, &[x, y])?;
-            if !binary_supported(b, x.dtype) {
+            if !domain::binary_contains(b, x.dtype) {
                 return Err(unsupported(op, x.dtype));
             }
             checks::expect_dtype(op, "the output", y, if b.is_predicate() { DType::Bool } else { x.dtype })?;

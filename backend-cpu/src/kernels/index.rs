@@ -16,21 +16,17 @@ use super::{for_each_run, map_tasks, merge_dims, unsupported, Kernel, SyncPtr, V
 use crate::element::{Accumulate, Arith, Element};
 use crate::with_dtype;
 use genesis_backend_api::sdk::checks;
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result};
 
 fn claims() -> Vec<(OpKind, DType)> {
-    let mut claims = Vec::new();
-    for dtype in DType::ALL {
-        for op in
-            [Op::Gather { dim: 0 }, Op::ScatterAdd { dim: 0 }, Op::IndexSelect { dim: 0 }, Op::IndexAdd { dim: 0 }]
-        {
-            claims.push((op.kind(), dtype));
-        }
-        if dtype != DType::Bool {
-            claims.push((Op::CumSum { dim: 0 }.kind(), dtype));
-        }
-    }
-    claims
+    domain::claims(&[
+        Op::Gather { dim: 0 },
+        Op::ScatterAdd { dim: 0 },
+        Op::IndexSelect { dim: 0 },
+        Op::IndexAdd { dim: 0 },
+        Op::CumSum { dim: 0 },
+    ])
 }
 
 /// Rank 0 behaves as shape `[1]` (PyTorch accepts `dim = 0` on scalars).

@@ -16,16 +16,15 @@ use super::{map_tasks, unsupported, Kernel, SyncPtr, View};
 use crate::element::{Arith, Element};
 use crate::with_dtype;
 use gemm::Parallelism;
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result};
 use half::{bf16, f16};
 
 /// `m*n*k` above which one product is worth several threads.
 const GEMM_PARALLEL: usize = 64 * 64 * 64;
 
-const DTYPES: [DType; 6] = [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64, DType::I32];
-
 fn claims() -> Vec<(OpKind, DType)> {
-    DTYPES.iter().map(|&d| (Op::Matmul.kind(), d)).collect()
+    domain::claims(&[Op::Matmul])
 }
 
 /// One matrix operand: its first element and its (row, column) strides in elements.
@@ -193,7 +192,7 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
             outputs.len()
         )));
     };
-    if !DTYPES.contains(&a.dtype) {
+    if !domain::contains(Op::Matmul.kind(), a.dtype) {
         return Err(unsupported(op, a.dtype));
     }
     if b.dtype != a.dtype || y.dtype != a.dtype {

@@ -105,14 +105,7 @@ impl View {
 
     /// Dense row-major?
     pub fn is_contiguous(&self) -> bool {
-        let mut expected = 1isize;
-        for (&n, &s) in self.shape.iter().zip(&self.strides).rev() {
-            if n != 1 && s != expected {
-                return false;
-            }
-            expected *= n as isize;
-        }
-        true
+        genesis_backend_api::is_contiguous(&self.shape, &self.strides)
     }
 
     /// Element offsets in row-major order.

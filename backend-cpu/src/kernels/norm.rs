@@ -4,15 +4,16 @@
 //! f32, as the interface asks. The weight gradients are summed over rows in fixed blocks so
 //! that they are reproducible bit for bit (see `rows_per_block`).
 
-use super::softmax::{dense, float_claims, min_rows, rows_of, rows_per_block, with_float, Dense, Float, Real, C};
+use super::softmax::{dense, min_rows, rows_of, rows_per_block, with_float, Dense, Float, Real, C};
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
 use genesis_backend_api::sdk::checks;
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{DType, Op, OpKind, Result};
 use rayon::prelude::*;
 
 fn claims() -> Vec<(OpKind, DType)> {
-    float_claims(&[Op::LayerNorm { eps: 0.0 }, Op::LayerNormBackward, Op::RmsNorm { eps: 0.0 }, Op::RmsNormBackward])
+    domain::claims(&[Op::LayerNorm { eps: 0.0 }, Op::LayerNormBackward, Op::RmsNorm { eps: 0.0 }, Op::RmsNormBackward])
 }
 
 fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {

@@ -1,15 +1,16 @@
 //! 2-D max and average pooling and their backward ops, one (batch, channel) plane per task.
 
-use super::softmax::{dense, float_claims, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS};
+use super::softmax::{dense, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS};
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::sdk::window::{Axis, Pool2d as Geom};
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, Window2d};
 use rayon::prelude::*;
 
 fn claims() -> Vec<(OpKind, DType)> {
     let window = Window2d::default();
-    float_claims(&[
+    domain::claims(&[
         Op::MaxPool2d { window },
         Op::MaxPool2dBackward { window },
         Op::AvgPool2d { window },

@@ -7,18 +7,16 @@
 use super::{for_chunks, for_each_run, merge_dims, unsupported, Kernel, SyncPtr, View};
 use crate::element::{Arith, Element};
 use crate::with_dtype;
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::sdk::philox;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result};
 
-const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
-
 fn claims() -> Vec<(OpKind, DType)> {
-    let ops = [
+    domain::claims(&[
         Op::RandUniform { seed: 0, offset: 0, low: 0.0, high: 1.0 },
         Op::RandNormal { seed: 0, offset: 0, mean: 0.0, std: 1.0 },
         Op::Dropout { seed: 0, offset: 0, p: 0.5 },
-    ];
-    ops.iter().flat_map(|op| DTYPES.iter().map(move |&d| (op.kind(), d))).collect()
+    ])
 }
 
 /// The draws of one fill. Four (uniform f32/f16/bf16) or two (uniform f64, normal)
@@ -88,7 +86,7 @@ impl Stream {
 fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
     let name = op.name();
     let dtype = inputs.first().or(outputs.first()).map_or(DType::F32, |v| v.dtype);
-    if !DTYPES.contains(&dtype) {
+    if !dtype.is_float() {
         return Err(unsupported(op, dtype));
     }
     match *op {

@@ -23,6 +23,7 @@ use super::{for_each_run, map_tasks, merge_dims, unsupported, Kernel, SyncPtr, V
 use crate::element::{Accumulate, Arith, Element};
 use crate::with_dtype;
 use genesis_backend_api::sdk::checks;
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, ReduceOp, Result};
 
 /// Input elements folded by one task into one partial state (or one vector of them).
@@ -31,26 +32,8 @@ const BLOCK: usize = 1 << 15;
 /// Columns handled by one task of the column layout (its state vector stays in L1/L2).
 const COLUMNS: usize = 4096;
 
-fn supported(op: ReduceOp, dtype: DType) -> bool {
-    match op {
-        // Bool sums and products are the core's business (it casts to an integer first).
-        ReduceOp::Sum | ReduceOp::Prod => dtype != DType::Bool,
-        // Integer means need a float output; the core casts before calling.
-        ReduceOp::Mean => dtype.is_float(),
-        ReduceOp::Max | ReduceOp::Min | ReduceOp::ArgMax | ReduceOp::ArgMin => true,
-    }
-}
-
 fn claims() -> Vec<(OpKind, DType)> {
-    let mut claims = Vec::new();
-    for dtype in DType::ALL {
-        for &r in ReduceOp::ALL {
-            if supported(r, dtype) {
-                claims.push((OpKind::reduce(r), dtype));
-            }
-        }
-    }
-    claims
+    domain::kind_claims(&ReduceOp::ALL.iter().map(|&r| OpKind::reduce(r)).collect::<Vec<_>>())
 }
 
 fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
@@ -65,7 +48,7 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
             outputs.len()
         )));
     };
-    if !supported(r, x.dtype) {
+    if !domain::reduce_contains(r, x.dtype) {
         return Err(unsupported(op, x.dtype));
     }
     let reduced = checks::reduce(op, r, x, y)?;

@@ -3,14 +3,15 @@
 //! `cos` and `sin` have x's dtype. Any operand may be strided: inputs are gathered into dense
 //! copies and a strided output is staged (see `Dense`).
 
-use super::softmax::{dense, float_claims, min_rows, with_float, Dense, Float, C};
+use super::softmax::{dense, min_rows, with_float, Dense, Float, C};
 use super::{unsupported, Kernel, View};
 use genesis_backend_api::sdk::checks;
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{DType, Op, OpKind, Result};
 use rayon::prelude::*;
 
 fn claims() -> Vec<(OpKind, DType)> {
-    float_claims(&[Op::Rotary { inverse: false }])
+    domain::claims(&[Op::Rotary { inverse: false }])
 }
 
 fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {

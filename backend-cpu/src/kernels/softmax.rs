@@ -9,6 +9,7 @@
 use super::{unsupported, Kernel, View};
 use crate::element::{Arith, Element};
 use genesis_backend_api::sdk::checks;
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result};
 use rayon::prelude::*;
 use std::borrow::Cow;
@@ -17,9 +18,6 @@ use std::ops::{Add, AddAssign, Div, Mul, Neg, Sub, SubAssign};
 // ---------------------------------------------------------------------------------------------
 // Shared toolkit of the fused kernels.
 // ---------------------------------------------------------------------------------------------
-
-/// The dtypes every fused kernel runs.
-pub(super) const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 
 /// Below this many elements of work a kernel runs on the calling thread: handing a few
 /// microseconds of work to the pool costs more than it saves.
@@ -127,11 +125,6 @@ macro_rules! with_float {
     };
 }
 pub(super) use with_float;
-
-/// The claims of a kernel that runs `ops` for every float dtype.
-pub(super) fn float_claims(ops: &[Op]) -> Vec<(OpKind, DType)> {
-    ops.iter().flat_map(|op| FLOATS.iter().map(move |&d| (op.kind(), d))).collect()
-}
 
 /// The last dim's size and the number of rows (a rank-0 tensor is one row of one element).
 pub(super) fn rows_of(shape: &[usize]) -> (usize, usize) {
@@ -263,7 +256,7 @@ pub(super) fn split_mut<T>(data: &mut [T], n: usize, len: usize) -> Vec<&mut [T]
 // ---------------------------------------------------------------------------------------------
 
 fn claims() -> Vec<(OpKind, DType)> {
-    float_claims(&[Op::Softmax, Op::LogSoftmax, Op::SoftmaxBackward, Op::LogSoftmaxBackward])
+    domain::claims(&[Op::Softmax, Op::LogSoftmax, Op::SoftmaxBackward, Op::LogSoftmaxBackward])
 }
 
 fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {

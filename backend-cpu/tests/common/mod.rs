@@ -19,7 +19,7 @@ pub fn device() -> CpuDevice {
 }
 
 /// Every dtype, and subsets tests parameterize over.
-pub const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+pub const FLOATS: [DType; 4] = DType::FLOATS;
 /// The integer dtypes (not bool).
 pub const INTS: [DType; 3] = [DType::I64, DType::I32, DType::U8];
 

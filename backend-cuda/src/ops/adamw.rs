@@ -11,6 +11,7 @@ use super::Family;
 use crate::device::CudaDevice;
 use crate::kernels::Module;
 use crate::kernels::{set_geometry, Args, Operand};
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::sdk::{checks, expect_disjoint_updates, Extent};
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
@@ -53,8 +54,7 @@ struct TableArgs {
 
 /// What this family runs.
 fn claims() -> Vec<(OpKind, DType)> {
-    let op = Op::AdamW { lr: 0.0, beta1: 0.0, beta2: 0.0, eps: 0.0, weight_decay: 0.0, step: 1 };
-    DType::FLOATS.iter().map(|&d| (op.kind(), d)).collect()
+    domain::claims(&[Op::AdamW { lr: 0.0, beta1: 0.0, beta2: 0.0, eps: 0.0, weight_decay: 0.0, step: 1 }])
 }
 
 /// Run one AdamW step.

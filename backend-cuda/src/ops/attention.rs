@@ -13,6 +13,7 @@ use crate::device::CudaDevice;
 use crate::kernels::Module;
 use crate::kernels::Operand;
 use genesis_backend_api::sdk::checks::{attention, attention_backward, AttentionDims as Dims};
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
 /// The kernel module of flash-style attention forward and backward.
@@ -31,7 +32,7 @@ const BC: usize = 32;
 /// What this family runs.
 fn claims() -> Vec<(OpKind, DType)> {
     let ops = [Op::Attention { causal: false, scale: 1.0 }, Op::AttentionBackward { causal: false, scale: 1.0 }];
-    ops.iter().flat_map(|op| DType::FLOATS.iter().map(move |&d| (op.kind(), d))).collect()
+    domain::claims(&ops)
 }
 
 /// Mirror of `struct AttnArgs` in attention.cu (a test compares the layouts).

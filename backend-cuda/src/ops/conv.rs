@@ -16,6 +16,7 @@ use crate::blas::{compute, data_type, Blas, Gemm};
 use crate::device::CudaDevice;
 use crate::kernels::Module;
 use crate::kernels::Operand;
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::sdk::window::{Axis, Conv2d as Geom};
 use genesis_backend_api::{contiguous_strides, BackendError, DType, Op, OpKind, Result, TensorDesc, Window2d};
 
@@ -41,7 +42,7 @@ fn claims() -> Vec<(OpKind, DType)> {
         Op::Conv2dBackwardInput { window, groups },
         Op::Conv2dBackwardWeight { window, groups },
     ];
-    ops.iter().flat_map(|op| DType::FLOATS.iter().map(move |&d| (op.kind(), d))).collect()
+    domain::claims(&ops)
 }
 
 /// Mirror of `struct ConvArgs` in conv.cu (a test compares the layouts).

@@ -14,6 +14,7 @@ use super::Family;
 use crate::device::CudaDevice;
 use crate::kernels::Args;
 use genesis_backend_api::sdk::checks;
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
 inventory::submit! { Family { claims, run } }
@@ -26,13 +27,10 @@ const BACKWARD_PACKS: usize = 4;
 
 /// What this family runs.
 fn claims() -> Vec<(OpKind, DType)> {
-    [
+    domain::claims(&[
         Op::CrossEntropy { ignore_index: 0, label_smoothing: 0.0 },
         Op::CrossEntropyBackward { ignore_index: 0, label_smoothing: 0.0 },
-    ]
-    .iter()
-    .flat_map(|op| DType::FLOATS.iter().map(move |&d| (op.kind(), d)))
-    .collect()
+    ])
 }
 
 fn set_views(args: &mut Args, views: &[RowView]) {

@@ -8,7 +8,8 @@ use crate::kernels::Module;
 use crate::kernels::{set_geometry, Args, KernelName, Operand};
 use cudarc::driver::result;
 use genesis_backend_api::sdk::checks;
-use genesis_backend_api::{BackendError, BinaryOp, DType, Op, OpKind, Result, TensorDesc, UnaryOp};
+use genesis_backend_api::sdk::domain;
+use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc, UnaryOp};
 
 /// The kernel module of the elementwise, cast, random and reduction kernels, for every dtype.
 pub const MODULE: Module = Module {
@@ -25,45 +26,10 @@ pub const MODULE: Module = Module {
 inventory::submit! { MODULE }
 inventory::submit! { Family { claims, run } }
 
-fn unary_supported(op: UnaryOp, dtype: DType) -> bool {
-    match op {
-        UnaryOp::Not => dtype == DType::Bool,
-        UnaryOp::IsNan => true,
-        UnaryOp::Neg | UnaryOp::Sign => dtype.is_float() || matches!(dtype, DType::I64 | DType::I32),
-        UnaryOp::Abs | UnaryOp::Square => dtype != DType::Bool,
-        _ => dtype.is_float(),
-    }
-}
-
-fn binary_supported(op: BinaryOp, dtype: DType) -> bool {
-    match op {
-        BinaryOp::And | BinaryOp::Or | BinaryOp::Eq | BinaryOp::Ne => true,
-        _ => dtype != DType::Bool,
-    }
-}
-
 /// What this family runs.
 fn claims() -> Vec<(OpKind, DType)> {
-    let mut claims = Vec::new();
-    for dtype in DType::ALL {
-        for &u in UnaryOp::ALL {
-            if unary_supported(u, dtype) {
-                claims.push((OpKind::unary(u), dtype));
-            }
-        }
-        for &b in BinaryOp::ALL {
-            if binary_supported(b, dtype) {
-                claims.push((OpKind::binary(b), dtype));
-                claims.push((OpKind::binary_scalar(b), dtype));
-            }
-        }
-        if dtype != DType::Bool {
-            claims.push((Op::Clamp { min: 0.0, max: 0.0 }.kind(), dtype));
-        }
-        for op in [Op::Where, Op::Copy, Op::Cast, Op::Fill { value: 0.0 }, Op::Arange { start: 0.0, step: 1.0 }] {
-            claims.push((op.kind(), dtype));
-        }
-    }
+    let mut claims = domain::elementwise_claims();
+    claims.extend(domain::claims(&[Op::Copy, Op::Cast, Op::Fill { value: 0.0 }, Op::Arange { start: 0.0, step: 1.0 }]));
     claims
 }
 

@@ -15,6 +15,7 @@ use crate::device::CudaDevice;
 use crate::kernels::Module;
 use crate::kernels::{Args, Operand};
 use genesis_backend_api::sdk::checks;
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
 /// The kernel module of the index kernels (gather, scatter-add, index-select, index-add, cumsum) and the deferred index check, for every dtype.
@@ -29,18 +30,13 @@ inventory::submit! { Family { claims, run } }
 
 /// What this family runs: every dtype, as on the CPU (cumsum: all but bool).
 fn claims() -> Vec<(OpKind, DType)> {
-    let mut claims = Vec::new();
-    for dtype in DType::ALL {
-        for op in
-            [Op::Gather { dim: 0 }, Op::ScatterAdd { dim: 0 }, Op::IndexSelect { dim: 0 }, Op::IndexAdd { dim: 0 }]
-        {
-            claims.push((op.kind(), dtype));
-        }
-        if dtype != DType::Bool {
-            claims.push((Op::CumSum { dim: 0 }.kind(), dtype));
-        }
-    }
-    claims
+    domain::claims(&[
+        Op::Gather { dim: 0 },
+        Op::ScatterAdd { dim: 0 },
+        Op::IndexSelect { dim: 0 },
+        Op::IndexAdd { dim: 0 },
+        Op::CumSum { dim: 0 },
+    ])
 }
 
 /// Run one index op.

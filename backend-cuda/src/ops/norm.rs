@@ -14,6 +14,7 @@ use crate::device::CudaDevice;
 use crate::kernels::Module;
 use crate::kernels::{merge_dims, Operand};
 use genesis_backend_api::sdk::checks;
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc, MAX_DIMS};
 
 /// The kernel module of layer norm and RMS norm, forward and backward.
@@ -71,7 +72,7 @@ struct RowArgs {
 /// What this family runs.
 fn claims() -> Vec<(OpKind, DType)> {
     let ops = [Op::LayerNorm { eps: 0.0 }, Op::LayerNormBackward, Op::RmsNorm { eps: 0.0 }, Op::RmsNormBackward];
-    ops.iter().flat_map(|op| DType::FLOATS.iter().map(move |&d| (op.kind(), d))).collect()
+    domain::claims(&ops)
 }
 
 /// The argument block for rows of `x`: `rows` operands (x's shape) and `stats` (its leading

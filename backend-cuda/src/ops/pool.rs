@@ -7,6 +7,7 @@ use super::resolve;
 use super::Family;
 use crate::device::CudaDevice;
 use crate::kernels::Operand;
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::sdk::window::Pool2d as Geom;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc, Window2d};
 
@@ -21,7 +22,7 @@ fn claims() -> Vec<(OpKind, DType)> {
         Op::AvgPool2d { window },
         Op::AvgPool2dBackward { window },
     ];
-    ops.iter().flat_map(|op| DType::FLOATS.iter().map(move |&d| (op.kind(), d))).collect()
+    domain::claims(&ops)
 }
 
 /// Elements of y, and of x, over all planes.

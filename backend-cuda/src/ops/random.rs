@@ -4,6 +4,7 @@ use super::arity;
 use super::Family;
 use crate::device::CudaDevice;
 use crate::kernels::{set_geometry, Args};
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
 inventory::submit! { Family { claims, run } }
@@ -15,7 +16,7 @@ fn claims() -> Vec<(OpKind, DType)> {
         Op::RandNormal { seed: 0, offset: 0, mean: 0.0, std: 1.0 },
         Op::Dropout { seed: 0, offset: 0, p: 0.5 },
     ];
-    ops.iter().flat_map(|op| DType::FLOATS.iter().map(move |&d| (op.kind(), d))).collect()
+    domain::claims(&ops)
 }
 
 /// Run one op of this family.

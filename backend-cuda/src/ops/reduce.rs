@@ -6,30 +6,14 @@ use super::Family;
 use crate::device::CudaDevice;
 use crate::kernels::{merge_dims, Args};
 use genesis_backend_api::sdk::checks;
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, ReduceOp, Result, TensorDesc};
 
 inventory::submit! { Family { claims, run } }
 
-fn supported(op: ReduceOp, dtype: DType) -> bool {
-    match op {
-        // Bool sums and products are the core's business (it casts to an integer first).
-        ReduceOp::Sum | ReduceOp::Prod => dtype != DType::Bool,
-        ReduceOp::Mean => dtype.is_float(),
-        ReduceOp::Max | ReduceOp::Min | ReduceOp::ArgMax | ReduceOp::ArgMin => true,
-    }
-}
-
-/// What this family runs.
+/// What this family runs: every reduction, on its whole domain.
 fn claims() -> Vec<(OpKind, DType)> {
-    let mut claims = Vec::new();
-    for dtype in DType::ALL {
-        for &r in ReduceOp::ALL {
-            if supported(r, dtype) {
-                claims.push((OpKind::reduce(r), dtype));
-            }
-        }
-    }
-    claims
+    domain::kind_claims(&ReduceOp::ALL.iter().map(|&r| OpKind::reduce(r)).collect::<Vec<_>>())
 }
 
 /// Run one reduction.

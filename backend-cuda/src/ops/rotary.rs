@@ -11,6 +11,7 @@ use crate::device::CudaDevice;
 use crate::kernels::Module;
 use crate::kernels::{merge_dims, Args, Operand};
 use genesis_backend_api::sdk::checks;
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
 /// The kernel module of rotary position embedding.
@@ -22,18 +23,11 @@ inventory::submit! { Family { claims, run } }
 
 /// What this family runs.
 fn claims() -> Vec<(OpKind, DType)> {
-    DType::FLOATS.iter().map(|&d| (Op::Rotary { inverse: false }.kind(), d)).collect()
+    domain::claims(&[Op::Rotary { inverse: false }])
 }
 
 fn is_dense(o: &Operand) -> bool {
-    let mut expected = 1isize;
-    for (&n, &s) in o.shape.iter().zip(&o.strides).rev() {
-        if n != 1 && s != expected {
-            return false;
-        }
-        expected *= n as isize;
-    }
-    true
+    genesis_backend_api::is_contiguous(&o.shape, &o.strides)
 }
 
 /// Run the rotation.

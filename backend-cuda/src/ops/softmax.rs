@@ -14,6 +14,7 @@ use crate::device::CudaDevice;
 use crate::kernels::Args;
 use crate::kernels::Module;
 use genesis_backend_api::sdk::checks;
+use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
 /// The kernel module of softmax, log-softmax, their backward ops and cross-entropy, with the deferred index check for targets.
@@ -33,10 +34,7 @@ inventory::submit! { Family { claims, run } }
 
 /// What this family runs.
 fn claims() -> Vec<(OpKind, DType)> {
-    [Op::Softmax, Op::LogSoftmax, Op::SoftmaxBackward, Op::LogSoftmaxBackward]
-        .iter()
-        .flat_map(|op| DType::FLOATS.iter().map(move |&d| (op.kind(), d)))
-        .collect()
+    domain::claims(&[Op::Softmax, Op::LogSoftmax, Op::SoftmaxBackward, Op::LogSoftmaxBackward])
 }
 
 /// Columns per 16-byte pack of `dtype`.

@@ -22,14 +22,7 @@ impl Layout {
     }
 
     pub fn is_contiguous(&self) -> bool {
-        let mut expected = 1isize;
-        for (&n, &s) in self.shape.iter().zip(&self.strides).rev() {
-            if n != 1 && s != expected {
-                return false;
-            }
-            expected *= n as isize;
-        }
-        true
+        genesis_backend_api::is_contiguous(&self.shape, &self.strides)
     }
 
     /// The layout seen with `shape` by broadcasting (stride 0 on new or size-1 dims).
