@@ -18,6 +18,7 @@
 pub mod amp;
 pub mod autograd;
 pub mod backend;
+pub mod checkpoint;
 pub mod comm;
 pub mod data;
 mod device;

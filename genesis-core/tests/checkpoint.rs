@@ -4,9 +4,10 @@
 //! Only `resume_gives_the_same_losses` draws from the default generator, so tests running in
 //! parallel in this binary cannot disturb its random stream.
 
+use genesis::checkpoint::Checkpoint;
 use genesis::optim::{AdamOptions, AdamW, LrScheduler, Optimizer, WarmupCosineLR};
 use genesis::random::{get_rng_state, manual_seed, set_rng_state};
-use genesis::serialize::{write_atomically, Checkpoint, StateDict};
+use genesis::serialize::{write_atomically, StateDict};
 use genesis::{no_grad, DType, Device, ErrorKind, Result, Tensor};
 use std::io::Write;
 use std::path::PathBuf;

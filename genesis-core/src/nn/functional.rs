@@ -1,6 +1,6 @@
 //! Functional forms of the layers and losses (`torch.nn.functional`).
 
-pub use crate::ops::attention::{rotary_embedding, scaled_dot_product_attention};
+pub use crate::ops::attention::scaled_dot_product_attention;
 pub use crate::ops::conv::{adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d};
 pub use crate::ops::dropout::dropout;
 pub use crate::ops::linear::linear;
@@ -9,6 +9,7 @@ pub use crate::ops::loss::{
     binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy, l1_loss, mse_loss, nll_loss, Reduction,
 };
 pub use crate::ops::norm::{batch_norm, layer_norm, rms_norm};
+pub use crate::ops::rotary::rotary_embedding;
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;

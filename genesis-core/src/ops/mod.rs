@@ -13,10 +13,11 @@ pub(crate) mod linear;
 pub(crate) mod linear_loss;
 pub(crate) mod loss;
 mod matmul;
-mod nn;
 pub(crate) mod norm;
 mod reduce;
+pub(crate) mod rotary;
 pub(crate) mod shape;
+mod softmax;
 
 pub use elementwise::Scalar;
 

@@ -1,5 +1,6 @@
 //! Saving and loading tensors: state dicts as safetensors files with PyTorch / Hugging Face
-//! names, and training checkpoints.
+//! names. Training checkpoints, which add optimizer and scheduler state, are
+//! [`crate::checkpoint`].
 //!
 //! Files are written atomically ([`write_atomically`]): a crash during a save leaves the
 //! previous file as it was.
@@ -19,12 +20,10 @@
 //! ```
 
 mod atomic;
-mod checkpoint;
 mod load_into;
 mod safetensors_io;
 
 pub use atomic::write_atomically;
-pub use checkpoint::Checkpoint;
 pub use load_into::{load_state_dict_into, LoadReport};
 pub(crate) use safetensors_io::{describe_error, tensor_from_view};
 pub use safetensors_io::{from_bytes, load, load_with_metadata, save, to_bytes};

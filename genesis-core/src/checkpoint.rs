@@ -1,4 +1,4 @@
-//! Training checkpoints: model and optimizer tensors, scheduler state, RNG state, step and
+//! Training checkpoints (`genesis::checkpoint::Checkpoint`): model and optimizer tensors, scheduler state, RNG state, step and
 //! user metadata in one safetensors file, written atomically.
 //!
 //! Layout: tensors `model.{name}` and `optimizer.{name}`; header metadata `genesis.format`,
@@ -6,12 +6,11 @@
 //! `scheduler.{entry}`, `extra.{entry}` (numbers printed so that they read back exactly) and
 //! `user.{key}`.
 
-use super::safetensors_io::{from_bytes, to_bytes};
-use super::{write_atomically, Metadata, StateDict};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::optim::{OptimState, SchedulerState};
 use crate::random::RngState;
+use crate::serialize::{from_bytes, to_bytes, write_atomically, Metadata, StateDict};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;

@@ -1,14 +1,20 @@
-//! One opened CUDA device: its stream, memory, kernel modules and the op dispatch.
+//! One opened CUDA device: its stream, memory and the op dispatch. Kernel modules and launches
+//! are in [`modules`], the deferred index check in [`index_check`].
 //!
 //! All work of a device goes to one stream in issue order. Errors of asynchronous work (a
 //! kernel fault, say) surface at the next synchronizing call; the message then lists the ops
 //! issued since the last synchronization, and `GENESIS_CUDA_SYNC=1` synchronizes after every
 //! op to name the exact one.
 
+mod index_check;
+mod modules;
+
+pub use index_check::IndexCheck;
+use modules::LoadedModule;
+
 use crate::allocator::{CachingAllocator, Memory, ReserveError};
 use crate::events::EventPool;
-use crate::kernels::{self, Args, Module, Operand};
-use crate::nvrtc::Compiler;
+use crate::kernels::{Args, Operand};
 use crate::ops;
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 use genesis_backend_api::{
@@ -16,7 +22,7 @@ use genesis_backend_api::{
 };
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
-use std::ffi::{c_void, CString};
+
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// "`call`: CUDA_ERROR_...: text".
@@ -111,44 +117,11 @@ pub struct CudaDevice {
     pub(crate) blas: OnceLock<Result<crate::blas::Blas>>,
 }
 
-/// An index bounds check queued on the stream (see `ops::rows::check_indices`): what the
-/// error names if the device finds a bad index.
-pub struct IndexCheck {
-    /// Device address of the checking module's `index_fault` word pair.
-    pub fault: u64,
-    /// The op that uses the indices.
-    pub op: &'static str,
-    /// What the indices are ("index", "target").
-    pub what: &'static str,
-    /// The exclusive bound.
-    pub bound: usize,
-    /// A value allowed besides `[0, bound)` (cross-entropy's ignore_index).
-    pub ignore: Option<i64>,
-}
-
-/// Checks queued before the host looks at their results without being asked to: a loop that
-/// never synchronizes still gets its errors, and a check's number fits the kernel's flag.
-const INDEX_CHECKS_KEPT: usize = 1 << 16;
-
-/// A kernel module and the functions looked up in it so far. Keyed by name so that a
-/// lookup with a borrowed `&str` allocates nothing.
-struct LoadedModule {
-    handle: sys::CUmodule,
-    functions: HashMap<String, sys::CUfunction>,
-    globals: HashMap<&'static str, u64>,
-}
-
 // SAFETY: the raw CUDA handles are used under locks or are immutable after creation; the
 // driver API is thread-safe once the context is current on the calling thread (every entry
 // point binds it).
 unsafe impl Send for CudaDevice {}
 unsafe impl Sync for CudaDevice {}
-
-/// The process-wide NVRTC, opened on the first kernel launch.
-fn compiler() -> Result<&'static Compiler> {
-    static COMPILER: OnceLock<Result<Compiler>> = OnceLock::new();
-    COMPILER.get_or_init(Compiler::open).as_ref().map_err(Clone::clone)
-}
 
 const PENDING_KEPT: usize = 16;
 
@@ -232,215 +205,6 @@ impl CudaDevice {
     /// Return a scratch buffer; stream order makes this safe while the op is still queued.
     pub fn free_scratch(&self, id: BufferId) -> Result<()> {
         self.memory().free(id)
-    }
-
-    /// The loaded module `module` for `dtype`, loading it on first use (the caller holds the
-    /// module lock).
-    fn loaded<'m>(
-        &self,
-        modules: &'m mut HashMap<(&'static str, DType), LoadedModule>,
-        module: &'static Module,
-        dtype: DType,
-    ) -> Result<&'m mut LoadedModule> {
-        Ok(match modules.entry((module.name, dtype)) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                let handle = self.load_module(module, dtype)?;
-                e.insert(LoadedModule { handle, functions: HashMap::new(), globals: HashMap::new() })
-            }
-        })
-    }
-
-    fn function(&self, module: &'static Module, dtype: DType, name: &str) -> Result<sys::CUfunction> {
-        let mut modules = Self::lock(&self.modules);
-        let loaded = self.loaded(&mut modules, module, dtype)?;
-        if let Some(&f) = loaded.functions.get(name) {
-            return Ok(f);
-        }
-        let cname = CString::new(name).map_err(|_| BackendError::internal("kernel name with NUL"))?;
-        // SAFETY: the module is loaded and never unloaded while the device lives.
-        let f = unsafe { result::module::get_function(loaded.handle, cname) }
-            .map_err(|e| driver_error(&format!("kernel {name} of module {} for {dtype}", module.name), e))?;
-        loaded.functions.insert(name.to_string(), f);
-        Ok(f)
-    }
-
-    /// Device address of the `__device__` variable `name` of kernel module `module` built for
-    /// `dtype` (loading the module if needed).
-    pub fn module_global(&self, module: &'static Module, dtype: DType, name: &'static str) -> Result<u64> {
-        let mut modules = Self::lock(&self.modules);
-        let loaded = self.loaded(&mut modules, module, dtype)?;
-        if let Some(&ptr) = loaded.globals.get(name) {
-            return Ok(ptr);
-        }
-        let cname = CString::new(name).map_err(|_| BackendError::internal("global name with NUL"))?;
-        // SAFETY: a loaded module; the driver writes the address and size.
-        let (ptr, _) = unsafe { result::module::get_global(loaded.handle, cname) }
-            .map_err(|e| driver_error(&format!("variable {name} of module {} for {dtype}", module.name), e))?;
-        loaded.globals.insert(name, ptr);
-        Ok(ptr)
-    }
-
-    /// Queue an index check: `launch` gets the check's number and issues the kernel. The
-    /// result is read at the next synchronization ([`CudaDevice::take_index_fault`]).
-    pub fn queue_index_check(&self, check: IndexCheck, launch: impl FnOnce(u32) -> Result<()>) -> Result<()> {
-        let mut checks = Self::lock(&self.index_checks);
-        if checks.len() == INDEX_CHECKS_KEPT {
-            // A full list is a synchronization like any other: a fault found here is
-            // reported now (naming its op), and the lists start over either way.
-            self.wait_locked(&mut checks, "before an index check, the list of pending ones full")?;
-        }
-        checks.push(check);
-        launch(checks.len() as u32)
-    }
-
-    /// After the stream is idle: the first failed index check since the last call, as the
-    /// error its op would have returned on the CPU; the fault words are reset and the list
-    /// emptied either way.
-    fn take_index_fault(checks: &mut Vec<IndexCheck>) -> Result<()> {
-        let result = Self::first_index_fault(checks);
-        checks.clear();
-        result
-    }
-
-    fn first_index_fault(checks: &[IndexCheck]) -> Result<()> {
-        if checks.is_empty() {
-            return Ok(());
-        }
-        let mut words: Vec<u64> = checks.iter().map(|c| c.fault).collect();
-        words.sort_unstable();
-        words.dedup();
-        let mut first: Option<(u64, i64)> = None;
-        for word in words {
-            let mut fault = [0u8; 16];
-            // SAFETY: 16 bytes of a loaded module's `index_fault`; the stream is idle.
-            unsafe {
-                result::memcpy_dtoh_sync(&mut fault, word).map_err(|e| driver_error("reading index_fault", e))?;
-            }
-            let number = u64::from_le_bytes(fault[..8].try_into().unwrap_or_default());
-            if number != 0 {
-                let value = i64::from_le_bytes(fault[8..].try_into().unwrap_or_default());
-                first = Some(first.map_or((number, value), |f| f.min((number, value))));
-                // SAFETY: as above.
-                unsafe { result::memset_d8_sync(word, 0, 16) }.map_err(|e| driver_error("resetting index_fault", e))?;
-            }
-        }
-        let found = first.and_then(|(number, value)| Some((checks.get(number as usize - 1)?, value)));
-        match found {
-            Some((c, value)) => {
-                let ignored = c.ignore.map_or(String::new(), |i| format!(" and is not ignore_index ({i})"));
-                Err(BackendError::invalid(format!(
-                    "{}: {} {value} is out of range [0, {}){ignored} (found on the device and reported at the next \
-                     synchronization; the op wrote nothing)",
-                    c.op, c.what, c.bound
-                )))
-            }
-            None if first.is_some() => Err(BackendError::internal("cuda: an index check failed that was not recorded")),
-            None => Ok(()),
-        }
-    }
-
-    /// Compile (or fetch from the disk cache) and load kernel module `module` for `dtype`.
-    fn load_module(&self, module: &'static Module, dtype: DType) -> Result<sys::CUmodule> {
-        if !module.serves(dtype) {
-            return Err(BackendError::internal(format!("cuda: kernel module {} has no {dtype} build", module.name)));
-        }
-        let name = format!("{}_{}", module.name, dtype.name());
-        let cubin =
-            compiler()?.cubin(&name, &module.source(), &kernels::defines(dtype), self.facts.arch, self.facts.driver)?;
-        // SAFETY: a CUBIN NVRTC produced for this device's architecture.
-        unsafe { result::module::load_data(cubin.as_ptr() as *const c_void) }
-            .map_err(|e| driver_error(&format!("loading kernel module {name}"), e))
-    }
-
-    /// Launch `name` of the elementwise module of `dtype` over `args.n` elements, `per_thread`
-    /// elements per thread per step; `op` names the op in errors.
-    pub fn launch(&self, op: &str, dtype: DType, name: &str, args: &mut Args, per_thread: u64) -> Result<()> {
-        if args.n == 0 {
-            return Ok(());
-        }
-        let f = self.function(&crate::ops::ELEMENTWISE, dtype, name)?;
-        const THREADS: u64 = 256;
-        let wanted = args.n.div_ceil(THREADS * per_thread.max(1));
-        // Enough blocks to fill every SM several times over; grid-stride loops do the rest.
-        let blocks = wanted.min(self.facts.sm_count as u64 * 32).max(1) as u32;
-        let mut params = [args as *mut Args as *mut c_void];
-        // SAFETY: every kernel of the module takes one `Args` by value, which is what
-        // `params` points at; the addresses inside were validated against their buffers.
-        unsafe {
-            result::launch_kernel(f, (blocks, 1, 1), (THREADS as u32, 1, 1), 0, self.stream, &mut params)
-                .map_err(|e| driver_error(&format!("{op}: launching {name}"), e))?;
-        }
-        Ok(())
-    }
-
-    /// Launch `name` with one block of `threads` per output element (`args.n` outputs; the
-    /// kernel loops when there are more outputs than blocks).
-    pub fn launch_blocks(&self, op: &str, dtype: DType, name: &str, args: &mut Args, threads: u32) -> Result<()> {
-        if args.n == 0 {
-            return Ok(());
-        }
-        let f = self.function(&crate::ops::ELEMENTWISE, dtype, name)?;
-        let blocks = args.n.min(self.facts.sm_count as u64 * 64).max(1) as u32;
-        let mut params = [args as *mut Args as *mut c_void];
-        // SAFETY: as in `launch`.
-        unsafe {
-            // 16 bytes of shared memory per thread: the widest (value, index) state.
-            result::launch_kernel(f, (blocks, 1, 1), (threads, 1, 1), 256 * 16, self.stream, &mut params)
-                .map_err(|e| driver_error(&format!("{op}: launching {name}"), e))?;
-        }
-        Ok(())
-    }
-
-    /// Launch `name` of kernel module `module` (compiled for `dtype` on first use) on a
-    /// `grid` of `block`-shaped blocks with `smem` bytes of dynamic shared memory, passing
-    /// `params` (`Args`, or a `#[repr(C)]` mirror of the kernel's own argument struct) by
-    /// value. For kernels that pick their own geometry (row kernels, attention tiles, conv);
-    /// `op` names the op in errors. An empty grid launches nothing.
-    #[allow(clippy::too_many_arguments)]
-    pub fn launch_grid<P: Copy>(
-        &self,
-        op: &str,
-        module: &'static Module,
-        dtype: DType,
-        name: &str,
-        params: &mut P,
-        grid: (u32, u32),
-        block: (u32, u32),
-        smem: u32,
-    ) -> Result<()> {
-        if grid.0 == 0 || grid.1 == 0 {
-            return Ok(());
-        }
-        // `function` refuses a module built for other dtypes when it first loads it.
-        let f = self.function(module, dtype, name)?;
-        // Above 48 KiB a kernel must opt in to dynamic shared memory, up to the device limit.
-        const DEFAULT_SMEM: u32 = 48 * 1024;
-        if smem > DEFAULT_SMEM {
-            let limit = self.facts.max_smem_optin;
-            if smem > limit {
-                return Err(BackendError::unsupported(format!(
-                    "{op}: {name} needs {smem} bytes of shared memory per block, the device allows {limit}"
-                )));
-            }
-            // SAFETY: `f` is a loaded function; the value is within the device limit.
-            unsafe {
-                result::function::set_function_attribute(
-                    f,
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    smem as i32,
-                )
-            }
-            .map_err(|e| driver_error(&format!("{op}: cuFuncSetAttribute for {name}"), e))?;
-        }
-        let mut args = [params as *mut P as *mut c_void];
-        // SAFETY: the kernel takes one argument of the struct `P` mirrors; the addresses inside
-        // were validated against their buffers by the caller.
-        unsafe {
-            result::launch_kernel(f, (grid.0, grid.1, 1), (block.0, block.1, 1), smem, self.stream, &mut args)
-                .map_err(|e| driver_error(&format!("{op}: launching {name}"), e))?;
-        }
-        Ok(())
     }
 
     /// Note an issued op; with `GENESIS_CUDA_SYNC=1`, also wait for it.

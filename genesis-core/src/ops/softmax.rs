@@ -1,4 +1,4 @@
-//! Neural-network functions on tensors: softmax and log-softmax. Each uses the backend's
+//! Softmax and log-softmax along a dim, forward and backward. Each uses the backend's
 //! fused kernel when the device claims it and a composition of primitives otherwise.
 
 use super::exec;
