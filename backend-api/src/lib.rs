@@ -42,7 +42,7 @@ pub use abi_stable;
 pub use dtype::DType;
 pub use error::{BackendError, ErrorKind, RawError, Result};
 pub use info::{BackendInfo, DeviceProperties, MemoryStats, Probe, RawBackendInfo, RawDeviceProperties, RawProbe};
-pub use op::{BinaryOp, Capability, CollectiveOp, Op, OpAttrs, OpKind, RawOp, ReduceOp, UnaryOp, Window2d};
+pub use op::{BinaryOp, Capability, CollectiveOp, Domain, Op, OpAttrs, OpKind, RawOp, ReduceOp, UnaryOp, Window2d};
 pub use tensor::{contiguous_strides, is_contiguous, BufferId, TensorDesc, MAX_DIMS};
 pub use traits::{Backend, CollectiveArg, Device, EventId, Rank};
 

@@ -14,6 +14,7 @@
 //! - "last dim" ops (softmax, norms, cross-entropy) treat all leading dims as rows.
 //! - f16/bf16 reductions and contractions accumulate in f32.
 
+use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 use abi_stable::StableAbi;
 
@@ -208,14 +209,82 @@ pub struct Window2d {
     pub dilation: [i64; 2],
 }
 
+/// The dtypes an op is defined for: those of its first input, or of its output when it has
+/// none (as in [`Capability`]). A backend claims pairs inside its ops' domains (all of them or
+/// a subset); the core never issues a pair outside them (it casts first, for example bool to
+/// i64 before a sum).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Domain {
+    /// Every dtype.
+    All,
+    /// Every dtype but bool.
+    NotBool,
+    /// The float dtypes.
+    Floats,
+    /// The float dtypes and the signed integers (i64, i32).
+    Signed,
+    /// Bool only.
+    Bool,
+}
+
+impl Domain {
+    /// Whether `dtype` is in the domain.
+    pub fn contains(self, dtype: DType) -> bool {
+        match self {
+            Domain::All => true,
+            Domain::NotBool => dtype != DType::Bool,
+            Domain::Floats => dtype.is_float(),
+            Domain::Signed => dtype.is_float() || matches!(dtype, DType::I64 | DType::I32),
+            Domain::Bool => dtype == DType::Bool,
+        }
+    }
+}
+
+impl UnaryOp {
+    /// The dtypes this function is defined for.
+    pub fn domain(self) -> Domain {
+        match self {
+            UnaryOp::Not => Domain::Bool,
+            UnaryOp::IsNan => Domain::All,
+            UnaryOp::Neg | UnaryOp::Sign => Domain::Signed,
+            UnaryOp::Abs | UnaryOp::Square => Domain::NotBool,
+            _ => Domain::Floats,
+        }
+    }
+}
+
+impl BinaryOp {
+    /// The dtypes this function is defined for (tensor and scalar forms): equality and logic
+    /// on every dtype, the rest on every dtype but bool.
+    pub fn domain(self) -> Domain {
+        match self {
+            BinaryOp::And | BinaryOp::Or | BinaryOp::Eq | BinaryOp::Ne => Domain::All,
+            _ => Domain::NotBool,
+        }
+    }
+}
+
+impl ReduceOp {
+    /// The dtypes this reduction is defined for. Bool sums and products are the core's
+    /// business (it casts to an integer first); an integer mean needs a float output, so the
+    /// core casts before calling.
+    pub fn domain(self) -> Domain {
+        match self {
+            ReduceOp::Sum | ReduceOp::Prod => Domain::NotBool,
+            ReduceOp::Mean => Domain::Floats,
+            ReduceOp::Max | ReduceOp::Min | ReduceOp::ArgMax | ReduceOp::ArgMin => Domain::All,
+        }
+    }
+}
+
 /// Declares [`Op`] and its wire form in one place. Each member of the "other" family is one
-/// entry: its doc, its attributes with the [`OpAttrs`] slot each travels in, its code and its
-/// name. The code is the member's index (a compile-time check): append, never reorder.
+/// entry: its doc, its attributes with the [`OpAttrs`] slot each travels in, its code, its
+/// name and its [`Domain`]. The code is the member's index (a compile-time check): append, never reorder.
 macro_rules! declare_ops {
     ($(
         $(#[$doc:meta])*
         $variant:ident $({ $($(#[$field_doc:meta])* $field:ident: $ty:ty => $slot:ident[$k:literal],)* })?
-            = $code:literal => $name:literal,
+            = $code:literal => $name:literal in $domain:ident,
     )*) => {
         /// One operation with its attributes. Operands are listed as `inputs -> outputs`.
         #[derive(Debug, Clone, Copy, PartialEq)]
@@ -259,6 +328,14 @@ macro_rules! declare_ops {
                         $($(slot::$slot::put(a, $k, $field);)*)?
                         Some($code)
                     })*
+                    _ => None,
+                }
+            }
+
+            /// The domain of an op of the "other" family.
+            fn other_domain(&self) -> Option<Domain> {
+                match self {
+                    $(Op::$variant { .. } => Some(Domain::$domain),)*
                     _ => None,
                 }
             }
@@ -376,54 +453,54 @@ declare_ops! {
         min: f64 => float[0],
         /// Upper bound (`+inf` for none).
         max: f64 => float[1],
-    } = 0 => "clamp",
+    } = 0 => "clamp" in NotBool,
     /// `[cond(bool), a, b] -> [y]`, `cond ? a : b`.
-    Where = 1 => "where",
+    Where = 1 => "where" in All,
     /// `[x] -> [y]`, same shape and dtype, any strides: the strided copy.
-    Copy = 2 => "copy",
+    Copy = 2 => "copy" in All,
     /// `[x] -> [y]`, same shape, dtype converted (floats to ints truncate toward zero,
     /// to bool is `!= 0`).
-    Cast = 3 => "cast",
+    Cast = 3 => "cast" in All,
     /// `[] -> [y]`, every element set to `value`.
     Fill {
         /// The value, converted to the output dtype.
         value: f64 => float[0],
-    } = 4 => "fill",
+    } = 4 => "fill" in All,
     /// `[] -> [y]` (rank 1), `y[i] = start + i*step`.
     Arange {
         /// First value.
         start: f64 => float[0],
         /// Increment.
         step: f64 => float[1],
-    } = 5 => "arange",
+    } = 5 => "arange" in All,
     /// `[a (.., m, k), b (.., k, n)] -> [y (.., m, n)]`; batch dims equal (broadcast ones have
     /// stride 0); transposes arrive as strides.
-    Matmul = 6 => "matmul",
+    Matmul = 6 => "matmul" in Signed,
     /// `[x, index(i64)] -> [y]`, `y[..i..] = x[..index[..i..]..]` along `dim`.
     Gather {
         /// The indexed dimension.
         dim: u32 => int[0],
-    } = 7 => "gather",
+    } = 7 => "gather" in All,
     /// `[src, index(i64)] -> [y]` in place: `y[..index[..i..]..] += src[..i..]` along `dim`.
     ScatterAdd {
         /// The indexed dimension.
         dim: u32 => int[0],
-    } = 8 => "scatter_add",
+    } = 8 => "scatter_add" in All,
     /// `[x, index(i64, rank 1)] -> [y]`, rows of `x` along `dim` picked by `index`.
     IndexSelect {
         /// The indexed dimension.
         dim: u32 => int[0],
-    } = 9 => "index_select",
+    } = 9 => "index_select" in All,
     /// `[src, index(i64, rank 1)] -> [y]` in place: `y.select(dim, index[i]) += src.select(dim, i)`.
     IndexAdd {
         /// The indexed dimension.
         dim: u32 => int[0],
-    } = 10 => "index_add",
+    } = 10 => "index_add" in All,
     /// `[x] -> [y]`, inclusive prefix sum along `dim`.
     CumSum {
         /// The scanned dimension.
         dim: u32 => int[0],
-    } = 11 => "cumsum",
+    } = 11 => "cumsum" in NotBool,
     /// `[] -> [y]` uniform in `[low, high)` from Philox4x32-10 at `(seed, offset)`: element
     /// `i` (row-major) is `low + (high-low)*u` computed in f64 and rounded to the dtype, with
     /// `u` = `sdk::philox::uniform_f64` for f64 outputs and `uniform_f32` otherwise.
@@ -436,7 +513,7 @@ declare_ops! {
         low: f64 => float[0],
         /// Exclusive upper bound.
         high: f64 => float[1],
-    } = 12 => "rand_uniform",
+    } = 12 => "rand_uniform" in Floats,
     /// `[] -> [y]` normal(mean, std) from Philox4x32-10 at `(seed, offset)`: element `i` is
     /// `mean + std*sdk::philox::normal_f64(seed, offset, i)` in f64, rounded to the dtype.
     RandNormal {
@@ -448,7 +525,7 @@ declare_ops! {
         mean: f64 => float[0],
         /// Standard deviation.
         std: f64 => float[1],
-    } = 13 => "rand_normal",
+    } = 13 => "rand_normal" in Floats,
     /// `[x] -> [y]`, `y = x * keep / (1-p)` computed in the compute type, with element `i`
     /// kept when `u >= p` (compared in f64), `u` drawn as in `RandUniform` for y's dtype.
     /// The same call on the gradient is the backward.
@@ -459,38 +536,38 @@ declare_ops! {
         offset: u64 => int[1],
         /// Drop probability in `[0, 1)`.
         p: f64 => float[0],
-    } = 14 => "dropout",
+    } = 14 => "dropout" in Floats,
     /// `[x] -> [y]`, softmax over the last dim; an all `-inf` row gives NaN.
-    Softmax = 15 => "softmax",
+    Softmax = 15 => "softmax" in Floats,
     /// `[x] -> [y]`, log-softmax over the last dim.
-    LogSoftmax = 16 => "log_softmax",
+    LogSoftmax = 16 => "log_softmax" in Floats,
     /// `[y, dy] -> [dx]` given the softmax output `y`.
-    SoftmaxBackward = 17 => "softmax_backward",
+    SoftmaxBackward = 17 => "softmax_backward" in Floats,
     /// `[y, dy] -> [dx]` given the log-softmax output `y`.
-    LogSoftmaxBackward = 18 => "log_softmax_backward",
+    LogSoftmaxBackward = 18 => "log_softmax_backward" in Floats,
     /// `[x, weight, bias] -> [y, mean(f32), rstd(f32)]` over the last dim; `mean` and `rstd`
     /// have the leading dims of `x` (`rstd = 1/sqrt(var + eps)`, biased variance).
     LayerNorm {
         /// Added to the variance.
         eps: f64 => float[0],
-    } = 19 => "layer_norm",
+    } = 19 => "layer_norm" in Floats,
     /// `[dy, x, weight, mean, rstd] -> [dx, dweight, dbias]`.
-    LayerNormBackward = 20 => "layer_norm_backward",
+    LayerNormBackward = 20 => "layer_norm_backward" in Floats,
     /// `[x, weight] -> [y, rstd(f32)]` over the last dim, `y = x * rstd * weight` with
     /// `rstd = 1/sqrt(mean(x²) + eps)` of shape `x.shape[..-1]`.
     RmsNorm {
         /// Added to the mean square.
         eps: f64 => float[0],
-    } = 21 => "rms_norm",
+    } = 21 => "rms_norm" in Floats,
     /// `[dy, x, weight, rstd] -> [dx, dweight]`.
-    RmsNormBackward = 22 => "rms_norm_backward",
+    RmsNormBackward = 22 => "rms_norm_backward" in Floats,
     /// `[x (b, h, s, d), cos (s, d/2), sin (s, d/2)] -> [y]`, rotating pairs `(i, i+d/2)`
     /// (the Hugging Face "rotate half" layout): `y_i = x_i cos - x_{i+d/2} sin`,
     /// `y_{i+d/2} = x_{i+d/2} cos + x_i sin`; `inverse` rotates by `-θ` (the backward).
     Rotary {
         /// Rotate by the negative angle.
         inverse: bool => int[0],
-    } = 23 => "rotary",
+    } = 23 => "rotary" in Floats,
     /// `[q (b, hq, s, d), k (b, hk, t, d), v (b, hk, t, d)] -> [o (b, hq, s, d), lse(f32, b, hq, s)]`
     /// with `hq` a multiple of `hk` (grouped-query: query head `h` reads kv head
     /// `h / (hq/hk)`); `lse` is the log-sum-exp of the scaled, masked scores of each query. A
@@ -500,14 +577,14 @@ declare_ops! {
         causal: bool => int[0],
         /// Multiplies `q·k`; usually `1/sqrt(d)`.
         scale: f64 => float[0],
-    } = 24 => "attention",
+    } = 24 => "attention" in Floats,
     /// `[q, k, v, o, lse, do] -> [dq, dk, dv]`.
     AttentionBackward {
         /// As in the forward.
         causal: bool => int[0],
         /// As in the forward.
         scale: f64 => float[0],
-    } = 25 => "attention_backward",
+    } = 25 => "attention_backward" in Floats,
     /// `[logits (n, c), target(i64, n)] -> [loss(f32, n), lse(f32, n)]` per row:
     /// `loss = (1-ε)(lse - x_t) + ε(lse - mean_j x_j)` with ε the label smoothing; rows whose
     /// target is `ignore_index` get loss 0; any other target outside `[0, c)` is an error.
@@ -516,7 +593,7 @@ declare_ops! {
         ignore_index: i64 => int[0],
         /// Label smoothing in `[0, 1)`.
         label_smoothing: f64 => float[0],
-    } = 26 => "cross_entropy",
+    } = 26 => "cross_entropy" in Floats,
     /// `[logits, target, lse, dloss(f32, n)] -> [dlogits]`,
     /// `dlogits = dloss * (softmax - (1-ε) onehot(t) - ε/c)`, zero on ignored rows.
     CrossEntropyBackward {
@@ -524,7 +601,7 @@ declare_ops! {
         ignore_index: i64 => int[0],
         /// As in the forward.
         label_smoothing: f64 => float[0],
-    } = 27 => "cross_entropy_backward",
+    } = 27 => "cross_entropy_backward" in Floats,
     /// Multi-tensor AdamW, in place, PyTorch's update rule. `inputs = [grad_0, .., grad_n-1]`,
     /// `outputs = [param_0, exp_avg_0, exp_avg_sq_0, param_1, ..]` (moments in the param's
     /// dtype or f32); `step` counts from 1:
@@ -543,7 +620,7 @@ declare_ops! {
         weight_decay: f64 => float[4],
         /// The step number after this update (bias correction).
         step: u64 => int[0],
-    } = 28 => "adamw",
+    } = 28 => "adamw" in Floats,
     /// `[x (n, c, h, w), weight (o, c/groups, kh, kw)]` or with a third input `bias (o)`
     /// `-> [y (n, o, oh, ow)]`, zero padding, `oh = (h + 2p - d(kh-1) - 1)/s + 1`.
     Conv2d {
@@ -551,44 +628,44 @@ declare_ops! {
         window: Window2d => window[0],
         /// Channel groups.
         groups: u32 => high[7],
-    } = 29 => "conv2d",
+    } = 29 => "conv2d" in Floats,
     /// `[dy, weight] -> [dx]`.
     Conv2dBackwardInput {
         /// As in the forward.
         window: Window2d => window[0],
         /// As in the forward.
         groups: u32 => high[7],
-    } = 30 => "conv2d_backward_input",
+    } = 30 => "conv2d_backward_input" in Floats,
     /// `[dy, x] -> [dweight]` (and `[dbias]` as a second output when given).
     Conv2dBackwardWeight {
         /// As in the forward.
         window: Window2d => window[0],
         /// As in the forward.
         groups: u32 => high[7],
-    } = 31 => "conv2d_backward_weight",
+    } = 31 => "conv2d_backward_weight" in Floats,
     /// `[x (n, c, h, w)] -> [y, argmax(i64)]`, -inf padding, floor output size; `argmax` is the
     /// flat index `ih*w + iw` of the chosen input element in its plane (PyTorch's convention);
     /// NaN wins.
     MaxPool2d {
         /// Kernel, stride, padding, dilation.
         window: Window2d => window[0],
-    } = 32 => "max_pool2d",
+    } = 32 => "max_pool2d" in Floats,
     /// `[dy, argmax] -> [dx]`.
     MaxPool2dBackward {
         /// As in the forward.
         window: Window2d => window[0],
-    } = 33 => "max_pool2d_backward",
+    } = 33 => "max_pool2d_backward" in Floats,
     /// `[x (n, c, h, w)] -> [y]`, zero padding that counts toward the divisor
     /// (`count_include_pad`), floor output size.
     AvgPool2d {
         /// Kernel, stride, padding.
         window: Window2d => window[0],
-    } = 34 => "avg_pool2d",
+    } = 34 => "avg_pool2d" in Floats,
     /// `[dy] -> [dx]`.
     AvgPool2dBackward {
         /// As in the forward.
         window: Window2d => window[0],
-    } = 35 => "avg_pool2d_backward",
+    } = 35 => "avg_pool2d_backward" in Floats,
 }
 
 /// An op kind: the wire code of an [`Op`] without its attributes. Used in capability lists.
@@ -682,6 +759,16 @@ impl Op {
     /// A readable name for messages.
     pub fn name(&self) -> &'static str {
         self.kind().name().unwrap_or("unknown")
+    }
+
+    /// The dtypes this op is defined for.
+    pub fn domain(&self) -> Domain {
+        match *self {
+            Op::Unary(u) => u.domain(),
+            Op::Binary(b) | Op::BinaryScalar { op: b, .. } => b.domain(),
+            Op::Reduce(r) => r.domain(),
+            _ => self.other_domain().unwrap_or(Domain::All),
+        }
     }
 
     /// The wire form.

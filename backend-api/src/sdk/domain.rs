@@ -1,59 +1,12 @@
-//! Each op's domain: the dtypes it is defined for (the dtype of its first input, or of its
-//! output when it has none, as in [`Capability`](crate::Capability)). One table for every
-//! backend and the conformance harness: a backend claims pairs inside the domain (all of them,
-//! or the subset it implements); the core never issues a pair outside it (it casts first, for
-//! example bool to i64 before a sum).
+//! Capability lists from the ops' domains ([`Op::domain`], declared with each op): the
+//! `(op, dtype)` pairs a backend claims when it runs an op on its whole domain, and the test
+//! whether a pair is inside one.
 
-use crate::{BinaryOp, DType, Op, OpAttrs, OpKind, RawOp, ReduceOp, UnaryOp};
-
-/// The integer dtypes with a sign (arithmetic negation is defined on them).
-const SIGNED_INTS: [DType; 2] = [DType::I64, DType::I32];
+use crate::{BinaryOp, DType, Op, OpAttrs, OpKind, RawOp, UnaryOp};
 
 /// Whether `dtype` is in the domain of `kind` (false for a kind this version does not know).
 pub fn contains(kind: OpKind, dtype: DType) -> bool {
-    let Ok(op) = Op::decode(&RawOp { kind, attrs: OpAttrs::default() }) else {
-        return false;
-    };
-    match op {
-        Op::Unary(u) => unary_contains(u, dtype),
-        Op::Binary(b) | Op::BinaryScalar { op: b, .. } => binary_contains(b, dtype),
-        Op::Reduce(r) => reduce_contains(r, dtype),
-        Op::Where
-        | Op::Copy
-        | Op::Cast
-        | Op::Fill { .. }
-        | Op::Arange { .. }
-        | Op::Gather { .. }
-        | Op::ScatterAdd { .. }
-        | Op::IndexSelect { .. }
-        | Op::IndexAdd { .. } => true,
-        Op::Clamp { .. } | Op::CumSum { .. } => dtype != DType::Bool,
-        Op::Matmul => dtype.is_float() || SIGNED_INTS.contains(&dtype),
-        Op::RandUniform { .. }
-        | Op::RandNormal { .. }
-        | Op::Dropout { .. }
-        | Op::Softmax
-        | Op::LogSoftmax
-        | Op::SoftmaxBackward
-        | Op::LogSoftmaxBackward
-        | Op::LayerNorm { .. }
-        | Op::LayerNormBackward
-        | Op::RmsNorm { .. }
-        | Op::RmsNormBackward
-        | Op::Rotary { .. }
-        | Op::Attention { .. }
-        | Op::AttentionBackward { .. }
-        | Op::CrossEntropy { .. }
-        | Op::CrossEntropyBackward { .. }
-        | Op::AdamW { .. }
-        | Op::Conv2d { .. }
-        | Op::Conv2dBackwardInput { .. }
-        | Op::Conv2dBackwardWeight { .. }
-        | Op::MaxPool2d { .. }
-        | Op::MaxPool2dBackward { .. }
-        | Op::AvgPool2d { .. }
-        | Op::AvgPool2dBackward { .. } => dtype.is_float(),
-    }
+    Op::decode(&RawOp { kind, attrs: OpAttrs::default() }).is_ok_and(|op| op.domain().contains(dtype))
 }
 
 /// Every `(op, dtype)` pair of the domains of `ops`, for a backend's capability list.
@@ -79,39 +32,10 @@ pub fn elementwise_claims() -> Vec<(OpKind, DType)> {
     kind_claims(&kinds)
 }
 
-/// The domain of a unary op.
-pub fn unary_contains(op: UnaryOp, dtype: DType) -> bool {
-    match op {
-        UnaryOp::Not => dtype == DType::Bool,
-        UnaryOp::IsNan => true,
-        UnaryOp::Neg | UnaryOp::Sign => dtype.is_float() || SIGNED_INTS.contains(&dtype),
-        UnaryOp::Abs | UnaryOp::Square => dtype != DType::Bool,
-        _ => dtype.is_float(),
-    }
-}
-
-/// The domain of a binary op (tensor or scalar form): equality and logic on every dtype,
-/// the rest on every dtype but bool.
-pub fn binary_contains(op: BinaryOp, dtype: DType) -> bool {
-    match op {
-        BinaryOp::And | BinaryOp::Or | BinaryOp::Eq | BinaryOp::Ne => true,
-        _ => dtype != DType::Bool,
-    }
-}
-
-/// The domain of a reduction. Bool sums and products are the core's business (it casts to an
-/// integer first); integer means need a float output, so the core casts before calling.
-pub fn reduce_contains(op: ReduceOp, dtype: DType) -> bool {
-    match op {
-        ReduceOp::Sum | ReduceOp::Prod => dtype != DType::Bool,
-        ReduceOp::Mean => dtype.is_float(),
-        ReduceOp::Max | ReduceOp::Min | ReduceOp::ArgMax | ReduceOp::ArgMin => true,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ReduceOp;
 
     #[test]
     fn every_kind_has_a_domain() {

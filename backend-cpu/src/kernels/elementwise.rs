@@ -17,7 +17,7 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
         Op::Unary(u) => {
             let ([x], [y]) = (inputs, outputs) else { return Err(wrong()) };
             checks::same_shapes(op, &[x, y])?;
-            if !domain::unary_contains(u, x.dtype) {
+            if !u.domain().contains(x.dtype) {
                 return Err(unsupported(op, x.dtype));
             }
             let out_dtype = if u == UnaryOp::IsNan { DType::Bool } else { x.dtype };
@@ -28,7 +28,7 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
             let ([x, z], [y]) = (inputs, outputs) else { return Err(wrong()) };
             checks::same_shapes(op, &[x, z, y])?;
             checks::expect_dtype(op, "the second operand", z, x.dtype)?;
-            if !domain::binary_contains(b, x.dtype) {
+            if !b.domain().contains(x.dtype) {
                 return Err(unsupported(op, x.dtype));
             }
             checks::expect_dtype(op, "the output", y, if b.is_predicate() { DType::Bool } else { x.dtype })?;
@@ -37,7 +37,7 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
         Op::BinaryScalar { op: b, scalar, scalar_first } => {
             let ([x], [y]) = (inputs, outputs) else { return Err(wrong()) };
             checks::same_shapes(op, &[x, y])?;
-            if !domain::binary_contains(b, x.dtype) {
+            if !b.domain().contains(x.dtype) {
                 return Err(unsupported(op, x.dtype));
             }
             checks::expect_dtype(op, "the output", y, if b.is_predicate() { DType::Bool } else { x.dtype })?;

@@ -48,7 +48,7 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
             outputs.len()
         )));
     };
-    if !domain::reduce_contains(r, x.dtype) {
+    if !r.domain().contains(x.dtype) {
         return Err(unsupported(op, x.dtype));
     }
     let reduced = checks::reduce(op, r, x, y)?;

@@ -65,10 +65,29 @@ impl Target {
         })
     }
 
+    /// Claims outside their op's domain, see [`outside_domains`].
+    pub fn claims_outside_domains(&self) -> Vec<String> {
+        outside_domains(&self.capabilities)
+    }
+
     /// True when the device claims `op` for `dtype`.
     pub fn claims(&self, op: OpKind, dtype: DType) -> bool {
         self.claims.contains(&(op.0, dtype as u32))
     }
+}
+
+/// The claims outside their op's domain (`Op::domain`) or of a kind this interface version
+/// does not know, as "name dtype": the core never issues them and no case tests them.
+pub fn outside_domains(capabilities: &[Capability]) -> Vec<String> {
+    let mut outside = Vec::new();
+    for c in capabilities {
+        let name = c.op.name().map_or_else(|| format!("unknown kind {:#x}", c.op.0), str::to_string);
+        let dtype = DType::from_code(c.dtype);
+        if !dtype.as_ref().is_ok_and(|&d| genesis_backend_api::sdk::domain::contains(c.op, d)) {
+            outside.push(format!("{name} {}", dtype.map_or_else(|_| format!("dtype {}", c.dtype), |d| d.to_string())));
+        }
+    }
+    outside
 }
 
 /// How a tensor is laid out in its buffer.
@@ -268,4 +287,27 @@ pub fn element_offsets(desc: &TensorDesc) -> impl Iterator<Item = usize> {
     let size = desc.dtype().map(|d| d.size_in_bytes()).unwrap_or(1) as isize;
     let base = desc.offset_bytes as isize;
     genesis_backend_api::sdk::offsets(&desc.shape(), &desc.strides()).map(move |o| (base + o * size) as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use genesis_backend_api::{BinaryOp, Op, UnaryOp};
+
+    #[test]
+    fn claims_outside_domains_are_listed() {
+        let claim = |op: OpKind, dtype: u32| Capability { op, dtype };
+        let caps = [
+            claim(OpKind::unary(UnaryOp::Exp), DType::F32 as u32),
+            claim(OpKind::unary(UnaryOp::Not), DType::F32 as u32),
+            claim(OpKind::binary(BinaryOp::Add), DType::Bool as u32),
+            claim(Op::Softmax.kind(), DType::BF16 as u32),
+            claim(OpKind(0x5ff), DType::F32 as u32),
+            claim(Op::Copy.kind(), 99),
+        ];
+        assert_eq!(
+            outside_domains(&caps),
+            ["logical_not float32", "add bool", "unknown kind 0x5ff float32", "copy dtype 99"].map(String::from)
+        );
+    }
 }

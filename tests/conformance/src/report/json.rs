@@ -26,6 +26,7 @@ pub fn json_report(run: &Run) -> Value {
             "name": t.info.name, "vendor": t.info.vendor, "version": t.info.version,
             "origin": t.origin, "interface": t.api.to_string(),
             "claims": t.capabilities.len(),
+            "claims_outside_domains": t.claims_outside_domains(),
         },
         "device": {
             "index": t.index, "name": t.props.name, "total_memory": t.props.total_memory,

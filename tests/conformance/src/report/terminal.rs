@@ -64,6 +64,15 @@ pub fn terminal_report(run: &Run) -> String {
             .map(|e| format!(" · expectations {} ({} entries)", e.path, e.entries.len()))
             .unwrap_or_default()
     );
+    let outside = t.claims_outside_domains();
+    if !outside.is_empty() {
+        s += &format!(
+            "warning: {} claims outside their op's domain (Op::domain; the core never issues them, no case tests \
+             them): {}\n\n",
+            outside.len(),
+            outside.join(", ")
+        );
+    }
     let mut table: BTreeMap<(usize, String), BTreeMap<DType, Vec<&CaseResult>>> = BTreeMap::new();
     for r in run.results {
         if let Some((op, dtype)) = op_and_dtype(&r.id) {
