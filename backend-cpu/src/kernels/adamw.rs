@@ -4,7 +4,7 @@
 //! may update parameters of several dtypes. The update runs in the param's compute type (f32
 //! for f16/bf16 params); the moments are stored in the param's dtype or in f32.
 
-use super::softmax::{cvt, dense, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS};
+use super::fused::{cvt, dense, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS};
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
 use genesis_backend_api::sdk::domain;

@@ -5,7 +5,7 @@
 //! probabilities from the saved log-sum-exp, as flash-attention does, so the two directions
 //! agree with the saved statistics of any backend.
 
-use super::softmax::{dense, dense_compute, row_max, split_mut, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS};
+use super::fused::{dense, dense_compute, row_max, split_mut, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS};
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
 use genesis_backend_api::sdk::checks::{self, AttentionDims as Dims};

@@ -6,7 +6,7 @@
 //! what keeps the accumulation in f32), f64 for f64. The geometry and operand checks are the
 //! SDK's `sdk::window::Conv2d`, shared with the other backends.
 
-use super::softmax::{dense, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS};
+use super::fused::{dense, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS};
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
 use gemm::Parallelism;

@@ -4,7 +4,7 @@
 //! `(n, c)`; more leading dims are rows, as for every "last dim" op); target, loss, lse and
 //! dloss have the leading dims.
 
-use super::softmax::{dense, min_rows, row_max, with_float, Dense, Float, Real, C};
+use super::fused::{dense, min_rows, row_max, with_float, Dense, Float, Real, C};
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
 use genesis_backend_api::sdk::checks;

@@ -8,6 +8,7 @@ mod conv;
 mod copy;
 mod cross_entropy;
 mod elementwise;
+mod fused;
 mod index;
 mod matmul;
 mod norm;

@@ -4,7 +4,7 @@
 //! f32, as the interface asks. The weight gradients are summed over rows in fixed blocks so
 //! that they are reproducible bit for bit (see `rows_per_block`).
 
-use super::softmax::{dense, min_rows, rows_of, rows_per_block, with_float, Dense, Float, Real, C};
+use super::fused::{dense, min_rows, rows_of, rows_per_block, with_float, Dense, Float, Real, C};
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
 use genesis_backend_api::sdk::checks;

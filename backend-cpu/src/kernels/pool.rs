@@ -1,6 +1,6 @@
 //! 2-D max and average pooling and their backward ops, one (batch, channel) plane per task.
 
-use super::softmax::{dense, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS};
+use super::fused::{dense, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS};
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
 use genesis_backend_api::sdk::domain;

@@ -3,7 +3,7 @@
 //! `cos` and `sin` have x's dtype. Any operand may be strided: inputs are gathered into dense
 //! copies and a strided output is staged (see `Dense`).
 
-use super::softmax::{dense, min_rows, with_float, Dense, Float, C};
+use super::fused::{dense, min_rows, with_float, Dense, Float, C};
 use super::{unsupported, Kernel, View};
 use genesis_backend_api::sdk::checks;
 use genesis_backend_api::sdk::domain;

@@ -3,8 +3,14 @@
 //! 0), run an op through the `Device` trait, download the result as `f64`, compare.
 //!
 //! Each test file includes it with `mod common;`. Unused helpers are fine (`dead_code` is
-//! allowed): every test binary uses a different subset.
+//! allowed, here and in the submodules): every test binary uses a different subset.
+//!
+//! The fused-op tests have a harness of their own, [`fused`], and share the reference math in
+//! [`reference`].
 #![allow(dead_code)]
+
+pub mod fused;
+pub mod reference;
 
 use genesis_backend_api::sdk::offsets;
 use genesis_backend_api::{
