@@ -9,17 +9,16 @@
 use super::resolve;
 use super::Family;
 use crate::device::CudaDevice;
-use crate::kernels::Module;
 use crate::kernels::{set_geometry, Args, Operand};
 use genesis_backend_api::sdk::domain;
 use genesis_backend_api::sdk::{checks, expect_disjoint_updates, Extent};
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
-/// The kernel module of multi-tensor AdamW, compiled per parameter dtype.
-pub const MODULE: Module =
-    Module { name: "adamw", sources: &[include_str!("../kernels/adamw.cu")], dtypes: &DType::FLOATS };
-
-inventory::submit! { MODULE }
+kernel_module! {
+    /// Multi-tensor AdamW, compiled per parameter dtype.
+    MODULE = "adamw", for &DType::FLOATS,
+    from "adamw.cu"
+}
 inventory::submit! { Family { claims, run } }
 
 /// Tensors per launch (`MAX_ENTRIES` in adamw.cu: the table fills most of the 4 KiB of kernel

@@ -10,17 +10,16 @@ use super::launch::{compute_dtype, grid, launch_1d, Scratch};
 use super::resolve;
 use super::Family;
 use crate::device::CudaDevice;
-use crate::kernels::Module;
 use crate::kernels::Operand;
 use genesis_backend_api::sdk::checks::{attention, attention_backward, AttentionDims as Dims};
 use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
-/// The kernel module of flash-style attention forward and backward.
-pub const MODULE: Module =
-    Module { name: "attention", sources: &[include_str!("../kernels/attention.cu")], dtypes: &DType::FLOATS };
-
-inventory::submit! { MODULE }
+kernel_module! {
+    /// Flash-style attention forward and backward.
+    MODULE = "attention", for &DType::FLOATS,
+    from "attention.cu"
+}
 inventory::submit! { Family { claims, run } }
 
 /// Threads per block: 8 warps (`WARPS` in attention.cu).

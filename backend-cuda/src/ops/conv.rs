@@ -14,20 +14,16 @@ use super::resolve;
 use super::Family;
 use crate::blas::{compute, data_type, Blas, Gemm};
 use crate::device::CudaDevice;
-use crate::kernels::Module;
 use crate::kernels::Operand;
 use genesis_backend_api::sdk::domain;
 use genesis_backend_api::sdk::window::{Axis, Conv2d as Geom};
 use genesis_backend_api::{contiguous_strides, BackendError, DType, Op, OpKind, Result, TensorDesc, Window2d};
 
-/// The kernel module of im2col/col2im for convolution, and 2-D pooling.
-pub const MODULE: Module = Module {
-    name: "window",
-    sources: &[include_str!("../kernels/conv.cu"), include_str!("../kernels/pool.cu")],
-    dtypes: &DType::FLOATS,
-};
-
-inventory::submit! { MODULE }
+kernel_module! {
+    /// im2col/col2im for convolution, and 2-D pooling.
+    MODULE = "window", for &DType::FLOATS,
+    from "conv.cu", "pool.cu"
+}
 inventory::submit! { Family { claims, run } }
 
 /// Bytes of scratch one chunk of samples may use (column matrix plus product); a single

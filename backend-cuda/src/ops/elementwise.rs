@@ -4,26 +4,17 @@
 use super::arity;
 use super::Family;
 use crate::device::CudaDevice;
-use crate::kernels::Module;
 use crate::kernels::{set_geometry, Args, KernelName, Operand};
 use cudarc::driver::result;
 use genesis_backend_api::sdk::checks;
 use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc, UnaryOp};
 
-/// The kernel module of the elementwise, cast, random and reduction kernels, for every dtype.
-pub const MODULE: Module = Module {
-    name: "elementwise",
-    sources: &[
-        include_str!("../kernels/elementwise.cu"),
-        include_str!("../kernels/cast.cu"),
-        include_str!("../kernels/random.cu"),
-        include_str!("../kernels/reduce.cu"),
-    ],
-    dtypes: &DType::ALL,
-};
-
-inventory::submit! { MODULE }
+kernel_module! {
+    /// The elementwise, cast, random and reduction kernels, for every dtype.
+    MODULE = "elementwise", for &DType::ALL,
+    from "elementwise.cu", "cast.cu", "random.cu", "reduce.cu"
+}
 inventory::submit! { Family { claims, run } }
 
 /// What this family runs.

@@ -12,20 +12,17 @@ use super::arity;
 use super::rows::{check_indices, fill_geometry, launch_flat, lift};
 use super::Family;
 use crate::device::CudaDevice;
-use crate::kernels::Module;
 use crate::kernels::{Args, Operand};
 use genesis_backend_api::sdk::checks;
 use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
-/// The kernel module of the index kernels (gather, scatter-add, index-select, index-add, cumsum) and the deferred index check, for every dtype.
-pub const MODULE: Module = Module {
-    name: "index",
-    sources: &[include_str!("../kernels/index_check.cu"), include_str!("../kernels/index.cu")],
-    dtypes: &DType::ALL,
-};
-
-inventory::submit! { MODULE }
+kernel_module! {
+    /// The index kernels (gather, scatter-add, index-select, index-add, cumsum) and the deferred
+    /// index check, for every dtype.
+    MODULE = "index", for &DType::ALL,
+    from "index_check.cu", "index.cu"
+}
 inventory::submit! { Family { claims, run } }
 
 /// What this family runs: every dtype, as on the CPU (cumsum: all but bool).

@@ -3,6 +3,21 @@
 //! kernel [`Module`](crate::kernels::Module)s it owns. The capability list is the union of the
 //! claims, and an op outside them is refused with `Unsupported` before anything is launched.
 
+/// Declare a kernel module (see [`crate::kernels::Module`]) and register it:
+/// `kernel_module! { /// doc  MODULE = "norm", for &DType::FLOATS, from "norm.cu" }` (files in
+/// `kernels/`, compiled in order after `common.cuh`).
+macro_rules! kernel_module {
+    ($(#[$doc:meta])* $item:ident = $name:literal, for $dtypes:expr, from $($file:literal),+ $(,)?) => {
+        $(#[$doc])*
+        pub const $item: crate::kernels::Module = crate::kernels::Module {
+            name: $name,
+            sources: &[$(include_str!(concat!("../kernels/", $file))),+],
+            dtypes: $dtypes,
+        };
+        inventory::submit! { $item }
+    };
+}
+
 mod adamw;
 mod attention;
 mod conv;

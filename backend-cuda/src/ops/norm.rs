@@ -11,17 +11,16 @@
 use super::resolve;
 use super::Family;
 use crate::device::CudaDevice;
-use crate::kernels::Module;
 use crate::kernels::{merge_dims, Operand};
 use genesis_backend_api::sdk::checks;
 use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc, MAX_DIMS};
 
-/// The kernel module of layer norm and RMS norm, forward and backward.
-pub const MODULE: Module =
-    Module { name: "norm", sources: &[include_str!("../kernels/norm.cu")], dtypes: &DType::FLOATS };
-
-inventory::submit! { MODULE }
+kernel_module! {
+    /// Layer norm and RMS norm, forward and backward.
+    MODULE = "norm", for &DType::FLOATS,
+    from "norm.cu"
+}
 inventory::submit! { Family { claims, run } }
 
 /// Most threads per row group and per block (`MAXG` in norm.cu, the kernels' launch bound).

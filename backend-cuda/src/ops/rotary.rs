@@ -8,17 +8,16 @@
 use super::resolve;
 use super::Family;
 use crate::device::CudaDevice;
-use crate::kernels::Module;
 use crate::kernels::{merge_dims, Args, Operand};
 use genesis_backend_api::sdk::checks;
 use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
-/// The kernel module of rotary position embedding.
-pub const MODULE: Module =
-    Module { name: "rotary", sources: &[include_str!("../kernels/rotary.cu")], dtypes: &DType::FLOATS };
-
-inventory::submit! { MODULE }
+kernel_module! {
+    /// Rotary position embedding.
+    MODULE = "rotary", for &DType::FLOATS,
+    from "rotary.cu"
+}
 inventory::submit! { Family { claims, run } }
 
 /// What this family runs.

@@ -12,24 +12,16 @@ use super::rows::{rows_of, with_rows, RowView};
 use super::Family;
 use crate::device::CudaDevice;
 use crate::kernels::Args;
-use crate::kernels::Module;
 use genesis_backend_api::sdk::checks;
 use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
-/// The kernel module of softmax, log-softmax, their backward ops and cross-entropy, with the deferred index check for targets.
-pub const MODULE: Module = Module {
-    name: "softmax",
-    sources: &[
-        include_str!("../kernels/index_check.cu"),
-        include_str!("../kernels/rows.cuh"),
-        include_str!("../kernels/softmax.cu"),
-        include_str!("../kernels/cross_entropy.cu"),
-    ],
-    dtypes: &DType::FLOATS,
-};
-
-inventory::submit! { MODULE }
+kernel_module! {
+    /// Softmax, log-softmax, their backward ops and cross-entropy, with the deferred index check
+    /// for targets.
+    MODULE = "softmax", for &DType::FLOATS,
+    from "index_check.cu", "rows.cuh", "softmax.cu", "cross_entropy.cu"
+}
 inventory::submit! { Family { claims, run } }
 
 /// What this family runs.
