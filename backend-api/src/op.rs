@@ -113,7 +113,10 @@ open_enum! {
         Sub = 1 => "sub",
         /// `a * b`
         Mul = 2 => "mul",
-        /// `a / b` (true division for floats, truncation for integers)
+        /// `a / b` (true division for floats, truncation for integers). An integer division or
+        /// remainder by zero is an `InvalidArgument` error where the backend can tell before
+        /// returning (the CPU does, as PyTorch's CPU ops raise); a device that would have to
+        /// synchronize for it may write an unspecified value instead (CUDA, as PyTorch's CUDA).
         Div = 3 => "div",
         /// `a ^ b`
         Pow = 4 => "pow",

@@ -157,6 +157,10 @@ fn attention_gradcheck_causal_and_grouped() {
             &[q.clone(), k.clone(), v.clone()],
         );
     }
+    check(
+        |t| F::scaled_dot_product_attention_lower_right(&t[0], &t[1], &t[2], None),
+        &[q.clone(), k.clone(), v.clone()],
+    );
     // An explicit mask (composite path) and a strided query.
     let keep = Tensor::from_vec(vec![true, false, true, true, true], &[1, 1, 1, 5], &cpu()).unwrap();
     check(
@@ -192,6 +196,26 @@ fn attention_fused_matches_composite() {
     for (x, y) in a.iter().zip(&b) {
         assert!((x - y).abs() < 1e-6);
     }
+}
+
+/// Issue 26 item 5: `is_causal` is PyTorch's (query `i` sees keys `0..=i`, aligned to the top
+/// left) when there are more keys than queries; the lower-right alignment of a KV cache has its
+/// own function. Both equal the explicit bool mask.
+#[test]
+fn causal_alignment_with_more_keys_than_queries() {
+    let (q, k, v) = (rand(&[1, 2, 3, 4], 30), rand(&[1, 2, 5, 4], 31), rand(&[1, 2, 5, 4], 32));
+    let mask = |shift: usize| {
+        let keep: Vec<bool> = (0..3).flat_map(|i| (0..5).map(move |j| j <= i + shift)).collect();
+        Tensor::from_vec(keep, &[3, 5], &cpu()).unwrap()
+    };
+    let explicit = |shift| F::scaled_dot_product_attention(&q, &k, &v, Some(&mask(shift)), false, None).unwrap();
+    let close = |a: Tensor, b: Tensor| {
+        let (a, b) = (a.to_vec::<f64>().unwrap(), b.to_vec::<f64>().unwrap());
+        a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 1e-12)
+    };
+    assert!(close(F::scaled_dot_product_attention(&q, &k, &v, None, true, None).unwrap(), explicit(0)));
+    assert!(close(F::scaled_dot_product_attention_lower_right(&q, &k, &v, None).unwrap(), explicit(2)));
+    assert!(!close(explicit(0), explicit(2)));
 }
 
 #[test]

@@ -81,3 +81,41 @@ fn type_promotion_follows_pytorch() {
     assert_eq!(i.sum().unwrap().dtype(), DType::I64);
     assert!(i.mean().is_err(), "mean of integers needs a cast, as in PyTorch");
 }
+
+/// Issue 26 item 2: in-place results that do not fit the tensor raise, with PyTorch's wording;
+/// integer division by zero raises on the CPU, as PyTorch's CPU ops do.
+#[test]
+fn in_place_results_and_integer_division_follow_pytorch() {
+    let d = cpu();
+    let ints = || Tensor::new([6i64, -7, 9], &d).unwrap();
+    let e = ints().div_(&Tensor::new([2i64, 2, 2], &d).unwrap()).unwrap_err();
+    assert!(e.to_string().contains("result type float32 can't be cast to the desired output type int64"), "{e}");
+    let e = ints().mul_scalar_(0.5).unwrap_err();
+    assert!(e.to_string().contains("can't be cast to the desired output type int64"), "{e}");
+    let e = ints().add_(&Tensor::new([1.5f32, 0.0, 0.0], &d).unwrap()).unwrap_err();
+    assert!(e.to_string().contains("float32"), "{e}");
+    let flags = Tensor::new([true, false], &d).unwrap();
+    assert!(flags.add_scalar_(1).is_err());
+    // What fits is written: integer scalars into integers, anything into floats.
+    let t = ints();
+    t.mul_scalar_(2).unwrap();
+    t.add_scalar_(1i64).unwrap();
+    assert_eq!(t.to_vec::<i64>().unwrap(), vec![13, -13, 19]);
+    let f = Tensor::new([1.0f32, 2.0], &d).unwrap();
+    f.mul_scalar_(0.5).unwrap();
+    f.div_(&Tensor::new([2i64, 4], &d).unwrap()).unwrap();
+    assert_eq!(f.to_vec::<f32>().unwrap(), vec![0.25, 0.25]);
+    // Out of place, integer true division gives floats; floor-style remainder by zero raises.
+    assert_eq!(
+        ints().div(&Tensor::new([4i64, 2, 3], &d).unwrap()).unwrap().to_vec::<f32>().unwrap(),
+        vec![1.5, -3.5, 3.0]
+    );
+    let zero = Tensor::new([1i64, 0, 1], &d).unwrap();
+    let e = ints().remainder(&zero).unwrap_err();
+    assert!(e.to_string().contains("division by zero"), "{e}");
+    let four = Tensor::new([4i64, 4, 4], &d).unwrap();
+    assert_eq!(ints().remainder(&four).unwrap().to_vec::<i64>().unwrap(), vec![2, 1, 1]);
+    // Floats follow IEEE.
+    let inf = Tensor::new([1.0f32], &d).unwrap().div(&Tensor::new([0.0f32], &d).unwrap()).unwrap();
+    assert_eq!(inf.to_vec::<f32>().unwrap(), vec![f32::INFINITY]);
+}

@@ -32,6 +32,17 @@ pub fn elementwise_claims() -> Vec<(OpKind, DType)> {
     kind_claims(&kinds)
 }
 
+/// Every index-family pair: gather, scatter-add, index-select, index-add and cumsum.
+pub fn index_claims() -> Vec<(OpKind, DType)> {
+    claims(&[
+        Op::Gather { dim: 0 },
+        Op::ScatterAdd { dim: 0 },
+        Op::IndexSelect { dim: 0 },
+        Op::IndexAdd { dim: 0 },
+        Op::CumSum { dim: 0 },
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

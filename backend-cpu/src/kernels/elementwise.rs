@@ -32,6 +32,7 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
                 return Err(unsupported(op, x.dtype));
             }
             checks::expect_dtype(op, "the output", y, if b.is_predicate() { DType::Bool } else { x.dtype })?;
+            refuse_integer_division_by_zero(op, b, z)?;
             with_dtype!(x.dtype, T => binary::<T>(b, x, Operand::Tensor(z), false, y));
         }
         Op::BinaryScalar { op: b, scalar, scalar_first } => {
@@ -41,6 +42,11 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
                 return Err(unsupported(op, x.dtype));
             }
             checks::expect_dtype(op, "the output", y, if b.is_predicate() { DType::Bool } else { x.dtype })?;
+            if scalar_first {
+                refuse_integer_division_by_zero(op, b, x)?;
+            } else if scalar == 0.0 && matches!(b, BinaryOp::Div | BinaryOp::Remainder) && !x.dtype.is_float() {
+                return Err(division_by_zero(op));
+            }
             with_dtype!(x.dtype, T => binary::<T>(b, x, Operand::Scalar(scalar), scalar_first, y));
         }
         Op::Clamp { min, max } => {
@@ -154,6 +160,23 @@ fn unary<T: Element>(op: UnaryOp, x: &View, y: &View) {
         }),
         _ => map1::<T, T>(x, y, |v| T::from_f64(unary_f64(op, v.to_f64()))),
     }
+}
+
+/// Integer division and remainder by zero raise, as PyTorch's CPU ops do ("ZeroDivisionError");
+/// float division follows IEEE (inf, NaN).
+fn refuse_integer_division_by_zero(op: &Op, b: BinaryOp, divisor: &View) -> Result<()> {
+    if !matches!(b, BinaryOp::Div | BinaryOp::Remainder) || divisor.dtype.is_float() {
+        return Ok(());
+    }
+    let zero = with_dtype!(divisor.dtype, T => super::fused::dense::<T>(op, divisor)?.iter().any(|&v| Element::to_f64(v) == 0.0));
+    if zero {
+        return Err(division_by_zero(op));
+    }
+    Ok(())
+}
+
+fn division_by_zero(op: &Op) -> BackendError {
+    BackendError::invalid(format!("{}: integer division by zero (ZeroDivisionError)", op.name()))
 }
 
 enum Operand<'a> {

@@ -20,13 +20,7 @@ use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result};
 
 fn claims() -> Vec<(OpKind, DType)> {
-    domain::claims(&[
-        Op::Gather { dim: 0 },
-        Op::ScatterAdd { dim: 0 },
-        Op::IndexSelect { dim: 0 },
-        Op::IndexAdd { dim: 0 },
-        Op::CumSum { dim: 0 },
-    ])
+    domain::index_claims()
 }
 
 /// Rank 0 behaves as shape `[1]` (PyTorch accepts `dim = 0` on scalars).

@@ -27,13 +27,7 @@ inventory::submit! { Family { claims, run } }
 
 /// What this family runs: every dtype, as on the CPU (cumsum: all but bool).
 fn claims() -> Vec<(OpKind, DType)> {
-    domain::claims(&[
-        Op::Gather { dim: 0 },
-        Op::ScatterAdd { dim: 0 },
-        Op::IndexSelect { dim: 0 },
-        Op::IndexAdd { dim: 0 },
-        Op::CumSum { dim: 0 },
-    ])
+    domain::index_claims()
 }
 
 /// Run one index op.

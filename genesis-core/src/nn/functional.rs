@@ -1,6 +1,6 @@
 //! Functional forms of the layers and losses (`torch.nn.functional`).
 
-pub use crate::ops::attention::scaled_dot_product_attention;
+pub use crate::ops::attention::{scaled_dot_product_attention, scaled_dot_product_attention_lower_right};
 pub use crate::ops::conv::{adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d};
 pub use crate::ops::dropout::dropout;
 pub use crate::ops::linear::linear;

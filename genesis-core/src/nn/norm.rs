@@ -167,7 +167,7 @@ impl Module for BatchNorm {
         }
         let training = self.training.get();
         if training {
-            crate::autograd::no_grad(|| self.num_batches_tracked.get().add_scalar_(1.0))?;
+            crate::autograd::no_grad(|| self.num_batches_tracked.get().add_scalar_(1))?;
         }
         let (w, b) = (self.weight.as_ref().map(Param::get), self.bias.as_ref().map(Param::get));
         functional::batch_norm(

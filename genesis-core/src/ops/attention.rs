@@ -19,19 +19,31 @@ fn repeat_kv(k: &Tensor, group: usize) -> Result<Tensor> {
     k.unsqueeze(2)?.expand(&[b, hk, group as isize, t, d])?.reshape(&[b, hk * group as isize, t, d])
 }
 
-/// The `(s, t)` bool mask of visible keys under the causal mask aligned to the bottom right
-/// (key `j` visible to query `i` when `j <= i + t - s`), as the backend kernel defines it.
-fn causal_keep(s: usize, t: usize, like: &Tensor) -> Result<Tensor> {
+/// Where the causal mask's diagonal starts when there are `s` queries and `t` keys. The two
+/// agree when `s == t`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Causal {
+    /// Key `j` is visible to query `i` when `j <= i` (PyTorch's `is_causal`).
+    UpperLeft,
+    /// Key `j` is visible to query `i` when `j <= i + t - s`: the queries are the last `s`
+    /// positions of the `t` keys (a KV cache; PyTorch's `causal_lower_right`, the backend
+    /// kernel's `causal`).
+    LowerRight,
+}
+
+/// The `(s, t)` bool mask of the keys each query sees.
+fn causal_keep(s: usize, t: usize, causal: Causal, like: &Tensor) -> Result<Tensor> {
     let i = Tensor::arange(0.0, s as f64, 1.0, DType::I64, like.device())?.unsqueeze(1)?;
     let j = Tensor::arange(0.0, t as f64, 1.0, DType::I64, like.device())?.unsqueeze(0)?;
-    j.sub_scalar(t as i64 - s as i64)?.le(&i)
+    let shift = if causal == Causal::LowerRight { t as i64 - s as i64 } else { 0 };
+    j.sub_scalar(shift)?.le(&i)
 }
 
 /// Attention probabilities `softmax(scale·q kᵀ + mask)` with `k` already repeated to q's heads.
-fn probabilities(q: &Tensor, k: &Tensor, mask: Option<&Tensor>, causal: bool, scale: f64) -> Result<Tensor> {
+fn probabilities(q: &Tensor, k: &Tensor, mask: Option<&Tensor>, causal: Option<Causal>, scale: f64) -> Result<Tensor> {
     let mut scores = q.matmul(&k.transpose(-1, -2)?)?.mul_scalar(scale)?;
-    if causal {
-        let keep = causal_keep(q.shape()[2], k.shape()[2], q)?;
+    if let Some(causal) = causal {
+        let keep = causal_keep(q.shape()[2], k.shape()[2], causal, q)?;
         scores = scores.masked_fill(&keep.logical_not()?, f64::NEG_INFINITY)?;
     }
     if let Some(m) = mask {
@@ -47,15 +59,40 @@ fn probabilities(q: &Tensor, k: &Tensor, mask: Option<&Tensor>, causal: bool, sc
 /// Scaled dot-product attention (`F.scaled_dot_product_attention`) of `q (b, hq, s, d)` with
 /// `k, v (b, hk, t, d)`, `hq` a multiple of `hk` (grouped-query attention). `attn_mask`
 /// broadcasts to `(b, hq, s, t)`: a bool mask keeps the `true` positions, a float mask is
-/// added to the scores. `is_causal` hides keys after each query, aligned to the bottom right
-/// when `t > s` (the same as PyTorch's top-left alignment when `s == t`). `scale` defaults to
-/// `1/sqrt(d)`. A query that sees no key gets NaN.
+/// added to the scores. `is_causal` hides from query `i` the keys after position `i`, as in
+/// PyTorch (aligned to the top left: with more keys than queries, the last keys are hidden
+/// from every query; see [`scaled_dot_product_attention_lower_right`] for queries that are the
+/// last positions of the keys, as with a KV cache). `scale` defaults to `1/sqrt(d)`. A query
+/// that sees no key gets NaN.
 pub fn scaled_dot_product_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     attn_mask: Option<&Tensor>,
     is_causal: bool,
+    scale: Option<f64>,
+) -> Result<Tensor> {
+    attention(q, k, v, attn_mask, is_causal.then_some(Causal::UpperLeft), scale)
+}
+
+/// Causal attention whose `s` queries are the last `s` of the `t` key positions: query `i`
+/// sees keys `0..=i + t - s` (PyTorch's `causal_lower_right` bias). This is what decoding with
+/// a KV cache needs; with `s == t` it equals `scaled_dot_product_attention(.., is_causal: true)`.
+pub fn scaled_dot_product_attention_lower_right(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: Option<f64>,
+) -> Result<Tensor> {
+    attention(q, k, v, None, Some(Causal::LowerRight), scale)
+}
+
+fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    attn_mask: Option<&Tensor>,
+    causal: Option<Causal>,
     scale: Option<f64>,
 ) -> Result<Tensor> {
     let (q, k, v) = (cast_for(CastPolicy::Low, q)?, cast_for(CastPolicy::Low, k)?, cast_for(CastPolicy::Low, v)?);
@@ -84,8 +121,11 @@ pub fn scaled_dot_product_attention(
     }
     let scale = scale.unwrap_or(1.0 / (qs[3].max(1) as f64).sqrt());
     let group = qs[1] / ks[1];
-    let op = Op::Attention { causal: is_causal, scale };
-    if attn_mask.is_some() || !super::fused::use_fused(&op, &q)? {
+    // The kernel's causal mask is aligned to the lower right; upper-left differs only when
+    // s != t, which then takes the composition.
+    let causal = causal.map(|c| if qs[2] == ks[2] { Causal::LowerRight } else { c });
+    let op = Op::Attention { causal: causal.is_some(), scale };
+    if attn_mask.is_some() || causal == Some(Causal::UpperLeft) || !super::fused::use_fused(&op, &q)? {
         if let Some(m) = attn_mask {
             crate::tensor::broadcast_shapes(m.shape(), &[qs[0], qs[1], qs[2], ks[2]])
                 .filter(|s| s == &[qs[0], qs[1], qs[2], ks[2]])
@@ -97,7 +137,7 @@ pub fn scaled_dot_product_attention(
                     ))
                 })?;
         }
-        let p = probabilities(&q, &repeat_kv(&k, group)?, attn_mask, is_causal, scale)?;
+        let p = probabilities(&q, &repeat_kv(&k, group)?, attn_mask, causal, scale)?;
         return p.matmul(&repeat_kv(&v, group)?);
     }
     let o = Tensor::empty(qs, q.dtype(), q.device())?;
@@ -107,7 +147,7 @@ pub fn scaled_dot_product_attention(
     let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
         let g = g[0].as_ref().ok_or_else(|| Error::invalid("missing gradient"))?;
         let (q, k, v) = (sq.get("attention")?, sk.get("attention")?, sv.get("attention")?);
-        let bop = Op::AttentionBackward { causal: is_causal, scale };
+        let bop = Op::AttentionBackward { causal: causal.is_some(), scale };
         if !is_grad_enabled() && super::fused::use_fused(&bop, q)? {
             let o = so.get("attention")?;
             let (dq, dk, dv) = (q.zeros_like()?, k.zeros_like()?, v.zeros_like()?);
@@ -117,7 +157,7 @@ pub fn scaled_dot_product_attention(
         }
         // The composition, differentiable for higher-order gradients.
         let (kx, vx) = (repeat_kv(k, group)?, repeat_kv(v, group)?);
-        let p = probabilities(q, &kx, None, is_causal, scale)?;
+        let p = probabilities(q, &kx, None, causal, scale)?;
         let dvx = p.transpose(-1, -2)?.matmul(g)?;
         let dp = g.matmul(&vx.transpose(-1, -2)?)?;
         let ds = p.mul(&dp.sub(&dp.mul(&p)?.sum_dims(&[-1], true)?)?)?.mul_scalar(scale)?;

@@ -194,7 +194,10 @@ pub fn conv2d(
         let (x, w) = (sx.get("conv2d")?, sw.get("conv2d")?);
         let (window, gu) = (g.window(), groups as u32);
         let fused_bwd = Op::Conv2dBackwardInput { window, groups: gu };
-        if !is_grad_enabled() && super::fused::use_fused(&fused_bwd, gy)? {
+        let weight_bwd = Op::Conv2dBackwardWeight { window, groups: gu };
+        // Both backward kernels or neither: a backend may claim one without the other.
+        let fused = super::fused::use_fused(&fused_bwd, gy)? && super::fused::use_fused(&weight_bwd, gy)?;
+        if !is_grad_enabled() && fused {
             let dx = Tensor::empty(x.shape(), x.dtype(), x.device())?;
             exec(&fused_bwd, &[(gy, gy.layout()), (w, w.layout())], &[&dx])?;
             let dw = Tensor::empty(w.shape(), w.dtype(), w.device())?;
@@ -203,7 +206,7 @@ pub fn conv2d(
                 outs.push(Tensor::empty(&[w.shape()[0]], w.dtype(), w.device())?);
             }
             let refs: Vec<&Tensor> = outs.iter().collect();
-            exec(&Op::Conv2dBackwardWeight { window, groups: gu }, &[(gy, gy.layout()), (x, x.layout())], &refs)?;
+            exec(&weight_bwd, &[(gy, gy.layout()), (x, x.layout())], &refs)?;
             let mut grads = vec![Some(dx)];
             grads.extend(outs.into_iter().map(Some));
             return Ok(grads);

@@ -546,17 +546,30 @@ impl Tensor {
         Ok(())
     }
 
+    /// PyTorch's rule for in-place results: a float result cannot be written into an integer
+    /// or bool tensor, nor an integer result into a bool one.
+    fn check_result_type(&self, name: &str, result: DType) -> Result<()> {
+        let lossy =
+            (result.is_float() && !self.dtype().is_float()) || (result != DType::Bool && self.dtype() == DType::Bool);
+        if lossy {
+            return Err(super::dtype_err(format!(
+                "{name}_: result type {result} can't be cast to the desired output type {}",
+                self.dtype()
+            )));
+        }
+        Ok(())
+    }
+
     fn binary_in_place(&self, other: &Tensor, op: BinaryOp) -> Result<()> {
         let name = op.name();
         self.check_in_place(name, &[other])?;
         common_device(name, &[self, other])?;
-        if promote_types(self.dtype(), other.dtype()).is_float() && !self.dtype().is_float() {
-            return Err(super::dtype_err(format!(
-                "{name}_: result type {} cannot be written into {}",
-                other.dtype(),
-                self.dtype()
-            )));
+        let mut result = promote_types(self.dtype(), other.dtype());
+        if op == BinaryOp::Div && !result.is_float() {
+            // True division of integers gives floats, as out of place.
+            result = DType::F32;
         }
+        self.check_result_type(name, result)?;
         let other = other.to_dtype(self.dtype())?;
         let lb = broadcast(&other, self.shape())?;
         exec_views(&Op::Binary(op), &[(self, self.layout()), (&other, &lb)], &[(self, self.layout())])?;
@@ -564,10 +577,12 @@ impl Tensor {
         Ok(())
     }
 
-    fn scalar_in_place(&self, s: f64, op: BinaryOp) -> Result<()> {
+    fn scalar_in_place(&self, s: Scalar, op: BinaryOp) -> Result<()> {
         self.check_in_place(op.name(), &[])?;
+        let result = promote_with_scalar(self.dtype(), matches!(s, Scalar::Float(_)), matches!(s, Scalar::Bool(_)));
+        self.check_result_type(op.name(), result)?;
         exec_views(
-            &Op::BinaryScalar { op, scalar: s, scalar_first: false },
+            &Op::BinaryScalar { op, scalar: s.value(), scalar_first: false },
             &[(self, self.layout())],
             &[(self, self.layout())],
         )?;
@@ -591,13 +606,14 @@ impl Tensor {
     pub fn div_(&self, other: &Tensor) -> Result<()> {
         self.binary_in_place(other, BinaryOp::Div)
     }
-    /// `self += s`
-    pub fn add_scalar_(&self, s: f64) -> Result<()> {
-        self.scalar_in_place(s, BinaryOp::Add)
+    /// `self += s`. As in PyTorch, a float scalar cannot be added into an integer tensor
+    /// (pass an integer: `t.add_scalar_(1)`).
+    pub fn add_scalar_(&self, s: impl Into<Scalar>) -> Result<()> {
+        self.scalar_in_place(s.into(), BinaryOp::Add)
     }
-    /// `self *= s`
-    pub fn mul_scalar_(&self, s: f64) -> Result<()> {
-        self.scalar_in_place(s, BinaryOp::Mul)
+    /// `self *= s`, with [`Tensor::add_scalar_`]'s dtype rule.
+    pub fn mul_scalar_(&self, s: impl Into<Scalar>) -> Result<()> {
+        self.scalar_in_place(s.into(), BinaryOp::Mul)
     }
     /// Set every element to `value`.
     pub fn fill_(&self, value: f64) -> Result<()> {

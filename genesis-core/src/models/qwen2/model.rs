@@ -6,7 +6,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::models::kv_cache::KvCache;
 use crate::models::rope::RotaryTables;
-use crate::nn::functional::{rotary_embedding, scaled_dot_product_attention};
+use crate::nn::functional::{rotary_embedding, scaled_dot_product_attention, scaled_dot_product_attention_lower_right};
 use crate::nn::{Embedding, Entry, Linear, Module, ModuleList, Param, RMSNorm};
 use crate::tensor::Tensor;
 use genesis_backend_api::DType;
@@ -158,7 +158,11 @@ impl Qwen2Attention {
             Some((cache, layer)) => cache.append(layer, &k, &v)?,
             None => (k, v),
         };
-        let o = scaled_dot_product_attention(&q, &k, &v, ctx.mask, ctx.mask.is_none(), None)?;
+        // Without a mask, causal over the cache: the queries are the last `s` key positions.
+        let o = match ctx.mask {
+            Some(mask) => scaled_dot_product_attention(&q, &k, &v, Some(mask), false, None)?,
+            None => scaled_dot_product_attention_lower_right(&q, &k, &v, None)?,
+        };
         self.o_proj.forward(&o.transpose(1, 2)?.reshape(&[b as isize, s as isize, -1])?)
     }
 }
