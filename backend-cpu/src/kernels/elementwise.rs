@@ -44,8 +44,11 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
             checks::expect_dtype(op, "the output", y, if b.is_predicate() { DType::Bool } else { x.dtype })?;
             if scalar_first {
                 refuse_integer_division_by_zero(op, b, x)?;
-            } else if scalar == 0.0 && matches!(b, BinaryOp::Div | BinaryOp::Remainder) && !x.dtype.is_float() {
-                return Err(division_by_zero(op));
+            } else if matches!(b, BinaryOp::Div | BinaryOp::Remainder) && !x.dtype.is_float() {
+                // The scalar as the kernel will divide by it (0.5 converts to 0).
+                if with_dtype!(x.dtype, T => Element::to_f64(<T as Element>::from_f64(scalar)) == 0.0) {
+                    return Err(division_by_zero(op));
+                }
             }
             with_dtype!(x.dtype, T => binary::<T>(b, x, Operand::Scalar(scalar), scalar_first, y));
         }

@@ -11,24 +11,64 @@
 
 use std::collections::HashMap;
 
-/// One member: its name, byte offset and size.
+/// One member: its name, byte offset, array extents (outermost first) and scalar.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Field {
     /// The member's name, lowercased (Rust fields are snake case, some C members capitals).
     pub name: String,
     /// Byte offset in the struct.
     pub offset: usize,
-    /// Bytes, arrays included.
-    pub size: usize,
+    /// Array extents, outermost first (empty for a scalar).
+    pub dims: Vec<usize>,
+    /// The element: `'f'` float, `'i'` integer or pointer (Rust mirrors addresses as `u64`),
+    /// `'s'` struct; and its size in bytes.
+    pub scalar: (char, usize),
 }
 
-/// Size and alignment of a C type named in an argument block.
-fn scalar(ty: &str) -> Option<(usize, usize)> {
+/// What the check knows of a Rust field's type: its array extents and its element.
+pub trait CField {
+    /// Array extents, outermost first.
+    fn dims() -> Vec<usize> {
+        Vec::new()
+    }
+    /// The element's kind and size, as in [`Field::scalar`].
+    fn scalar() -> (char, usize);
+}
+
+macro_rules! scalar_fields {
+    ($($t:ty => $kind:literal),*) => {$(
+        impl CField for $t {
+            fn scalar() -> (char, usize) {
+                ($kind, std::mem::size_of::<$t>())
+            }
+        }
+    )*};
+}
+scalar_fields!(f64 => 'f', f32 => 'f', i64 => 'i', u64 => 'i', i32 => 'i', u32 => 'i');
+
+impl<T: CField, const N: usize> CField for [T; N] {
+    fn dims() -> Vec<usize> {
+        std::iter::once(N).chain(T::dims()).collect()
+    }
+    fn scalar() -> (char, usize) {
+        T::scalar()
+    }
+}
+
+/// The extents and element of the field `field` selects (lets the macro name its type).
+pub fn field_type<T, F: CField>(_field: fn(&T) -> &F) -> (Vec<usize>, (char, usize)) {
+    (F::dims(), F::scalar())
+}
+
+/// Kind, size and alignment of a C scalar type named in an argument block.
+fn scalar(ty: &str) -> Option<(char, usize, usize)> {
     Some(match ty {
-        "char" | "u8" | "bool" => (1, 1),
-        "short" | "h16" | "b16" => (2, 2),
-        "int" | "unsigned" | "float" | "i32" | "u32" => (4, 4),
-        "double" | "i64" | "u64" | "long" => (8, 8),
+        "char" | "u8" | "bool" => ('i', 1, 1),
+        "short" | "h16" | "b16" => ('i', 2, 2),
+        "int" | "unsigned" | "i32" | "u32" => ('i', 4, 4),
+        "float" => ('f', 4, 4),
+        "i64" | "u64" | "long" => ('i', 8, 8),
+        "double" => ('f', 8, 8),
         _ => return None,
     })
 }
@@ -76,33 +116,38 @@ fn parse(source: &str, consts: &HashMap<String, usize>, name: &str) -> Result<(V
     let close = open + source[open..].find('}').ok_or_else(|| format!("struct {name} is not closed"))?;
     let (mut fields, mut offset, mut align) = (Vec::new(), 0usize, 1usize);
     for decl in source[open + 1..close].split(';').map(str::trim).filter(|d| !d.is_empty()) {
-        let pointer = decl.contains('*');
-        let decl = decl.replace('*', " ");
         let decl = decl.trim_start_matches("const ");
         let (ty, declarators) = decl.split_once(char::is_whitespace).ok_or_else(|| format!("cannot read `{decl}`"))?;
-        let (elem, elem_align) = if pointer {
-            (8, 8)
-        } else if let Some(s) = scalar(ty) {
-            s
-        } else {
-            let (_, size, align) = parse(source, consts, ty)?;
-            (size, align)
-        };
-        for declarator in declarators.split(',').map(str::trim) {
-            let mut parts = declarator.split('[');
+        // As in C, `*` belongs to the declarator after it: `char* p, n` is a pointer and a char.
+        let type_pointer = ty.ends_with('*');
+        let ty = ty.trim_end_matches('*');
+        for (i, declarator) in declarators.split(',').map(str::trim).enumerate() {
+            let pointer = declarator.starts_with('*') || (i == 0 && type_pointer);
+            let (kind, elem, elem_align) = if pointer {
+                ('i', 8, 8)
+            } else if let Some(s) = scalar(ty) {
+                s
+            } else {
+                let (_, size, align) = parse(source, consts, ty)?;
+                ('s', size, align)
+            };
+            let mut parts = declarator.trim_start_matches('*').split('[');
             let member = parts.next().unwrap_or_default().trim().to_lowercase();
-            let mut count = 1;
+            let mut dims = Vec::new();
             for extent in parts {
                 let extent = extent.trim_end_matches(']').trim();
-                count *= extent
-                    .parse::<usize>()
-                    .ok()
-                    .or_else(|| consts.get(extent).copied())
-                    .ok_or_else(|| format!("struct {name}: unknown extent `{extent}`"))?;
+                dims.push(
+                    extent
+                        .parse::<usize>()
+                        .ok()
+                        .or_else(|| consts.get(extent).copied())
+                        .ok_or_else(|| format!("struct {name}: unknown extent `{extent}`"))?,
+                );
             }
+            let size = elem * dims.iter().product::<usize>();
             offset = offset.next_multiple_of(elem_align);
-            fields.push(Field { name: member, offset, size: elem * count });
-            offset += elem * count;
+            fields.push(Field { name: member, offset, dims, scalar: (kind, elem) });
+            offset += size;
             align = align.max(elem_align);
         }
     }
@@ -118,7 +163,11 @@ pub fn compare(rust: &[Field], size: usize, source: &str, c_name: &str) -> Resul
         return Ok(());
     }
     let show = |fields: &[Field]| {
-        fields.iter().map(|f| format!("{}@{}+{}", f.name, f.offset, f.size)).collect::<Vec<_>>().join(" ")
+        let one = |f: &Field| {
+            let dims: String = f.dims.iter().map(|d| format!("[{d}]")).collect();
+            format!("{}{dims}:{}{}@{}", f.name, f.scalar.0, f.scalar.1, f.offset)
+        };
+        fields.iter().map(one).collect::<Vec<_>>().join(" ")
     };
     Err(format!(
         "argument block {c_name} differs between Rust and CUDA C:\n  rust ({size} bytes): {}\n  C    ({c_size} bytes): {}",
@@ -127,20 +176,28 @@ pub fn compare(rust: &[Field], size: usize, source: &str, c_name: &str) -> Resul
     ))
 }
 
-/// The size of the field `field` selects (lets the layout macro name a field's type).
-pub fn field_size<T, F>(_field: fn(&T) -> &F) -> usize {
-    std::mem::size_of::<F>()
+/// The fields of `#[repr(C)]` struct `Rust { fields.. }` (every field, in declaration order).
+macro_rules! rust_fields {
+    ($rust:ty { $($field:ident),* $(,)? }) => {
+        vec![$({
+            let (dims, scalar) = $crate::kernels::layout::field_type(|s: &$rust| &s.$field);
+            $crate::kernels::layout::Field {
+                name: stringify!($field).to_lowercase(),
+                offset: std::mem::offset_of!($rust, $field),
+                dims,
+                scalar,
+            }
+        }),*]
+    };
 }
+pub(crate) use rust_fields;
 
 /// Assert that `#[repr(C)]` struct `Rust { fields.. }` (every field, in declaration order)
-/// has the layout of `struct c_name` in kernel source `source`.
+/// has the layout of `struct c_name` in kernel source `source`: names, offsets, array extents
+/// and element kinds and sizes.
 macro_rules! assert_c_layout {
     ($rust:ty { $($field:ident),* $(,)? }, $source:expr, $c_name:literal) => {{
-        let fields = [$($crate::kernels::layout::Field {
-            name: stringify!($field).to_lowercase(),
-            offset: std::mem::offset_of!($rust, $field),
-            size: $crate::kernels::layout::field_size(|s: &$rust| &s.$field),
-        }),*];
+        let fields = $crate::kernels::layout::rust_fields!($rust { $($field),* });
         let checked = $crate::kernels::layout::compare(&fields, std::mem::size_of::<$rust>(), &$source, $c_name);
         if let Err(e) = checked {
             panic!("{e}");
@@ -158,6 +215,7 @@ mod tests {
         p: [u64; 2],
         n: i32,
         scale: f64,
+        st: [[i64; 3]; 2],
         e: [Pair; 3],
     }
 
@@ -167,6 +225,12 @@ mod tests {
         b: i32,
     }
 
+    impl CField for Pair {
+        fn scalar() -> (char, usize) {
+            ('s', std::mem::size_of::<Pair>())
+        }
+    }
+
     const SOURCE: &str = "
         #define N 3
         struct Pair { u64 a; int b; };  // 16 bytes: padded to 8
@@ -174,31 +238,45 @@ mod tests {
             char* p[2];   /* two addresses */
             int n;
             double scale;
+            i64 st[2][N];
             Pair e[N];
         };
     ";
 
-    #[test]
-    fn a_matching_block_passes() {
-        assert_c_layout!(Pair { a, b }, SOURCE, "Pair");
-        assert_c_layout!(Block { p, n, scale, e }, SOURCE, "Block");
+    fn block() -> Vec<Field> {
+        rust_fields!(Block { p, n, scale, st, e })
     }
 
     #[test]
-    fn moved_added_and_resized_members_are_caught() {
-        let rust = |names: &[(&str, usize, usize)]| -> Vec<Field> {
-            names.iter().map(|&(n, o, s)| Field { name: n.into(), offset: o, size: s }).collect()
-        };
-        let good = rust(&[("p", 0, 16), ("n", 16, 4), ("scale", 24, 8), ("e", 32, 48)]);
-        assert!(compare(&good, 80, SOURCE, "Block").is_ok());
-        // Two members of the same type swapped on the C side.
+    fn a_matching_block_passes() {
+        assert_c_layout!(Pair { a, b }, SOURCE, "Pair");
+        assert_c_layout!(Block { p, n, scale, st, e }, SOURCE, "Block");
+    }
+
+    #[test]
+    fn moved_added_retyped_and_reshaped_members_are_caught() {
+        let size = std::mem::size_of::<Block>();
+        let differs = |source: &str| compare(&block(), size, source, "Block").is_err();
+        // Two members swapped on the C side.
         let swapped = SOURCE.replace("int n;\n            double scale;", "double scale;\n            int n;");
-        let e = compare(&good, 80, &swapped, "Block").unwrap_err();
-        assert!(e.contains("scale@16+8"), "{e}");
-        // A member only the Rust side has, and an array extent that differs.
-        let extra = rust(&[("p", 0, 16), ("n", 16, 4), ("m", 20, 4), ("scale", 24, 8), ("e", 32, 48)]);
-        assert!(compare(&extra, 80, SOURCE, "Block").is_err());
-        assert!(compare(&good, 80, &SOURCE.replace("#define N 3", "#define N 4"), "Block").is_err());
-        assert!(compare(&good, 80, SOURCE, "Missing").unwrap_err().contains("no `struct Missing`"));
+        assert!(differs(&swapped));
+        // A member of the same size but another kind, an extent, and an array's dims transposed.
+        assert!(differs(&SOURCE.replace("double scale;", "i64 scale;")));
+        assert!(differs(&SOURCE.replace("#define N 3", "#define N 4")));
+        assert!(differs(&SOURCE.replace("i64 st[2][N];", "i64 st[N][2];")));
+        // A member only the Rust side has.
+        let mut extra = block();
+        extra.insert(2, Field { name: "m".into(), offset: 20, dims: vec![], scalar: ('i', 4) });
+        assert!(compare(&extra, size, SOURCE, "Block").is_err());
+        assert!(compare(&block(), size, SOURCE, "Missing").unwrap_err().contains("no `struct Missing`"));
+    }
+
+    #[test]
+    fn a_star_belongs_to_its_declarator() {
+        let text = "struct S { char *p, n; char* q, m; };";
+        let (fields, size, _) = parse(text, &HashMap::new(), "S").unwrap();
+        let kinds: Vec<(&str, usize)> = fields.iter().map(|f| (f.name.as_str(), f.scalar.1)).collect();
+        assert_eq!(kinds, [("p", 8), ("n", 1), ("q", 8), ("m", 1)]);
+        assert_eq!(size, 32);
     }
 }

@@ -137,6 +137,12 @@ fn check_disjoint(op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Res
 mod tests {
     use super::*;
 
+    impl crate::kernels::layout::CField for Entry {
+        fn scalar() -> (char, usize) {
+            ('s', std::mem::size_of::<Entry>())
+        }
+    }
+
     #[test]
     fn the_argument_blocks_have_the_c_layout() {
         use crate::kernels::layout::assert_c_layout;

@@ -76,8 +76,8 @@ impl Target {
     }
 }
 
-/// The claims outside their op's domain (`Op::domain`) or of a kind this interface version
-/// does not know, as "name dtype": the core never issues them and no case tests them.
+/// The claims outside their op's published domain (`Op::domain`) or of a kind this interface
+/// version does not know, as "name dtype".
 pub fn outside_domains(capabilities: &[Capability]) -> Vec<String> {
     let mut outside = Vec::new();
     for c in capabilities {

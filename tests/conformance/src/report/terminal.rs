@@ -67,8 +67,7 @@ pub fn terminal_report(run: &Run) -> String {
     let outside = t.claims_outside_domains();
     if !outside.is_empty() {
         s += &format!(
-            "warning: {} claims outside their op's domain (Op::domain; the core never issues them, no case tests \
-             them): {}\n\n",
+            "warning: {} claims outside their op's published domain (Op::domain): {}\n\n",
             outside.len(),
             outside.join(", ")
         );
