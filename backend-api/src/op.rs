@@ -374,30 +374,20 @@ mod slot {
             v != 0
         }
     }
-    impl IntAttr for u32 {
-        fn to_slot(self) -> i64 {
-            self as i64
-        }
-        fn from_slot(v: i64) -> u32 {
-            v as u32
-        }
+    // Unsigned values travel bit-cast, so u64::MAX round-trips through the i64 slot.
+    macro_rules! int_attr {
+        ($($t:ty),*) => {$(
+            impl IntAttr for $t {
+                fn to_slot(self) -> i64 {
+                    self as i64
+                }
+                fn from_slot(v: i64) -> $t {
+                    v as $t
+                }
+            }
+        )*};
     }
-    impl IntAttr for u64 {
-        fn to_slot(self) -> i64 {
-            self as i64
-        }
-        fn from_slot(v: i64) -> u64 {
-            v as u64
-        }
-    }
-    impl IntAttr for i64 {
-        fn to_slot(self) -> i64 {
-            self
-        }
-        fn from_slot(v: i64) -> i64 {
-            v
-        }
-    }
+    int_attr!(u32, u64, i64);
 
     pub mod float {
         use super::OpAttrs;
