@@ -57,6 +57,13 @@ fn overhead(device: &Device, n: usize) -> Result<(f64, f64, f64)> {
     Ok((off, on, timed))
 }
 
+/// Record `n` timing events on `device`; the host time per record and the events.
+fn record_events(device: &Device, n: usize) -> Result<(f64, Vec<genesis::EventId>)> {
+    let start = Instant::now();
+    let events = (0..n).map(|_| device.record_event()).collect::<Result<Vec<_>>>()?;
+    Ok((start.elapsed().as_secs_f64() * 1e6 / n as f64, events))
+}
+
 fn main() -> Result<()> {
     let device = Device::parse(&arg("--device").unwrap_or_else(|| "cpu".into()))?;
     let steps: usize = arg("--steps").map_or(Ok(3), |s| s.parse().map_err(|_| Error::invalid("--steps: a number")))?;
@@ -109,18 +116,24 @@ fn main() -> Result<()> {
     println!("trace: {} ({} events); table: {}", trace.display(), prof.events().len(), out.join("table.txt").display());
 
     println!("{}", device.memory_summary()?);
-    if let Ok(first) = device.record_event() {
-        // What one timing event costs the host through the plugin (record, later release).
-        let n = 20_000;
+    if device.record_event().and_then(|e| device.release_events(&[e])).is_ok() {
+        // What a timing event costs the host through the plugin: recording one that must be
+        // created, recording one taken from the released pool, reading an elapsed time.
+        let (cold, events) = record_events(&device, 20_000)?;
+        device.synchronize()?;
         let start = Instant::now();
-        let mut events = vec![first];
-        for _ in 1..n {
-            events.push(device.record_event()?);
+        for pair in events.chunks_exact(2) {
+            device.event_elapsed_us(pair[0], pair[1])?;
         }
-        let per_event = start.elapsed().as_secs_f64() * 1e6 / n as f64;
+        let read = start.elapsed().as_secs_f64() * 1e6 / (events.len() / 2) as f64;
+        device.release_events(&events)?;
+        let (warm, events) = record_events(&device, 20_000)?;
         device.synchronize()?;
         device.release_events(&events)?;
-        println!("host time per timing event (record): {per_event:.2} us");
+        println!(
+            "host time per timing event: {cold:.2} us to record a new one, {warm:.2} us to record a pooled one, \
+             {read:.2} us to read an elapsed time"
+        );
     }
     let (off, on, timed) = overhead(&device, 20_000)?;
     println!(
