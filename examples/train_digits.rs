@@ -7,9 +7,15 @@
 //! Prints the test accuracy of each model (goal ≥ 97%), and writes per-epoch metrics as CSV,
 //! the loss/accuracy curves as PNG and the trained weights as safetensors under `--out`
 //! (default `target/train_digits`).
+//!
+//! Data-parallel: `genesis-run --nproc-per-node 2 target/release/examples/train_digits` runs
+//! one process per rank (on `cuda:{LOCAL_RANK}` with `--device cuda`); each rank trains a
+//! `DistributedDataParallel` replica on its `DistributedSampler` share of every epoch (32
+//! images per rank and step), and rank 0 reports and writes the files.
 
 use flate2::read::GzDecoder;
-use genesis::data::{random_split, DataLoader, Dataset, TensorDataset};
+use genesis::data::{random_split, DataLoader, Dataset, DistributedSampler, TensorDataset};
+use genesis::distributed::{DistributedDataParallel, ProcessGroup};
 use genesis::monitor::{MetricsLog, Progress};
 use genesis::nn::{Conv2d, Conv2dOptions, CrossEntropyLoss, Flatten, Linear, MaxPool2d, Module, ReLU, Sequential};
 use genesis::optim::{AdamOptions, AdamW, CosineAnnealingLR, Optimizer};
@@ -116,7 +122,8 @@ fn accuracy(model: &dyn Module, kind: &str, data: &dyn Dataset) -> Result<f64> {
     Ok(correct as f64 / data.len() as f64)
 }
 
-/// Train one model; returns its test accuracy.
+/// Train one model (a data-parallel replica when `group` is given); returns its test
+/// accuracy.
 fn train(
     kind: &str,
     epochs: usize,
@@ -124,20 +131,48 @@ fn train(
     test_set: &dyn Dataset,
     device: &Device,
     out: &std::path::Path,
+    group: Option<&ProcessGroup>,
 ) -> Result<f64> {
     genesis::manual_seed(0);
-    let model = if kind == "cnn" { cnn(device)? } else { mlp(device)? };
-    println!("{kind}: {} parameters, {epochs} epochs", model.num_parameters());
-    let loader = DataLoader::new(train_set, 32)?.shuffle(Generator::new(1));
+    let net = if kind == "cnn" { cnn(device)? } else { mlp(device)? };
+    let leader = group.is_none_or(|g| g.rank() == 0);
+    let (plain, ddp);
+    let (model, inner): (&dyn Module, &dyn Module) = match group {
+        Some(group) => {
+            ddp = DistributedDataParallel::new(net, group)?;
+            (&ddp, ddp.module())
+        }
+        None => {
+            plain = net;
+            (&plain, &plain)
+        }
+    };
+    if leader {
+        println!("{kind}: {} parameters, {epochs} epochs", model.num_parameters());
+    }
+    let mut loader = DataLoader::new(train_set.clone(), 32)?;
+    let mut sampler = None;
+    match group {
+        Some(g) => {
+            let s = Arc::new(DistributedSampler::new(train_set.len(), g.world_size(), g.rank())?.seed(1));
+            loader = loader.sampler(s.clone());
+            sampler = Some(s);
+        }
+        None => loader = loader.shuffle(Generator::new(1)),
+    }
     let mut optimizer =
         AdamW::new(model.parameters(), AdamOptions { lr: 3e-3, weight_decay: 1e-4, ..AdamOptions::adamw() })?;
     let mut scheduler = CosineAnnealingLR::new(&mut optimizer, epochs as u64, 1e-5)?;
     let loss_fn = CrossEntropyLoss::default();
     let mut log = MetricsLog::new();
-    let mut bar = Progress::new((epochs * loader.len()) as u64, kind);
+    let total = (epochs * loader.len()) as u64;
+    let mut bar = if leader { Progress::new(total, kind) } else { Progress::hidden(total, kind) };
     let mut step = 0u64;
     for epoch in 1..=epochs {
         let (mut loss_sum, mut batches) = (0.0, 0);
+        if let Some(s) = &sampler {
+            s.set_epoch(epoch as u64);
+        }
         for batch in &loader {
             let batch = batch?;
             let loss = loss_fn.forward(&model.forward(&shape_input(&batch[0], kind)?)?, &batch[1])?;
@@ -152,12 +187,12 @@ fn train(
         }
         let lr = optimizer.lrs()[0];
         scheduler.step(&mut optimizer)?;
-        let test_accuracy = accuracy(&model, kind, test_set)?;
+        let test_accuracy = accuracy(model, kind, test_set)?;
         log.record(
             epoch as u64,
             &[("train_loss", loss_sum / batches as f64), ("test_accuracy", test_accuracy), ("lr", lr)],
         );
-        if epoch % 5 == 0 || epoch == epochs {
+        if leader && (epoch % 5 == 0 || epoch == epochs) {
             bar.println(format!(
                 "{kind} epoch {epoch:3}: train loss {:.4}, test accuracy {:.2}%",
                 loss_sum / batches as f64,
@@ -166,13 +201,16 @@ fn train(
         }
     }
     bar.finish();
-    let test_accuracy = accuracy(&model, kind, test_set)?;
+    let test_accuracy = accuracy(model, kind, test_set)?;
+    if !leader {
+        return Ok(test_accuracy);
+    }
     let csv = out.join(format!("{kind}_metrics.csv"));
     let png = out.join(format!("{kind}_curves.png"));
     let weights = out.join(format!("{kind}.safetensors"));
     log.write_csv(&csv)?;
     log.plot_png(&png)?;
-    genesis::serialize::save(&weights, &model.state_dict(), &Default::default())?;
+    genesis::serialize::save(&weights, &inner.state_dict(), &Default::default())?;
     println!(
         "{kind}: test accuracy {:.2}% ({} steps; goal ≥ {:.0}%: {}); wrote {}, {}, {}",
         100.0 * test_accuracy,
@@ -188,8 +226,19 @@ fn train(
 
 fn main() -> Result<()> {
     let args = parse_args()?;
-    let device = Device::parse(&args.device)?;
-    println!("device: {device} ({})", device.properties()?.name);
+    // Started by genesis-run or torchrun: one rank of a data-parallel job.
+    let group = if std::env::var_os("WORLD_SIZE").is_some() { Some(ProcessGroup::from_env()?) } else { None };
+    let device = match &group {
+        Some(g) if args.device == "cuda" => Device::parse(&format!("cuda:{}", g.local_rank()))?,
+        _ => Device::parse(&args.device)?,
+    };
+    let leader = group.as_ref().is_none_or(|g| g.rank() == 0);
+    match &group {
+        Some(g) => {
+            println!("rank {} of {}, device: {device} ({})", g.rank(), g.world_size(), device.properties()?.name)
+        }
+        None => println!("device: {device} ({})", device.properties()?.name),
+    }
     std::fs::create_dir_all(&args.out)
         .map_err(|e| Error::invalid(format!("cannot create {}: {e}", args.out.display())))?;
 
@@ -202,7 +251,9 @@ fn main() -> Result<()> {
     let (Some(train_set), Some(test_set)) = (train_set, test_set) else {
         return Err(Error::invalid("random_split returned fewer than two parts"));
     };
-    println!("digits: {} training and {} test images of 8x8 pixels", train_set.len(), test_set.len());
+    if leader {
+        println!("digits: {} training and {} test images of 8x8 pixels", train_set.len(), test_set.len());
+    }
     let train_set: Arc<dyn Dataset> = Arc::new(train_set);
 
     let kinds: &[&str] = match args.model.as_str() {
@@ -213,7 +264,7 @@ fn main() -> Result<()> {
     let mut all_met = true;
     for &kind in kinds {
         let epochs = args.epochs.unwrap_or(if kind == "cnn" { 15 } else { 30 });
-        let acc = train(kind, epochs, train_set.clone(), &test_set, &device, &args.out)?;
+        let acc = train(kind, epochs, train_set.clone(), &test_set, &device, &args.out, group.as_ref())?;
         all_met &= acc >= GOAL;
     }
     if !all_met {

@@ -27,6 +27,10 @@ pub enum ErrorKind {
     Internal = 7,
     /// The plugin file could not be loaded or is not a compatible Genesis plugin.
     LoadFailed = 8,
+    /// Communication with other processes failed: a peer exited or stopped answering, a
+    /// rendezvous timed out, or the ranks disagree (since 1.2; older hosts read it as
+    /// `Internal`).
+    Communication = 9,
 }
 
 impl ErrorKind {
@@ -40,6 +44,7 @@ impl ErrorKind {
             5 => ErrorKind::OutOfMemory,
             6 => ErrorKind::DeviceUnavailable,
             8 => ErrorKind::LoadFailed,
+            9 => ErrorKind::Communication,
             _ => ErrorKind::Internal,
         }
     }
@@ -56,6 +61,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::DeviceUnavailable => "device unavailable",
             ErrorKind::Internal => "internal error",
             ErrorKind::LoadFailed => "plugin load failed",
+            ErrorKind::Communication => "communication failed",
         };
         f.write_str(text)
     }

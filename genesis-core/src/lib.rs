@@ -22,6 +22,7 @@ pub mod checkpoint;
 pub mod comm;
 pub mod data;
 mod device;
+pub mod distributed;
 mod element;
 mod error;
 pub mod generation;

@@ -14,6 +14,49 @@ fn inner_key(t: &Arc<TensorInner>) -> usize {
     Arc::as_ptr(t) as usize
 }
 
+/// A function to run when the current backward pass has accumulated every gradient.
+type Callback = Box<dyn FnOnce() -> Result<()>>;
+
+thread_local! {
+    /// One list of queued callbacks per backward pass running on this thread, innermost last
+    /// (a hook may itself run a backward pass).
+    static CALLBACKS: std::cell::RefCell<Vec<Vec<Callback>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The callback list of one backward pass, removed when the pass ends, however it ends.
+struct CallbackFrame;
+
+impl CallbackFrame {
+    fn push() -> CallbackFrame {
+        CALLBACKS.with(|c| c.borrow_mut().push(Vec::new()));
+        CallbackFrame
+    }
+
+    /// The callbacks queued so far (callbacks queued while they run are not run).
+    fn take(&self) -> Vec<Callback> {
+        CALLBACKS.with(|c| c.borrow_mut().last_mut().map(std::mem::take).unwrap_or_default())
+    }
+}
+
+impl Drop for CallbackFrame {
+    fn drop(&mut self) {
+        CALLBACKS.with(|c| c.borrow_mut().pop());
+    }
+}
+
+/// Run `callback` at the end of the backward pass running on this thread, after every
+/// gradient has been accumulated (PyTorch's `queue_callback`); its error becomes the pass's
+/// error. Outside a backward pass, an error.
+pub(crate) fn queue_callback(callback: impl FnOnce() -> Result<()> + 'static) -> Result<()> {
+    CALLBACKS.with(|c| match c.borrow_mut().last_mut() {
+        Some(frame) => {
+            frame.push(Box::new(callback));
+            Ok(())
+        }
+        None => Err(Error::invalid("queue_callback: no backward pass is running on this thread")),
+    })
+}
+
 /// What to capture instead of accumulating into `.grad` (for [`grad`]).
 enum Target {
     Leaf(usize),
@@ -36,6 +79,7 @@ pub(crate) fn run_backward(
     targets: Option<&[Tensor]>,
 ) -> Result<Vec<Option<Tensor>>> {
     let _mode = set_grad_enabled(create_graph);
+    let callbacks = CallbackFrame::push();
     // Backward runs in the dtypes the forward chose, whatever autocast scope it is called in.
     let _amp = crate::amp::suspend();
     let targets: Option<Vec<Target>> = targets.map(|ts| {
@@ -77,17 +121,46 @@ pub(crate) fn run_backward(
     }
 
     // Count, for every node reachable from the roots, how many edges point at it.
+    // Leaves are counted too: a leaf's gradient is complete once every edge into it has been
+    // walked, and it is accumulated then (its post-accumulate hooks run while the rest of the
+    // backward goes on, which is what lets data-parallel training overlap communication).
     let mut deps: HashMap<usize, usize> = HashMap::new();
+    let mut leaf_deps: HashMap<usize, usize> = HashMap::new();
     let mut stack: Vec<Arc<Node>> = nodes.values().cloned().collect();
     let mut seen: std::collections::HashSet<usize> = nodes.keys().copied().collect();
     while let Some(node) = stack.pop() {
         for edge in node.edges.iter().flatten() {
-            if let Edge::Node(next, _) = edge {
-                *deps.entry(node_key(next)).or_insert(0) += 1;
-                if seen.insert(node_key(next)) {
-                    stack.push(next.clone());
+            match edge {
+                Edge::Node(next, _) => {
+                    *deps.entry(node_key(next)).or_insert(0) += 1;
+                    if seen.insert(node_key(next)) {
+                        stack.push(next.clone());
+                    }
                 }
+                Edge::Leaf(inner) => *leaf_deps.entry(inner_key(inner)).or_insert(0) += 1,
             }
+        }
+    }
+    // Gradients of leaves still waiting for some of their edges, summed so far.
+    let mut leaf_pending: HashMap<usize, (Arc<TensorInner>, Option<Tensor>)> = HashMap::new();
+    for (inner, g) in leaf_grads.drain(..) {
+        let entry = leaf_pending.entry(inner_key(&inner)).or_insert_with(|| (inner.clone(), None));
+        entry.1 = Some(add_grads(entry.1.take(), g)?);
+    }
+    let finish_leaf = |inner: Arc<TensorInner>, g: Option<Tensor>, captured: &mut Vec<Option<Tensor>>| {
+        let Some(g) = g else { return Ok(()) };
+        match capture_index(Some(inner_key(&inner)), None) {
+            Some(slot) => captured[slot] = Some(add_grads(captured[slot].take(), g)?),
+            None if targets.is_none() => TensorInner::accumulate_grad_with_hooks(&inner, g, create_graph)?,
+            None => {}
+        }
+        Ok::<(), Error>(())
+    };
+    // Root leaves that no node reaches are complete from the start.
+    let complete: Vec<usize> = leaf_pending.keys().filter(|k| !leaf_deps.contains_key(k)).copied().collect();
+    for key in complete {
+        if let Some((inner, g)) = leaf_pending.remove(&key) {
+            finish_leaf(inner, g, &mut captured)?;
         }
     }
 
@@ -156,20 +229,28 @@ pub(crate) fn run_backward(
                     }
                 }
                 Edge::Leaf(inner) => {
+                    let key = inner_key(inner);
+                    let entry = leaf_pending.entry(key).or_insert_with(|| (inner.clone(), None));
                     if let Some(g) = g {
-                        leaf_grads.push((inner.clone(), g));
+                        entry.1 = Some(add_grads(entry.1.take(), g)?);
+                    }
+                    let count = leaf_deps.get_mut(&key).expect("counted above");
+                    *count -= 1;
+                    if *count == 0 {
+                        if let Some((inner, g)) = leaf_pending.remove(&key) {
+                            finish_leaf(inner, g, &mut captured)?;
+                        }
                     }
                 }
             }
         }
     }
-
-    for (inner, g) in leaf_grads {
-        match capture_index(Some(inner_key(&inner)), None) {
-            Some(slot) => captured[slot] = Some(add_grads(captured[slot].take(), g)?),
-            None if targets.is_none() => TensorInner::accumulate_grad_with_hooks(&inner, g, create_graph)?,
-            None => {}
-        }
+    // Every counted edge has been walked unless an error stopped the pass above.
+    for (_, (inner, g)) in leaf_pending {
+        finish_leaf(inner, g, &mut captured)?;
+    }
+    for callback in callbacks.take() {
+        callback()?;
     }
     Ok(captured)
 }

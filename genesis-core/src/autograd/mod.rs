@@ -1,7 +1,7 @@
 //! Reverse-mode automatic differentiation over a dynamic graph.
 //!
 //! Every differentiable op that sees an input requiring grad (with grad mode on) records a
-//! [`Node`]: its backward function and one edge per input, pointing at the node that made the
+//! a `Node`: its backward function and one edge per input, pointing at the node that made the
 //! input or at the leaf tensor itself. [`Tensor::backward`] and [`grad`] walk the graph from
 //! the outputs in dependency order, summing gradients that meet, running hooks, and either
 //! accumulating into leaves' `.grad` or capturing the gradients asked for.
@@ -13,7 +13,7 @@ mod engine;
 mod mode;
 
 pub use engine::grad;
-pub(crate) use engine::run_backward;
+pub(crate) use engine::{queue_callback, run_backward};
 pub use mode::{is_grad_enabled, no_grad, set_grad_enabled, GradModeGuard};
 
 use crate::error::{Error, ErrorKind, Result};
@@ -22,6 +22,9 @@ use std::sync::{Arc, Mutex};
 
 /// A gradient hook: sees the gradient, may replace it.
 pub type Hook = Box<dyn Fn(&Tensor) -> Result<Option<Tensor>> + Send + Sync>;
+
+/// A post-accumulate-grad hook: sees the leaf after its `.grad` was updated.
+pub type PostAccumulateHook = Box<dyn Fn(&Tensor) -> Result<()> + Send + Sync>;
 
 /// Computes input gradients from output gradients (`None` = zero / not needed).
 pub(crate) type BackwardFn = Box<dyn Fn(&[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> + Send + Sync>;

@@ -1,7 +1,8 @@
-//! The data loader: batches in order or shuffled, built on the calling thread or by worker
-//! threads that stay a few batches ahead.
+//! The data loader: batches in order, shuffled or in a [`Sampler`]'s order, built on the
+//! calling thread or by worker threads that stay a few batches ahead.
 
 use super::dataset::{randperm, Dataset};
+use super::sampler::Sampler;
 use crate::error::{Error, Result};
 use crate::random::Generator;
 use crate::tensor::Tensor;
@@ -12,12 +13,14 @@ use std::thread::JoinHandle;
 /// Batches from a [`Dataset`] (`torch.utils.data.DataLoader`). Each call to
 /// [`iter`](DataLoader::iter) is one epoch; with shuffling, each epoch draws a new
 /// permutation from the loader's generator, so a seeded generator gives the same sequence
-/// of epochs on every run, whatever the number of workers.
+/// of epochs on every run, whatever the number of workers. With a [`Sampler`], each epoch
+/// takes its order from the sampler instead.
 #[derive(Clone)]
 pub struct DataLoader {
     dataset: Arc<dyn Dataset>,
     batch_size: usize,
     shuffle: Option<Generator>,
+    sampler: Option<Arc<dyn Sampler>>,
     drop_last: bool,
     num_workers: usize,
     prefetch: usize,
@@ -29,12 +32,29 @@ impl DataLoader {
         if batch_size == 0 {
             return Err(Error::invalid("DataLoader: batch_size must be > 0"));
         }
-        Ok(DataLoader { dataset, batch_size, shuffle: None, drop_last: false, num_workers: 0, prefetch: 2 })
+        Ok(DataLoader {
+            dataset,
+            batch_size,
+            shuffle: None,
+            sampler: None,
+            drop_last: false,
+            num_workers: 0,
+            prefetch: 2,
+        })
     }
 
     /// Shuffle every epoch with `generator` (give it a seed for reproducible runs).
     pub fn shuffle(mut self, generator: Generator) -> Self {
         self.shuffle = Some(generator);
+        self
+    }
+
+    /// Take each epoch's order from `sampler` (for example a
+    /// [`DistributedSampler`](super::DistributedSampler)), asked afresh at every
+    /// [`iter`](DataLoader::iter). As in PyTorch, a sampler excludes
+    /// [`shuffle`](DataLoader::shuffle): with both, `iter` yields an error.
+    pub fn sampler(mut self, sampler: Arc<dyn Sampler>) -> Self {
+        self.sampler = Some(sampler);
         self
     }
 
@@ -56,13 +76,19 @@ impl DataLoader {
         self
     }
 
-    /// The number of batches in an epoch.
+    /// The number of batches in an epoch (of the sampler's length, when there is one).
     pub fn len(&self) -> usize {
-        let n = self.dataset.len();
+        match &self.sampler {
+            Some(s) => self.batches_of(s.len()),
+            None => self.batches_of(self.dataset.len()),
+        }
+    }
+
+    fn batches_of(&self, items: usize) -> usize {
         if self.drop_last {
-            n / self.batch_size
+            items / self.batch_size
         } else {
-            n.div_ceil(self.batch_size)
+            items.div_ceil(self.batch_size)
         }
     }
 
@@ -76,16 +102,40 @@ impl DataLoader {
         &self.dataset
     }
 
-    /// One epoch of batches: each a `Vec` with one batched tensor per item field.
+    /// The order of one epoch's items: the sampler's (checked to be in range), a permutation,
+    /// or `0..len`.
+    fn order(&self) -> Result<Vec<usize>> {
+        let n = self.dataset.len();
+        match (&self.sampler, &self.shuffle) {
+            (Some(_), Some(_)) => Err(Error::invalid("DataLoader: sampler option is mutually exclusive with shuffle")),
+            (Some(s), None) => {
+                let order = s.indices()?;
+                // Checked here, not left to the dataset: a user's Dataset may index without
+                // checking, and a bad sampler should be an error naming the sampler.
+                if let Some(&i) = order.iter().find(|&&i| i >= n) {
+                    return Err(Error::invalid(format!(
+                        "DataLoader: the sampler gave index {i}, out of range for a dataset of {n} items"
+                    )));
+                }
+                Ok(order)
+            }
+            (None, Some(g)) => randperm(n, g),
+            (None, None) => Ok((0..n).collect()),
+        }
+    }
+
+    /// One epoch of batches: each a `Vec` with one batched tensor per item field. An order
+    /// that cannot be made (a sampler together with shuffling, or a sampler's index out of
+    /// range) is the epoch's first and only item, an error.
     pub fn iter(&self) -> Batches {
-        let order = match &self.shuffle {
-            Some(g) => match randperm(self.dataset.len(), g) {
-                Ok(p) => p,
-                Err(e) => return Batches { state: State::Failed(Some(e)) },
-            },
-            None => (0..self.dataset.len()).collect(),
+        let order = match self.order() {
+            Ok(o) => o,
+            Err(e) => return Batches { state: State::Failed(Some(e)) },
         };
-        let batches: Vec<Vec<usize>> = order.chunks(self.batch_size).take(self.len()).map(<[usize]>::to_vec).collect();
+        // Counted from the order itself, so a sampler whose epoch is not of its stated length
+        // still has every batch of what it gave.
+        let count = self.batches_of(order.len());
+        let batches: Vec<Vec<usize>> = order.chunks(self.batch_size).take(count).map(<[usize]>::to_vec).collect();
         let batches = Arc::new(batches);
         if self.num_workers == 0 {
             return Batches { state: State::Inline { dataset: self.dataset.clone(), batches, next: 0 } };

@@ -1,6 +1,7 @@
 //! Data loading: a [`Dataset`] gives items (tuples of tensors); a [`DataLoader`] groups them
-//! into batches, shuffled with a seeded [`Generator`](crate::Generator), optionally prepared
-//! by worker threads ahead of use.
+//! into batches, shuffled with a seeded [`Generator`](crate::Generator) or in a [`Sampler`]'s
+//! order (a [`DistributedSampler`] for data-parallel training), optionally prepared by worker
+//! threads ahead of use.
 //!
 //! ```
 //! use genesis::data::{DataLoader, TensorDataset};
@@ -23,6 +24,8 @@
 
 mod dataset;
 mod loader;
+mod sampler;
 
 pub use dataset::{collate, random_split, randperm, Dataset, Subset, TensorDataset};
 pub use loader::{Batches, DataLoader};
+pub use sampler::{DistributedSampler, Sampler};

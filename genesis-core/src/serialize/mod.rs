@@ -21,7 +21,7 @@
 
 mod atomic;
 mod load_into;
-mod safetensors_io;
+pub(crate) mod safetensors_io;
 
 pub use atomic::write_atomically;
 pub use load_into::{load_state_dict_into, LoadReport};

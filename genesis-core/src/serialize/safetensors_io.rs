@@ -82,7 +82,7 @@ pub(crate) fn tensor_from_view(view: &safetensors::tensor::TensorView<'_>, devic
 }
 
 /// A tensor on `device` holding `bytes` (little-endian, row-major).
-fn tensor_from_bytes(bytes: &[u8], dtype: DType, shape: &[usize], device: &Device) -> Result<Tensor> {
+pub(crate) fn tensor_from_bytes(bytes: &[u8], dtype: DType, shape: &[usize], device: &Device) -> Result<Tensor> {
     let t = Tensor::empty(shape, dtype, device)?;
     if bytes.is_empty() {
         return Ok(t);

@@ -7,7 +7,7 @@ mod create;
 mod display;
 pub(crate) mod layout;
 
-use crate::autograd::{self, Hook, Node};
+use crate::autograd::{self, Hook, Node, PostAccumulateHook};
 use crate::device::Device;
 use crate::element::Element;
 use crate::error::{Error, ErrorKind, Result};
@@ -35,6 +35,7 @@ pub(crate) struct TensorInner {
     requires_grad: AtomicBool,
     grad: Mutex<Option<Tensor>>,
     hooks: Mutex<Vec<Arc<Hook>>>,
+    post_accumulate_hooks: Mutex<Vec<Arc<PostAccumulateHook>>>,
 }
 
 impl TensorInner {
@@ -47,6 +48,7 @@ impl TensorInner {
             requires_grad: AtomicBool::new(false),
             grad: Mutex::new(None),
             hooks: Mutex::new(Vec::new()),
+            post_accumulate_hooks: Mutex::new(Vec::new()),
         }
     }
 
@@ -74,7 +76,16 @@ impl TensorInner {
                 g = replaced;
             }
         }
-        Self::accumulate_grad(inner, &g, create_graph)
+        Self::accumulate_grad(inner, &g, create_graph)?;
+        let post: Vec<Arc<PostAccumulateHook>> =
+            inner.post_accumulate_hooks.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if !post.is_empty() {
+            let tensor = Tensor { inner: inner.clone() };
+            for hook in post {
+                hook(&tensor)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -297,6 +308,23 @@ impl Tensor {
             Some((node, index)) => node.hooks.lock().unwrap_or_else(|p| p.into_inner()).push((*index, hook)),
             None => self.inner.hooks.lock().unwrap_or_else(|p| p.into_inner()).push(hook),
         }
+        Ok(())
+    }
+
+    /// Call `hook` with this leaf each time a backward pass has finished accumulating into
+    /// its `.grad` (`register_post_accumulate_grad_hook`): once per pass, as soon as every
+    /// contribution to it is summed, while the rest of the pass goes on.
+    pub fn register_post_accumulate_grad_hook(
+        &self,
+        hook: impl Fn(&Tensor) -> Result<()> + Send + Sync + 'static,
+    ) -> Result<()> {
+        if !self.is_leaf() || !self.requires_grad() {
+            return Err(Error::invalid(
+                "register_post_accumulate_grad_hook: only leaf tensors that require grad accumulate gradients",
+            ));
+        }
+        let hook: Arc<PostAccumulateHook> = Arc::new(Box::new(hook));
+        self.inner.post_accumulate_hooks.lock().unwrap_or_else(|p| p.into_inner()).push(hook);
         Ok(())
     }
 

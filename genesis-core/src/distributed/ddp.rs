@@ -1,0 +1,395 @@
+//! `DistributedDataParallel`: one replica of a module per process, gradients averaged across
+//! the processes during the backward pass, so every replica takes the same optimizer step.
+//!
+//! How the gradients travel (the design of PyTorch's reducer): the parameters are grouped
+//! into buckets in reverse definition order (roughly the order backward produces their
+//! gradients), a small first bucket and then buckets of about `bucket_cap_mb`. Each parameter
+//! has a post-accumulate-grad hook; when the last gradient of a bucket lands, the bucket is
+//! flattened and handed to a communication thread that averages it across the ranks while
+//! backward goes on. Buckets are launched strictly in order, so every rank runs the same
+//! sequence of collectives. At the end of the pass (an autograd callback) the averaged
+//! buckets are written back into `.grad`.
+
+use super::ProcessGroup;
+use crate::autograd::{no_grad, queue_callback};
+use crate::error::{Error, ErrorKind, Result};
+use crate::nn::{Entry, Module};
+use crate::serialize::safetensors_io::{tensor_bytes, tensor_from_bytes};
+use crate::tensor::Tensor;
+use genesis_backend_api::DType;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex, Weak};
+
+/// Options of [`DistributedDataParallel`] (PyTorch's constructor arguments of the same names).
+#[derive(Debug, Clone, Copy)]
+pub struct DdpOptions {
+    /// The size of a gradient bucket in MiB (default 25).
+    pub bucket_cap_mb: f64,
+    /// The size of the first bucket in MiB (default 1), small so that communication starts
+    /// early in the backward pass.
+    pub first_bucket_cap_mb: f64,
+    /// Allow parameters that get no gradient in a pass: they count as zeros in the average.
+    /// Off by default, and then such a parameter is an error naming it (not a hang).
+    pub find_unused_parameters: bool,
+    /// Copy rank 0's buffers (batch-norm statistics) to every rank before each forward
+    /// (default on, as PyTorch).
+    pub broadcast_buffers: bool,
+}
+
+impl Default for DdpOptions {
+    fn default() -> Self {
+        DdpOptions {
+            bucket_cap_mb: 25.0,
+            first_bucket_cap_mb: 1.0,
+            find_unused_parameters: false,
+            broadcast_buffers: true,
+        }
+    }
+}
+
+/// A module replicated across the ranks of a [`ProcessGroup`] (`torch.nn.parallel.
+/// DistributedDataParallel`). Construction copies rank 0's parameters and buffers to every
+/// rank (after checking that all ranks built the same model); each backward pass then leaves
+/// the same averaged gradients on every rank. Use [`no_sync`](Self::no_sync) to accumulate
+/// gradients locally over several passes, and [`module`](Self::module) to reach the wrapped
+/// module (its state dict has no `module.` prefix).
+///
+/// The gradients are synchronized whichever way the forward pass was called (through this
+/// wrapper or the inner module's own methods): the hooks are on the parameters.
+pub struct DistributedDataParallel<M: Module> {
+    module: M,
+    group: ProcessGroup,
+    options: DdpOptions,
+    buffers: Vec<Tensor>,
+    reducer: Arc<Mutex<Reducer>>,
+}
+
+/// A group of parameters whose gradients travel together.
+struct Bucket {
+    params: Vec<usize>,
+    dtype: DType,
+}
+
+/// What the hooks share: the buckets and the progress of the current backward pass.
+struct Reducer {
+    names: Vec<String>,
+    params: Vec<Tensor>,
+    buckets: Vec<Bucket>,
+    find_unused: bool,
+    no_sync: bool,
+    /// A backward pass is under way (its finishing callback is queued).
+    armed: bool,
+    ready: Vec<bool>,
+    missing: Vec<usize>,
+    launched: usize,
+    jobs: Sender<Job>,
+    results: Receiver<(usize, Result<Vec<u8>>)>,
+}
+
+struct Job {
+    bucket: usize,
+    bytes: Vec<u8>,
+    dtype: DType,
+}
+
+impl<M: Module> DistributedDataParallel<M> {
+    /// Wrap `module` (already on this rank's device) with the default options.
+    pub fn new(module: M, group: &ProcessGroup) -> Result<Self> {
+        Self::with_options(module, group, DdpOptions::default())
+    }
+
+    /// Wrap `module` with `options`. Every rank must call this in the same order; a model
+    /// whose parameter names, shapes or dtypes differ between ranks is an error on all of
+    /// them.
+    pub fn with_options(module: M, group: &ProcessGroup, options: DdpOptions) -> Result<Self> {
+        let named: Vec<(String, Tensor)> = module.named_parameters();
+        let buffers: Vec<(String, Tensor)> = module.named_buffers();
+        let key = group.next_wrapper_key("ddp");
+        check_same_model(group, &key, &named, &buffers)?;
+        let everything: Vec<Tensor> = named.iter().chain(&buffers).map(|(_, t)| t.clone()).collect();
+        broadcast_all(group, &everything)?;
+
+        let trained: Vec<(String, Tensor)> = named.into_iter().filter(|(_, t)| t.requires_grad()).collect();
+        let buckets = make_buckets(&trained, &options);
+        let (jobs, results) = communication_thread(group.clone())?;
+        let n = trained.len();
+        let (names, params): (Vec<String>, Vec<Tensor>) = trained.into_iter().unzip();
+        let reducer = Arc::new(Mutex::new(Reducer {
+            names,
+            params: params.clone(),
+            buckets,
+            find_unused: options.find_unused_parameters,
+            no_sync: false,
+            armed: false,
+            ready: vec![false; n],
+            missing: Vec::new(),
+            launched: 0,
+            jobs,
+            results,
+        }));
+        for (i, p) in params.iter().enumerate() {
+            let weak = Arc::downgrade(&reducer);
+            p.register_post_accumulate_grad_hook(move |_| gradient_ready(&weak, i))?;
+        }
+        let buffers = buffers.into_iter().map(|(_, t)| t).collect();
+        Ok(DistributedDataParallel { module, group: group.clone(), options, buffers, reducer })
+    }
+
+    /// The wrapped module.
+    pub fn module(&self) -> &M {
+        &self.module
+    }
+
+    /// The process group the gradients are averaged over.
+    pub fn process_group(&self) -> &ProcessGroup {
+        &self.group
+    }
+
+    /// The parameters of each gradient bucket by name, in launch order.
+    pub fn buckets(&self) -> Vec<Vec<String>> {
+        let r = lock(&self.reducer);
+        r.buckets.iter().map(|b| b.params.iter().map(|&p| r.names[p].clone()).collect()).collect()
+    }
+
+    /// Skip gradient synchronization while the guard lives (`with ddp.no_sync():`): gradients
+    /// accumulate locally, and the next synchronized pass averages the accumulated sums.
+    pub fn no_sync(&self) -> NoSync {
+        lock(&self.reducer).no_sync = true;
+        NoSync { reducer: Arc::downgrade(&self.reducer) }
+    }
+
+    /// Copy rank 0's buffers to every rank (done before each forward with `broadcast_buffers`).
+    pub fn sync_buffers(&self) -> Result<()> {
+        broadcast_all(&self.group, &self.buffers)
+    }
+}
+
+/// While alive, [`DistributedDataParallel::no_sync`] is in force.
+pub struct NoSync {
+    reducer: Weak<Mutex<Reducer>>,
+}
+
+impl Drop for NoSync {
+    fn drop(&mut self) {
+        if let Some(r) = self.reducer.upgrade() {
+            lock(&r).no_sync = false;
+        }
+    }
+}
+
+impl<M: Module> Module for DistributedDataParallel<M> {
+    fn forward(&self, input: &Tensor) -> Result<Tensor> {
+        if self.options.broadcast_buffers && !self.buffers.is_empty() && self.group.world_size() > 1 {
+            self.sync_buffers()?;
+        }
+        self.module.forward(input)
+    }
+
+    /// The wrapped module is the child `module`, so state-dict keys carry PyTorch's
+    /// `module.` prefix.
+    fn visit(&self, f: &mut dyn FnMut(&str, Entry<'_>)) {
+        f("module", Entry::Child(&self.module));
+    }
+}
+
+fn lock(r: &Mutex<Reducer>) -> std::sync::MutexGuard<'_, Reducer> {
+    r.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn comm(message: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Communication, message)
+}
+
+/// The post-accumulate hook of parameter `i`.
+fn gradient_ready(reducer: &Weak<Mutex<Reducer>>, i: usize) -> Result<()> {
+    let Some(shared) = reducer.upgrade() else { return Ok(()) };
+    let mut r = lock(&shared);
+    if r.no_sync {
+        return Ok(());
+    }
+    if !r.armed {
+        r.armed = true;
+        r.ready.iter_mut().for_each(|x| *x = false);
+        r.launched = 0;
+        let weak = reducer.clone();
+        queue_callback(move || finish(&weak))?;
+    }
+    r.ready[i] = true;
+    r.launch_ready()
+}
+
+impl Reducer {
+    /// Launch, in order, every bucket whose gradients are all ready.
+    fn launch_ready(&mut self) -> Result<()> {
+        while self.launched < self.buckets.len() && self.buckets[self.launched].params.iter().all(|&p| self.ready[p]) {
+            self.launch(self.launched)?;
+            self.launched += 1;
+        }
+        Ok(())
+    }
+
+    /// Flatten bucket `b`'s gradients (zeros for a parameter without one) and send them.
+    fn launch(&self, b: usize) -> Result<()> {
+        let bucket = &self.buckets[b];
+        let mut bytes = Vec::new();
+        for &p in &bucket.params {
+            match self.params[p].grad() {
+                Some(g) => bytes.extend_from_slice(&tensor_bytes(&g)?),
+                None => bytes.resize(bytes.len() + self.params[p].numel() * bucket.dtype.size_in_bytes(), 0),
+            }
+        }
+        self.jobs
+            .send(Job { bucket: b, bytes, dtype: bucket.dtype })
+            .map_err(|_| comm("DistributedDataParallel: the communication thread stopped"))
+    }
+}
+
+/// The end of a backward pass: check every parameter got a gradient, launch what is left,
+/// wait for every bucket and write the averages into `.grad`.
+fn finish(reducer: &Weak<Mutex<Reducer>>) -> Result<()> {
+    let Some(shared) = reducer.upgrade() else { return Ok(()) };
+    let mut r = lock(&shared);
+    r.armed = false;
+    let unready: Vec<usize> = (0..r.params.len()).filter(|&p| !r.ready[p]).collect();
+    if !unready.is_empty() {
+        if !r.find_unused {
+            let names: Vec<&str> = unready.iter().take(8).map(|&p| r.names[p].as_str()).collect();
+            // Drain what was launched so the next pass starts clean; this rank now fails, and
+            // the others see it leave instead of waiting for its buckets.
+            for _ in 0..r.launched {
+                let _ = r.results.recv();
+            }
+            return Err(Error::invalid(format!(
+                "DistributedDataParallel: {} parameter(s) got no gradient in this backward pass ({}{}); if some \
+                 parameters are unused by design, construct with DdpOptions {{ find_unused_parameters: true, .. }}",
+                unready.len(),
+                names.join(", "),
+                if unready.len() > names.len() { ", ..." } else { "" }
+            )));
+        }
+        r.missing = unready.clone();
+        for p in unready {
+            r.ready[p] = true;
+        }
+        r.launch_ready()?;
+    }
+    let mut done: Vec<Option<Vec<u8>>> = vec![None; r.buckets.len()];
+    for _ in 0..r.buckets.len() {
+        let (b, bytes) =
+            r.results.recv().map_err(|_| comm("DistributedDataParallel: the communication thread stopped"))?;
+        done[b] = Some(bytes?);
+    }
+    for (bucket, bytes) in r.buckets.iter().zip(done) {
+        let bytes = bytes.ok_or_else(|| comm("DistributedDataParallel: a bucket was not reduced"))?;
+        let mut offset = 0;
+        for &p in &bucket.params {
+            let param = &r.params[p];
+            let len = param.numel() * bucket.dtype.size_in_bytes();
+            let averaged =
+                tensor_from_bytes(&bytes[offset..offset + len], bucket.dtype, param.shape(), param.device())?;
+            offset += len;
+            param.set_grad(Some(averaged))?;
+        }
+    }
+    r.missing.clear();
+    Ok(())
+}
+
+/// A thread that averages buckets as they come, so the backward pass does not wait for the
+/// network; results return in launch order.
+type Channels = (Sender<Job>, Receiver<(usize, Result<Vec<u8>>)>);
+
+fn communication_thread(group: ProcessGroup) -> Result<Channels> {
+    let (jobs, inbox) = channel::<Job>();
+    let (outbox, results) = channel();
+    std::thread::Builder::new()
+        .name("genesis-ddp".into())
+        .spawn(move || {
+            for Job { bucket, mut bytes, dtype } in inbox {
+                let reduced = group.ring().all_reduce(&mut bytes, dtype, true).map(|()| bytes);
+                if outbox.send((bucket, reduced)).is_err() {
+                    break;
+                }
+            }
+        })
+        .map_err(|e| comm(format!("DistributedDataParallel: starting the communication thread: {e}")))?;
+    Ok((jobs, results))
+}
+
+/// Split parameters (in definition order) into buckets in reverse order: the first up to
+/// `first_bucket_cap_mb`, the rest up to `bucket_cap_mb`; a change of dtype or device starts
+/// a new bucket, since a bucket is one flat buffer.
+fn make_buckets(params: &[(String, Tensor)], options: &DdpOptions) -> Vec<Bucket> {
+    let mut buckets: Vec<Bucket> = Vec::new();
+    let mut bytes = 0usize;
+    for (i, (_, t)) in params.iter().enumerate().rev() {
+        let size = t.numel() * t.dtype().size_in_bytes();
+        let cap = if buckets.len() <= 1 { options.first_bucket_cap_mb } else { options.bucket_cap_mb };
+        let cap = (cap * 1048576.0) as usize;
+        let fits = buckets.last().is_some_and(|b| {
+            b.dtype == t.dtype() && params[b.params[0]].1.device() == t.device() && bytes + size <= cap.max(1)
+        });
+        if !fits {
+            buckets.push(Bucket { params: Vec::new(), dtype: t.dtype() });
+            bytes = 0;
+        }
+        if let Some(b) = buckets.last_mut() {
+            b.params.push(i);
+        }
+        bytes += size;
+    }
+    buckets
+}
+
+/// Every rank publishes a description of its parameters and buffers; all compare them with
+/// rank 0's, so a mismatch fails every rank with the same message.
+fn check_same_model(
+    group: &ProcessGroup,
+    key: &str,
+    params: &[(String, Tensor)],
+    buffers: &[(String, Tensor)],
+) -> Result<()> {
+    let describe = |kind: &str, (name, t): &(String, Tensor)| format!("{kind} '{name}' {:?} {}", t.shape(), t.dtype());
+    let mine: Vec<String> =
+        params.iter().map(|p| describe("parameter", p)).chain(buffers.iter().map(|b| describe("buffer", b))).collect();
+    let store = group.store();
+    store.set(&format!("{key}/{}", group.rank()), mine.join("\n").as_bytes())?;
+    let reference = String::from_utf8_lossy(&store.get(&format!("{key}/0"))?).into_owned();
+    let reference: Vec<&str> = reference.lines().collect();
+    for rank in 1..group.world_size() {
+        let theirs = String::from_utf8_lossy(&store.get(&format!("{key}/{rank}"))?).into_owned();
+        let theirs: Vec<&str> = theirs.lines().collect();
+        let first_difference = (0..reference.len().max(theirs.len())).find(|&i| reference.get(i) != theirs.get(i));
+        if let Some(i) = first_difference {
+            return Err(Error::new(
+                ErrorKind::ShapeMismatch,
+                format!(
+                    "DistributedDataParallel: the ranks built different models: rank 0 has {} where rank {rank} has {}",
+                    reference.get(i).unwrap_or(&"nothing"),
+                    theirs.get(i).unwrap_or(&"nothing")
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Copy rank 0's `tensors` to every rank, in one message.
+fn broadcast_all(group: &ProcessGroup, tensors: &[Tensor]) -> Result<()> {
+    if group.world_size() == 1 || tensors.is_empty() {
+        return Ok(());
+    }
+    let mut bytes = Vec::new();
+    for t in tensors {
+        bytes.extend_from_slice(&tensor_bytes(t)?);
+    }
+    group.ring().broadcast(&mut bytes, 0)?;
+    let mut offset = 0;
+    for t in tensors {
+        let len = t.numel() * t.dtype().size_in_bytes();
+        let value = tensor_from_bytes(&bytes[offset..offset + len], t.dtype(), t.shape(), t.device())?;
+        offset += len;
+        no_grad(|| t.copy_(&value))?;
+    }
+    Ok(())
+}

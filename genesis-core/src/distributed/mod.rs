@@ -1,0 +1,252 @@
+//! Training one model across processes, GPUs and machines (`torch.distributed`): process
+//! groups, collectives on tensors, [`DistributedDataParallel`] and, in [`crate::data`], the
+//! `DistributedSampler`.
+//!
+//! A job is `world_size` processes, one per device, each with a `rank`. They meet through a
+//! rendezvous [`Store`] that rank 0 hosts at `MASTER_ADDR:MASTER_PORT`, found from the
+//! environment that `genesis-run` (or `torchrun --no-python`) sets:
+//!
+//! ```no_run
+//! use genesis::distributed::{ProcessGroup, ReduceOp};
+//! use genesis::{Device, DType, Tensor};
+//! let group = ProcessGroup::from_env()?; // RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...
+//! let t = Tensor::full(&[4], group.rank() as f64, DType::F32, &Device::cpu()?)?;
+//! group.all_reduce_(&t, ReduceOp::Sum)?; // 0 + 1 + ... on every rank
+//! # Ok::<(), genesis::Error>(())
+//! ```
+//!
+//! **Transport.** Collectives run over TCP between the processes (a ring, as PyTorch's gloo
+//! does for CPU tensors): tensors on any device take a copy through host memory. NCCL
+//! communicators across processes (the CUDA plugin's collectives today serve the devices of
+//! one process, see [`crate::comm`]) are not built yet, so GPU training across processes
+//! works but moves gradients through the host.
+//!
+//! **Failures.** A rank that exits closes its connections and its neighbours fail at once; a
+//! rank that hangs makes the others' reads time out after [`InitOptions::timeout`] (default
+//! 300 s, `GENESIS_DIST_TIMEOUT` in seconds from the environment). Every error is of kind
+//! [`crate::ErrorKind::Communication`] and names the ranks
+//! involved; a collective never waits forever.
+
+mod ddp;
+mod ring;
+mod store;
+
+pub use ddp::{DdpOptions, DistributedDataParallel};
+pub use store::Store;
+
+use crate::autograd::no_grad;
+use crate::error::{Error, ErrorKind, Result};
+use crate::serialize::safetensors_io::{tensor_bytes, tensor_from_bytes};
+use crate::tensor::Tensor;
+use ring::Ring;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How a collective combines the ranks' tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// The elementwise sum.
+    Sum,
+    /// The elementwise mean (floating-point dtypes only).
+    Average,
+}
+
+/// Where this process stands in the job and how to reach the others.
+#[derive(Debug, Clone)]
+pub struct InitOptions {
+    /// This process's rank, `0..world_size` (`RANK`).
+    pub rank: usize,
+    /// The number of processes (`WORLD_SIZE`).
+    pub world_size: usize,
+    /// The rank among the processes of this machine, which picks the device (`LOCAL_RANK`).
+    pub local_rank: usize,
+    /// The host of rank 0's rendezvous store (`MASTER_ADDR`).
+    pub master_addr: String,
+    /// The store's port (`MASTER_PORT`).
+    pub master_port: u16,
+    /// How long any wait for another rank may last before it is an error.
+    pub timeout: Duration,
+}
+
+impl InitOptions {
+    /// The options torchrun's environment gives: `RANK`, `WORLD_SIZE`, `LOCAL_RANK` (default
+    /// the rank), `MASTER_ADDR` (default 127.0.0.1), `MASTER_PORT` (default 29500) and,
+    /// Genesis's own, `GENESIS_DIST_TIMEOUT` (seconds, default 300).
+    pub fn from_env() -> Result<InitOptions> {
+        fn var(name: &str) -> Option<String> {
+            std::env::var(name).ok().filter(|v| !v.is_empty())
+        }
+        fn number<T: std::str::FromStr>(name: &str, default: Option<T>) -> Result<T> {
+            match var(name) {
+                Some(v) => v.parse().map_err(|_| Error::invalid(format!("{name}={v:?} is not a valid number"))),
+                None => default.ok_or_else(|| {
+                    Error::invalid(format!(
+                        "{name} is not set: start the program with genesis-run (or torchrun --no-python), or pass \
+                         InitOptions explicitly"
+                    ))
+                }),
+            }
+        }
+        let rank = number("RANK", None)?;
+        let timeout = Duration::from_secs_f64(number("GENESIS_DIST_TIMEOUT", Some(300.0))?);
+        Ok(InitOptions {
+            rank,
+            world_size: number("WORLD_SIZE", None)?,
+            local_rank: number("LOCAL_RANK", Some(rank))?,
+            master_addr: var("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into()),
+            master_port: number("MASTER_PORT", Some(29500))?,
+            timeout,
+        })
+    }
+}
+
+/// The processes of one job and the collectives among them (`torch.distributed`'s default
+/// process group, as a value). Clones share the connections.
+#[derive(Clone)]
+pub struct ProcessGroup {
+    inner: Arc<Group>,
+}
+
+struct Group {
+    rank: usize,
+    world_size: usize,
+    local_rank: usize,
+    timeout: Duration,
+    store: Store,
+    ring: Mutex<Ring>,
+    /// Wrappers built on this group so far: names their agreement keys in the store (every
+    /// rank builds them in the same order).
+    wrappers: std::sync::atomic::AtomicUsize,
+}
+
+impl ProcessGroup {
+    /// Join the job described by the environment ([`InitOptions::from_env`]).
+    pub fn from_env() -> Result<ProcessGroup> {
+        Self::new(InitOptions::from_env()?)
+    }
+
+    /// Join the job: rank 0 hosts the store, every rank connects to it and to its ring
+    /// neighbours. Returns once all ranks have arrived (or fails after the timeout).
+    pub fn new(options: InitOptions) -> Result<ProcessGroup> {
+        let InitOptions { rank, world_size, local_rank, master_addr, master_port, timeout } = options;
+        if world_size == 0 || rank >= world_size {
+            return Err(Error::invalid(format!("process group: rank {rank} is not within a world of {world_size}")));
+        }
+        let store = Store::connect(&master_addr, master_port, rank == 0, timeout)?;
+        let ring = Ring::connect(&store, "pg", rank, world_size, timeout)?;
+        let group = ProcessGroup {
+            inner: Arc::new(Group {
+                rank,
+                world_size,
+                local_rank,
+                timeout,
+                store,
+                ring: Mutex::new(ring),
+                wrappers: Default::default(),
+            }),
+        };
+        group.barrier()?;
+        Ok(group)
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// The number of processes.
+    pub fn world_size(&self) -> usize {
+        self.inner.world_size
+    }
+
+    /// The rank among this machine's processes (use it to pick the device: `cuda:{local_rank}`).
+    pub fn local_rank(&self) -> usize {
+        self.inner.local_rank
+    }
+
+    /// The longest wait for another rank.
+    pub fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
+    /// The rendezvous store, for agreeing on things outside collectives.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// A store key prefix that names the next wrapper built on this group.
+    fn next_wrapper_key(&self, kind: &str) -> String {
+        format!("{kind}/{}", self.inner.wrappers.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn ring(&self) -> std::sync::MutexGuard<'_, Ring> {
+        self.inner.ring.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wait until every rank has called `barrier`.
+    pub fn barrier(&self) -> Result<()> {
+        // A one-element all-reduce completes only once every rank has contributed.
+        let mut token = [0u8];
+        self.ring().all_reduce(&mut token, genesis_backend_api::DType::U8, false)
+    }
+
+    /// Combine `tensor` across ranks in place: afterwards every rank holds the sum (or mean).
+    pub fn all_reduce_(&self, tensor: &Tensor, op: ReduceOp) -> Result<()> {
+        let mut bytes = tensor_bytes(tensor)?;
+        self.ring().all_reduce(&mut bytes, tensor.dtype(), op == ReduceOp::Average)?;
+        write_back(tensor, &bytes)
+    }
+
+    /// Rank `root`'s `tensor` into `tensor` on every rank.
+    pub fn broadcast_(&self, tensor: &Tensor, root: usize) -> Result<()> {
+        self.check_rank(root, "broadcast")?;
+        let mut bytes = tensor_bytes(tensor)?;
+        self.ring().broadcast(&mut bytes, root)?;
+        write_back(tensor, &bytes)
+    }
+
+    /// Every rank's `tensor` (all of one shape and dtype), in rank order.
+    pub fn all_gather(&self, tensor: &Tensor) -> Result<Vec<Tensor>> {
+        let bytes = tensor_bytes(tensor)?;
+        let all = self.ring().all_gather(&bytes)?;
+        let size = bytes.len();
+        (0..self.world_size())
+            .map(|r| tensor_from_bytes(&all[r * size..(r + 1) * size], tensor.dtype(), tensor.shape(), tensor.device()))
+            .collect()
+    }
+
+    /// Rank r's share of the sum (or mean) of every rank's `tensor`: chunk r of dim 0, which
+    /// must divide evenly by the world size.
+    pub fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        let world = self.world_size();
+        let rows = tensor.shape().first().copied().unwrap_or(0);
+        if tensor.shape().is_empty() || rows % world != 0 {
+            return Err(Error::new(
+                ErrorKind::ShapeMismatch,
+                format!("reduce_scatter: dim 0 of shape {:?} does not split into {world} equal chunks", tensor.shape()),
+            ));
+        }
+        // The ring all-reduce is a reduce-scatter followed by an all-gather; the host
+        // transport runs both and keeps this rank's chunk.
+        let mut bytes = tensor_bytes(tensor)?;
+        self.ring().all_reduce(&mut bytes, tensor.dtype(), op == ReduceOp::Average)?;
+        let chunk_bytes = bytes.len() / world;
+        let mut shape = tensor.shape().to_vec();
+        shape[0] = rows / world;
+        let mine = &bytes[self.rank() * chunk_bytes..(self.rank() + 1) * chunk_bytes];
+        tensor_from_bytes(mine, tensor.dtype(), &shape, tensor.device())
+    }
+
+    fn check_rank(&self, rank: usize, what: &str) -> Result<()> {
+        if rank >= self.world_size() {
+            return Err(Error::invalid(format!("{what}: rank {rank} is not within a world of {}", self.world_size())));
+        }
+        Ok(())
+    }
+}
+
+/// Write `bytes` (dense, the tensor's dtype) into `tensor`, whatever its layout.
+fn write_back(tensor: &Tensor, bytes: &[u8]) -> Result<()> {
+    let dense = tensor_from_bytes(bytes, tensor.dtype(), tensor.shape(), tensor.device())?;
+    no_grad(|| tensor.copy_(&dense))
+}
