@@ -1,7 +1,7 @@
 //! Reverse-mode automatic differentiation over a dynamic graph.
 //!
 //! Every differentiable op that sees an input requiring grad (with grad mode on) records a
-//! a `Node`: its backward function and one edge per input, pointing at the node that made the
+//! `Node`: its backward function and one edge per input, pointing at the node that made the
 //! input or at the leaf tensor itself. [`Tensor::backward`] and [`grad`] walk the graph from
 //! the outputs in dependency order, summing gradients that meet, running hooks, and either
 //! accumulating into leaves' `.grad` or capturing the gradients asked for.
