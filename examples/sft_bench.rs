@@ -5,7 +5,12 @@
 //! PyTorch + transformers on the same GPU).
 //!
 //! `cargo run --release --example sft_bench -- --device cuda [--batch 8 --len 1024 --steps 5]`
+//!
+//! Data-parallel under `genesis-run --nproc-per-node N`: each rank trains a
+//! `DistributedDataParallel` replica on `cuda:{LOCAL_RANK}` with its own batch of `--batch`
+//! sequences, and rank 0 prints the line with the world size and the tokens/s of all ranks.
 
+use genesis::distributed::{DistributedDataParallel, ProcessGroup};
 use genesis::models::qwen2::{Qwen2Config, Qwen2ForCausalLM};
 use genesis::sft::{SftBatches, SftConfig, SftExample, SftTrainer};
 use genesis::{DType, Device, Error, Result};
@@ -26,16 +31,33 @@ fn main() -> Result<()> {
             other => return Err(Error::invalid(format!("unknown flag {other}"))),
         }
     }
-    let device = Device::parse(&device)?;
+    let group = if std::env::var_os("WORLD_SIZE").is_some() { Some(ProcessGroup::from_env()?) } else { None };
+    let device = match &group {
+        Some(g) if device == "cuda" => Device::parse(&format!("cuda:{}", g.local_rank()))?,
+        _ => Device::parse(&device)?,
+    };
+    let (rank, world) = group.as_ref().map_or((0, 1), |g| (g.rank(), g.world_size()));
     let mut config = Qwen2Config::qwen2_5_0_5b();
     if let Some(n) = layers {
         config.num_hidden_layers = n;
     }
     genesis::manual_seed(0);
-    let model = Qwen2ForCausalLM::new(config.clone(), &device, DType::F32)?;
+    let net = Qwen2ForCausalLM::new(config.clone(), &device, DType::F32)?;
+    let (plain, ddp);
+    let model: &Qwen2ForCausalLM = match &group {
+        Some(g) => {
+            ddp = DistributedDataParallel::new(net, g)?;
+            ddp.module()
+        }
+        None => {
+            plain = net;
+            &plain
+        }
+    };
     let vocab = config.vocab_size as u64;
     // Random token ids from a fixed sequence (no device RNG needed); every token is a target.
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    // Each rank its own sequences.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ (rank as u64 + 1).wrapping_mul(0x2545_f491_4f6c_dd1d);
     let mut next = || {
         state ^= state << 13;
         state ^= state >> 7;
@@ -60,24 +82,30 @@ fn main() -> Result<()> {
         ..SftConfig::default()
     };
     let out = std::env::temp_dir().join(format!("genesis-sft-bench-{}", std::process::id()));
-    let mut trainer = SftTrainer::new(&model, SftConfig { max_steps: 1, ..sft.clone() }, &out)?;
+    let barrier = || group.as_ref().map_or(Ok(()), |g| g.barrier());
+    let mut trainer = SftTrainer::new(model, SftConfig { max_steps: 1, ..sft.clone() }, &out)?;
     let mut data = SftBatches::new(examples.clone(), batch, 0)?;
     trainer.train(&mut data, None)?; // warm-up: kernels compiled, allocator filled, optimizer state made
     device.synchronize()?;
-    let mut trainer = SftTrainer::new(&model, SftConfig { max_steps: steps, ..sft }, &out)?;
+    let mut trainer = SftTrainer::new(model, SftConfig { max_steps: steps, ..sft }, &out)?;
     device.reset_peak_memory_stats()?;
+    barrier()?;
     let start = Instant::now();
     let report = trainer.train(&mut data, None)?;
     device.synchronize()?;
+    barrier()?;
     let seconds = start.elapsed().as_secs_f64();
     let _ = std::fs::remove_dir_all(&out);
     let peak = device.max_memory_allocated()? as f64 / (1u64 << 30) as f64;
+    if rank != 0 {
+        return Ok(());
+    }
     println!(
-        "{{\"system\": \"genesis\", \"batch\": {batch}, \"len\": {len}, \"layers\": {}, \"ms_per_step\": {:.1}, \
-         \"tokens_per_s\": {:.0}, \"peak_gib\": {peak:.2}, \"losses\": {:?}}}",
+        "{{\"system\": \"genesis\", \"world\": {world}, \"batch\": {batch}, \"len\": {len}, \"layers\": {}, \
+         \"ms_per_step\": {:.1}, \"tokens_per_s\": {:.0}, \"peak_gib\": {peak:.2}, \"losses\": {:?}}}",
         config.num_hidden_layers,
         1e3 * seconds / steps as f64,
-        (batch * len) as f64 * steps as f64 / seconds,
+        (world * batch * len) as f64 * steps as f64 / seconds,
         report.losses.iter().map(|l| l.1 as f32).collect::<Vec<_>>()
     );
     Ok(())

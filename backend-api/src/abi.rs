@@ -11,7 +11,7 @@ use crate::info::{MemoryStats, RawBackendInfo, RawDeviceProperties, RawProbe};
 use crate::op::{Capability, RawOp};
 use crate::tensor::{BufferId, TensorDesc};
 #[cfg(not(feature = "fixture-api-1-0"))]
-use crate::traits::{CollectiveArg, EventId};
+use crate::traits::{CollectiveArg, CommId, EventId};
 use abi_stable::library::RootModule;
 use abi_stable::sabi_types::VersionStrings;
 use abi_stable::std_types::{RResult, RSlice, RSliceMut, RVec};
@@ -140,6 +140,20 @@ pub struct PluginModule {
     /// Release recorded events. Since 1.2.
     #[cfg(not(feature = "fixture-api-1-0"))]
     pub release_events: extern "C" fn(u32, RSlice<'_, EventId>) -> RawResult<()>,
+    /// A new id for a group of processes. Since 1.3.
+    #[cfg(not(feature = "fixture-api-1-0"))]
+    pub comm_unique_id: extern "C" fn() -> RawResult<RVec<u8>>,
+    /// Join a group of processes on a device: (device, id, rank, world size, timeout in
+    /// milliseconds). Since 1.3.
+    #[cfg(not(feature = "fixture-api-1-0"))]
+    pub comm_init_rank: extern "C" fn(u32, RSlice<'_, u8>, u32, u32, u64) -> RawResult<CommId>,
+    /// This member's part of a collective: (device, communicator, op code, root, world size,
+    /// operands). Since 1.3.
+    #[cfg(not(feature = "fixture-api-1-0"))]
+    pub comm_collective: extern "C" fn(u32, CommId, u32, u32, u32, &CollectiveArg) -> RawResult<()>,
+    /// Leave and free a communicator. Since 1.3.
+    #[cfg(not(feature = "fixture-api-1-0"))]
+    pub comm_abort: extern "C" fn(CommId) -> RawResult<()>,
 }
 
 impl RootModule for PluginModuleRef {

@@ -10,7 +10,7 @@ use crate::error::{BackendError, ErrorKind, RawError, Result};
 use crate::info::{MemoryStats, RawBackendInfo, RawDeviceProperties, RawProbe};
 use crate::op::{Capability, CollectiveOp, Op, RawOp};
 use crate::tensor::{BufferId, TensorDesc};
-use crate::traits::{Backend, CollectiveArg, Device, EventId, Rank};
+use crate::traits::{Backend, CollectiveArg, CommId, Device, EventId, Rank};
 use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::std_types::{RErr, ROk, RSlice, RSliceMut, RVec};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -207,6 +207,68 @@ extern "C" fn release_events<E: Exported>(index: u32, events: RSlice<'_, EventId
     guard("release_events", || E::instance().device(index)?.release_events(events.as_slice()))
 }
 
+#[cfg(not(feature = "fixture-api-1-0"))]
+extern "C" fn comm_unique_id<E: Exported>() -> RawResult<RVec<u8>> {
+    guard("comm_unique_id", || E::instance().backend.comm_unique_id().map(RVec::from))
+}
+
+#[cfg(not(feature = "fixture-api-1-0"))]
+extern "C" fn comm_init_rank<E: Exported>(
+    index: u32,
+    id: RSlice<'_, u8>,
+    rank: u32,
+    world_size: u32,
+    timeout_ms: u64,
+) -> RawResult<CommId> {
+    guard("comm_init_rank", || {
+        if world_size == 0 || rank >= world_size {
+            return Err(BackendError::invalid(format!(
+                "comm_init_rank: rank {rank} is not within a group of {world_size}"
+            )));
+        }
+        let instance = E::instance();
+        let device = instance.device(index)?;
+        instance.backend.comm_init_rank(
+            device,
+            index as usize,
+            id.as_slice(),
+            rank as usize,
+            world_size as usize,
+            timeout_ms,
+        )
+    })
+}
+
+#[cfg(not(feature = "fixture-api-1-0"))]
+extern "C" fn comm_collective<E: Exported>(
+    index: u32,
+    comm: CommId,
+    op: u32,
+    root: u32,
+    world_size: u32,
+    arg: &CollectiveArg,
+) -> RawResult<()> {
+    guard("comm_collective", || {
+        let op =
+            CollectiveOp::from_code(op).ok_or_else(|| BackendError::unsupported(format!("unknown collective {op}")))?;
+        crate::sdk::collective::check_member(op, world_size as usize, arg)?;
+        if root >= world_size {
+            return Err(BackendError::invalid(format!(
+                "{}: root {root} is not within a group of {world_size}",
+                op.name()
+            )));
+        }
+        let instance = E::instance();
+        let device = instance.device(index)?;
+        instance.backend.comm_collective(comm, op, root as usize, world_size as usize, device, arg)
+    })
+}
+
+#[cfg(not(feature = "fixture-api-1-0"))]
+extern "C" fn comm_abort<E: Exported>(comm: CommId) -> RawResult<()> {
+    guard("comm_abort", || E::instance().backend.comm_abort(comm))
+}
+
 /// The root module for backend `E`. Leaks one small table per call; hosts call it once.
 pub fn module<E: Exported>() -> PluginModuleRef {
     PluginModule {
@@ -232,13 +294,21 @@ pub fn module<E: Exported>() -> PluginModuleRef {
         event_elapsed_us: event_elapsed_us::<E>,
         #[cfg(not(feature = "fixture-api-1-0"))]
         release_events: release_events::<E>,
+        #[cfg(not(feature = "fixture-api-1-0"))]
+        comm_unique_id: comm_unique_id::<E>,
+        #[cfg(not(feature = "fixture-api-1-0"))]
+        comm_init_rank: comm_init_rank::<E>,
+        #[cfg(not(feature = "fixture-api-1-0"))]
+        comm_collective: comm_collective::<E>,
+        #[cfg(not(feature = "fixture-api-1-0"))]
+        comm_abort: comm_abort::<E>,
     }
     .leak_into_prefix()
 }
 
 // Keep the unused-import lint quiet when the optional tail is compiled out.
 #[cfg(feature = "fixture-api-1-0")]
-const _: Option<(CollectiveOp, CollectiveArg, Rank<()>, EventId)> = None;
+const _: Option<(CollectiveOp, CollectiveArg, Rank<()>, EventId, CommId)> = None;
 
 /// Export a backend from a plugin crate.
 ///

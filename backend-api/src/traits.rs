@@ -24,6 +24,13 @@ pub struct CollectiveArg {
 #[derive(abi_stable::StableAbi, Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct EventId(pub u64);
 
+/// A communicator: this process's membership, on one device, in a group of processes that
+/// run collectives together ([`Backend::comm_init_rank`]); an opaque handle the host only
+/// passes back to the same backend.
+#[repr(transparent)]
+#[derive(abi_stable::StableAbi, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CommId(pub u64);
+
 /// One participant of a collective as a backend sees it: its opened device and operands.
 pub struct Rank<'a, D> {
     /// Device index within the backend.
@@ -65,6 +72,59 @@ pub trait Backend: Send + Sync + 'static {
     /// Work may be queued asynchronously on each device, like [`Device::execute`].
     fn collective(&self, op: CollectiveOp, ranks: &[Rank<'_, Self::Device>]) -> Result<()> {
         crate::sdk::collective::staged(op, ranks)
+    }
+
+    /// A new id for a group of processes (NCCL's unique id): bytes that one process makes
+    /// and every member passes to [`Backend::comm_init_rank`].
+    ///
+    /// Optional (since 1.3), like the three functions after it: the default returns
+    /// `Unsupported`, and the host then runs collectives between processes over its own
+    /// transport, through host memory.
+    fn comm_unique_id(&self) -> Result<Vec<u8>> {
+        Err(BackendError::unsupported("communicators across processes are not implemented by this backend"))
+    }
+
+    /// Join the group named by `id` as member `rank` of `world_size`, on `device` (already
+    /// opened, index `index`). Returns when every member has joined, or fails once
+    /// `timeout_ms` have passed without that (a member that never arrives must not hang the
+    /// others).
+    fn comm_init_rank(
+        &self,
+        device: &Self::Device,
+        index: usize,
+        id: &[u8],
+        rank: usize,
+        world_size: usize,
+        timeout_ms: u64,
+    ) -> Result<CommId> {
+        let _ = (device, index, id, rank, world_size, timeout_ms);
+        Err(BackendError::unsupported("communicators across processes are not implemented by this backend"))
+    }
+
+    /// Queue this member's part of `op` on `comm`'s device (`root`: the source rank of a
+    /// broadcast). The export layer has checked `arg` with
+    /// [`crate::sdk::collective::check_member`] for a group of `world_size` and `root` against
+    /// it; the backend must refuse a `world_size` that is not its communicator's. Like
+    /// [`Device::execute`], work may be queued asynchronously; a member that stops taking part
+    /// must make the others' collectives fail within the communicator's timeout rather than
+    /// wait forever.
+    fn comm_collective(
+        &self,
+        comm: CommId,
+        op: CollectiveOp,
+        root: usize,
+        world_size: usize,
+        device: &Self::Device,
+        arg: &CollectiveArg,
+    ) -> Result<()> {
+        let _ = (comm, op, root, world_size, device, arg);
+        Err(BackendError::unsupported("communicators across processes are not implemented by this backend"))
+    }
+
+    /// Leave and free `comm`, abandoning its unfinished collectives (NCCL's abort).
+    fn comm_abort(&self, comm: CommId) -> Result<()> {
+        let _ = comm;
+        Err(BackendError::unsupported("communicators across processes are not implemented by this backend"))
     }
 }
 

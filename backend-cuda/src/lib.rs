@@ -18,6 +18,7 @@ pub mod allocator;
 mod blas;
 mod device;
 mod events;
+mod groups;
 mod kernels;
 mod libs;
 mod nccl;
@@ -28,7 +29,8 @@ pub use device::CudaDevice;
 
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 use genesis_backend_api::{
-    export_backend, Backend, BackendError, BackendInfo, CollectiveOp, DeviceProperties, ErrorKind, Probe, Rank, Result,
+    export_backend, Backend, BackendError, BackendInfo, CollectiveArg, CollectiveOp, CommId, DeviceProperties,
+    ErrorKind, Probe, Rank, Result,
 };
 use libloading::Library;
 use std::any::Any;
@@ -47,7 +49,9 @@ pub struct CudaBackend {
     /// The probe, run on first use: the driver's answer does not change while the process lives.
     driver: OnceLock<Driver>,
     /// NCCL, opened on the first collective.
-    nccl: OnceLock<Result<nccl::Nccl>>,
+    nccl: OnceLock<Result<std::sync::Arc<nccl::Nccl>>>,
+    /// Communicators across processes (NCCL, interface 1.3).
+    groups: groups::Groups,
 }
 
 /// What probing found.
@@ -62,7 +66,7 @@ struct Driver {
 impl CudaBackend {
     /// A backend that has not touched the driver yet; [`Backend::probe`] does that.
     pub fn new() -> Self {
-        CudaBackend { driver: OnceLock::new(), nccl: OnceLock::new() }
+        CudaBackend { driver: OnceLock::new(), nccl: OnceLock::new(), groups: groups::Groups::default() }
     }
 
     fn driver(&self) -> &Driver {
@@ -146,8 +150,49 @@ impl Backend for CudaBackend {
 
     /// Through NCCL: device to device over NVLink/PCIe, never through the host.
     fn collective(&self, op: CollectiveOp, ranks: &[Rank<'_, CudaDevice>]) -> Result<()> {
-        let nccl = self.nccl.get_or_init(nccl::Nccl::open).as_ref().map_err(Clone::clone)?;
-        nccl.run(op, ranks)
+        self.nccl()?.run(op, ranks)
+    }
+
+    /// NCCL's unique id.
+    fn comm_unique_id(&self) -> Result<Vec<u8>> {
+        groups::Groups::unique_id(&*self.nccl()?)
+    }
+
+    /// `ncclCommInitRank`, given up after the timeout (see `groups`).
+    fn comm_init_rank(
+        &self,
+        device: &CudaDevice,
+        index: usize,
+        id: &[u8],
+        rank: usize,
+        world_size: usize,
+        timeout_ms: u64,
+    ) -> Result<CommId> {
+        self.groups.join(self.nccl()?, device, index, id, groups::Seat { rank, world_size, timeout_ms })
+    }
+
+    /// Queued on the device's stream after its earlier work, watched until it completes.
+    fn comm_collective(
+        &self,
+        comm: CommId,
+        op: CollectiveOp,
+        root: usize,
+        world_size: usize,
+        device: &CudaDevice,
+        arg: &CollectiveArg,
+    ) -> Result<()> {
+        self.groups.run(comm, op, root, world_size, device, arg)
+    }
+
+    fn comm_abort(&self, comm: CommId) -> Result<()> {
+        self.groups.abort(comm)
+    }
+}
+
+impl CudaBackend {
+    /// NCCL, opened on first use.
+    fn nccl(&self) -> Result<std::sync::Arc<nccl::Nccl>> {
+        self.nccl.get_or_init(|| nccl::Nccl::open().map(std::sync::Arc::new)).clone()
     }
 }
 

@@ -14,7 +14,14 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::Mutex;
 
 type Comm = *mut c_void;
-type Stream = *mut c_void;
+pub type Stream = *mut c_void;
+
+/// A communicator of a group of processes, movable between threads (NCCL allows its use
+/// from any thread; the owner serializes the calls).
+pub struct SendComm(Comm);
+// SAFETY: see the type's doc; every use is under its owner's lock.
+unsafe impl Send for SendComm {}
+unsafe impl Sync for SendComm {}
 type Status = c_int;
 
 /// `ncclRedOp_t`'s sum.
@@ -40,6 +47,13 @@ type SendRecvWith = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_in
 /// `(send, recv, count, type, comm, stream)`: ncclAllGather.
 type SendRecv = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm, Stream) -> Status;
 
+/// `ncclUniqueId`: the bytes one process makes and every member of a group joins with.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct UniqueId {
+    pub internal: [c_char; 128],
+}
+
 /// The NCCL library and the communicators made so far.
 pub struct Nccl {
     found: Found,
@@ -53,6 +67,10 @@ pub struct Nccl {
     group_start: unsafe extern "C" fn() -> Status,
     group_end: unsafe extern "C" fn() -> Status,
     error_string: unsafe extern "C" fn(Status) -> *const c_char,
+    get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> Status,
+    init_rank: unsafe extern "C" fn(*mut Comm, c_int, UniqueId, c_int) -> Status,
+    abort: unsafe extern "C" fn(Comm) -> Status,
+    get_async_error: unsafe extern "C" fn(Comm, *mut Status) -> Status,
     /// Communicators by the ordered device list they were made for. The lock is held for a
     /// whole group so that two threads never interleave their calls on one communicator
     /// (every rank must see collectives in the same order).
@@ -90,10 +108,92 @@ impl Nccl {
                 group_start: libs::symbol(&found, "ncclGroupStart")?,
                 group_end: libs::symbol(&found, "ncclGroupEnd")?,
                 error_string: libs::symbol(&found, "ncclGetErrorString")?,
+                get_unique_id: libs::symbol(&found, "ncclGetUniqueId")?,
+                init_rank: libs::symbol(&found, "ncclCommInitRank")?,
+                abort: libs::symbol(&found, "ncclCommAbort")?,
+                get_async_error: libs::symbol(&found, "ncclCommGetAsyncError")?,
                 communicators: Mutex::new(HashMap::new()),
                 version,
                 found,
             })
+        }
+    }
+
+    /// `ncclGetUniqueId`.
+    pub fn unique_id(&self) -> Result<UniqueId> {
+        let mut id = UniqueId { internal: [0; 128] };
+        // SAFETY: NCCL writes the 128 bytes of `id`.
+        self.check("ncclGetUniqueId", unsafe { (self.get_unique_id)(&mut id) })?;
+        Ok(id)
+    }
+
+    /// `ncclCommInitRank` on the calling thread's current device; blocks until every member
+    /// has joined.
+    pub fn init_rank(&self, id: UniqueId, rank: usize, world_size: usize) -> Result<SendComm> {
+        let mut comm: Comm = std::ptr::null_mut();
+        // SAFETY: `comm` receives the new communicator; `id` is passed by value as NCCL takes it.
+        let status = unsafe { (self.init_rank)(&mut comm, world_size as c_int, id, rank as c_int) };
+        self.check(&format!("ncclCommInitRank (rank {rank} of {world_size})"), status)?;
+        Ok(SendComm(comm))
+    }
+
+    /// `ncclCommAbort`: frees the communicator and makes its queued collectives return.
+    pub fn abort(&self, comm: &SendComm) -> Result<()> {
+        // SAFETY: a communicator made by `init_rank`, aborted once by its owner.
+        self.check("ncclCommAbort", unsafe { (self.abort)(comm.0) })
+    }
+
+    /// The communicator's asynchronous error (a failed peer, a network error), if any.
+    pub fn async_error(&self, comm: &SendComm) -> Result<()> {
+        let mut status: Status = 0;
+        // SAFETY: a live communicator; NCCL writes `status`.
+        self.check("ncclCommGetAsyncError", unsafe { (self.get_async_error)(comm.0, &mut status) })?;
+        self.check("a collective (asynchronous error)", status)
+    }
+
+    /// Queue one member's part of `op` on `stream` (counts in elements: the input's, and the
+    /// output's for a reduce-scatter).
+    #[allow(clippy::too_many_arguments)]
+    pub fn enqueue(
+        &self,
+        op: CollectiveOp,
+        comm: &SendComm,
+        input: *const c_void,
+        output: *mut c_void,
+        in_count: usize,
+        out_count: usize,
+        dtype: DType,
+        root: usize,
+        stream: Stream,
+    ) -> Result<()> {
+        let status = self.call(op, comm.0, input, output, in_count, out_count, data_type(dtype), root as c_int, stream);
+        self.check(&format!("nccl {}", op.name()), status)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn call(
+        &self,
+        op: CollectiveOp,
+        comm: Comm,
+        input: *const c_void,
+        output: *mut c_void,
+        in_count: usize,
+        out_count: usize,
+        nccl_type: c_int,
+        root: c_int,
+        stream: Stream,
+    ) -> Status {
+        // SAFETY: the callers resolved the addresses against live buffers of the
+        // communicator's device for the counts the SDK checked.
+        unsafe {
+            match op {
+                CollectiveOp::AllReduceSum => (self.all_reduce)(input, output, in_count, nccl_type, SUM, comm, stream),
+                CollectiveOp::Broadcast => (self.broadcast)(input, output, in_count, nccl_type, root, comm, stream),
+                CollectiveOp::AllGather => (self.all_gather)(input, output, in_count, nccl_type, comm, stream),
+                CollectiveOp::ReduceScatterSum => {
+                    (self.reduce_scatter)(input, output, out_count, nccl_type, SUM, comm, stream)
+                }
+            }
         }
     }
 
@@ -144,20 +244,7 @@ impl Nccl {
         self.check("ncclGroupStart", unsafe { (self.group_start)() })?;
         let mut issued = Ok(());
         for (&(input, output, stream), &comm) in operands.iter().zip(comms) {
-            // SAFETY: the addresses were resolved against live buffers of each rank's device
-            // for the counts the SDK checked; the stream and communicator belong to that device.
-            let status = unsafe {
-                match op {
-                    CollectiveOp::AllReduceSum => {
-                        (self.all_reduce)(input, output, in_count, nccl_type, SUM, comm, stream)
-                    }
-                    CollectiveOp::Broadcast => (self.broadcast)(input, output, in_count, nccl_type, 0, comm, stream),
-                    CollectiveOp::AllGather => (self.all_gather)(input, output, in_count, nccl_type, comm, stream),
-                    CollectiveOp::ReduceScatterSum => {
-                        (self.reduce_scatter)(input, output, out_count, nccl_type, SUM, comm, stream)
-                    }
-                }
-            };
+            let status = self.call(op, comm, input, output, in_count, out_count, nccl_type, 0, stream);
             if issued.is_ok() {
                 issued = self.check(&format!("nccl {}", op.name()), status);
             }

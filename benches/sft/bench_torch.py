@@ -3,7 +3,11 @@
 ids as inputs and labels (transformers' loss shifts them). Prints one JSON line.
 
 python3 benches/sft/bench_torch.py [--batch 8 --len 1024 --steps 5 --layers 24]
+
+Under torchrun (WORLD_SIZE set): DistributedDataParallel over NCCL, one GPU per rank, each rank
+its own batch; rank 0 prints the line with the tokens/s of all ranks.
 """
+import os
 import argparse
 import json
 import time
@@ -22,9 +26,16 @@ config = Qwen2Config(
     num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6,
     rms_norm_eps=1e-6, tie_word_embeddings=True, attn_implementation="sdpa",
 )
+world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+if "WORLD_SIZE" in os.environ:
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    torch.distributed.init_process_group("nccl")
 torch.manual_seed(0)
 model = Qwen2ForCausalLM(config).cuda().train()
+if "WORLD_SIZE" in os.environ:
+    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
 opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+torch.manual_seed(rank + 1)
 ids = torch.randint(0, config.vocab_size, (a.batch, a.len), device="cuda")
 
 
@@ -38,15 +49,26 @@ def step():
     return loss.item()
 
 
+def barrier():
+    if world > 1:
+        torch.distributed.barrier()
+
+
 step()
 torch.cuda.synchronize()
 torch.cuda.reset_peak_memory_stats()
+barrier()
 start = time.perf_counter()
 losses = [step() for _ in range(a.steps)]
 torch.cuda.synchronize()
+barrier()
 seconds = time.perf_counter() - start
-print(json.dumps({
-    "system": f"torch {torch.__version__} + transformers", "batch": a.batch, "len": a.len, "layers": a.layers,
-    "ms_per_step": round(1e3 * seconds / a.steps, 1), "tokens_per_s": round(a.batch * a.len * a.steps / seconds),
-    "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "losses": losses,
-}))
+if rank == 0:
+    print(json.dumps({
+        "system": f"torch {torch.__version__} + transformers" + (" DDP" if world > 1 else ""), "world": world,
+        "batch": a.batch, "len": a.len, "layers": a.layers, "ms_per_step": round(1e3 * seconds / a.steps, 1),
+        "tokens_per_s": round(world * a.batch * a.len * a.steps / seconds),
+        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "losses": losses,
+    }))
+if world > 1:
+    torch.distributed.destroy_process_group()

@@ -3,7 +3,10 @@
 use crate::backend::{self, Backend};
 use crate::error::{Error, ErrorKind, Result};
 use abi_stable::std_types::RSlice;
-use genesis_backend_api::{BufferId, Capability, DeviceProperties, EventId, MemoryStats, Op, RawOp, TensorDesc};
+use genesis_backend_api::{
+    BufferId, Capability, CollectiveArg, CollectiveOp, CommId, DeviceProperties, EventId, MemoryStats, Op, RawOp,
+    TensorDesc,
+};
 use std::fmt;
 use std::sync::Arc;
 
@@ -198,6 +201,55 @@ impl Device {
     pub fn release_events(&self, events: &[EventId]) -> Result<()> {
         let function = self.module().release_events().ok_or_else(|| self.lacks("release_events"))?;
         self.check(function(self.index, RSlice::from_slice(events)), "release_events")
+    }
+
+    /// Low level (process groups): a new id for a group of processes, from this device's
+    /// backend. `Unsupported` when the backend has no communicators across processes
+    /// (interface 1.3, optional).
+    pub fn comm_unique_id(&self) -> Result<Vec<u8>> {
+        let function = self.module().comm_unique_id().ok_or_else(|| self.lacks("comm_unique_id"))?;
+        self.check(function(), "comm_unique_id").map(|id| id.into_vec())
+    }
+
+    /// Low level: join the group `id` as `rank` of `world_size` on this device, giving up
+    /// after `timeout`.
+    pub fn comm_init_rank(
+        &self,
+        id: &[u8],
+        rank: usize,
+        world_size: usize,
+        timeout: std::time::Duration,
+    ) -> Result<CommId> {
+        let function = self.module().comm_init_rank().ok_or_else(|| self.lacks("comm_init_rank"))?;
+        let timeout_ms = timeout.as_millis().min(u64::MAX as u128) as u64;
+        self.check(
+            function(self.index, RSlice::from_slice(id), rank as u32, world_size as u32, timeout_ms),
+            format_args!("comm_init_rank (rank {rank} of {world_size})"),
+        )
+    }
+
+    /// Low level: queue this process's part of `op` on `comm` (`root`: a broadcast's source).
+    pub fn comm_collective(
+        &self,
+        comm: CommId,
+        op: CollectiveOp,
+        root: usize,
+        world_size: usize,
+        input: TensorDesc,
+        output: TensorDesc,
+    ) -> Result<()> {
+        let function = self.module().comm_collective().ok_or_else(|| self.lacks("comm_collective"))?;
+        let arg = CollectiveArg { device: self.index, input, output };
+        self.check(
+            function(self.index, comm, op as u32, root as u32, world_size as u32, &arg),
+            format_args!("{} across processes", op.name()),
+        )
+    }
+
+    /// Low level: leave and free `comm`.
+    pub fn comm_abort(&self, comm: CommId) -> Result<()> {
+        let function = self.module().comm_abort().ok_or_else(|| self.lacks("comm_abort"))?;
+        self.check(function(comm), "comm_abort")
     }
 
     /// The error for an interface function the plugin's (older) interface version lacks.

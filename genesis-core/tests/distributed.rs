@@ -5,7 +5,7 @@
 //! failure tests start real processes: this test binary runs itself as a rank (the ignored
 //! test `rank_process`, chosen by environment variables).
 
-use genesis::distributed::{DdpOptions, DistributedDataParallel, InitOptions, ProcessGroup, ReduceOp};
+use genesis::distributed::{DdpOptions, DistributedDataParallel, InitOptions, ProcessGroup, ReduceOp, Transport};
 use genesis::nn::{functional::mse_loss, Entry, Linear, Module, Reduction};
 use genesis::optim::{Optimizer, SgdOptions, SGD};
 use genesis::{DType, Device, ErrorKind, Result, Tensor};
@@ -33,6 +33,7 @@ fn on_ranks<T: Send + 'static>(
                     master_addr: "127.0.0.1".into(),
                     master_port: port,
                     timeout: Duration::from_secs(20),
+                    transport: Transport::Auto,
                 };
                 f(ProcessGroup::new(options)?)
             })
@@ -116,6 +117,7 @@ fn collectives_refuse_mismatched_input() -> Result<()> {
         master_addr: "127.0.0.1".into(),
         master_port: free_port(),
         timeout: Duration::from_secs(1),
+        transport: Transport::Auto,
     });
     assert!(bad.err().is_some_and(|e| e.message().contains("rank 2")));
     Ok(())

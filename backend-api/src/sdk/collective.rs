@@ -22,6 +22,19 @@ use half::{bf16, f16};
 
 /// Check `args` against the rules above. The error names the collective and the rank.
 pub fn check(op: CollectiveOp, args: &[CollectiveArg]) -> Result<()> {
+    check_ranks(op, args, args.len())
+}
+
+/// Check one process's part of a collective over a group of `world_size` processes
+/// ([`crate::Backend::comm_collective`]): the same rules, with `n` the group's size.
+pub fn check_member(op: CollectiveOp, world_size: usize, arg: &CollectiveArg) -> Result<()> {
+    if world_size == 0 {
+        return Err(BackendError::invalid(format!("{}: a group of no processes", op.name())));
+    }
+    check_ranks(op, std::slice::from_ref(arg), world_size)
+}
+
+fn check_ranks(op: CollectiveOp, args: &[CollectiveArg], n: usize) -> Result<()> {
     let name = op.name();
     let Some(first) = args.first() else {
         return Err(BackendError::invalid(format!("{name}: no participating devices")));
@@ -30,7 +43,6 @@ pub fn check(op: CollectiveOp, args: &[CollectiveArg]) -> Result<()> {
     if dtype == DType::Bool && matches!(op, CollectiveOp::AllReduceSum | CollectiveOp::ReduceScatterSum) {
         return Err(BackendError::dtype(format!("{name}: a sum of bool is not defined")));
     }
-    let n = args.len();
     let in_shape = first.input.shape();
     let out_shape = match op {
         CollectiveOp::AllReduceSum | CollectiveOp::Broadcast => in_shape.clone(),

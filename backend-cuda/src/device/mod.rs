@@ -171,6 +171,12 @@ impl CudaDevice {
         })
     }
 
+    /// The device's context (shared with threads that must bind it, such as a communicator's
+    /// watchdog).
+    pub fn context(&self) -> Arc<CudaContext> {
+        self.ctx.clone()
+    }
+
     /// The stream all work goes to.
     pub fn stream(&self) -> sys::CUstream {
         self.stream

@@ -5,10 +5,11 @@
 //! into buckets in reverse definition order (roughly the order backward produces their
 //! gradients), a small first bucket and then buckets of about `bucket_cap_mb`. Each parameter
 //! has a post-accumulate-grad hook; when the last gradient of a bucket lands, the bucket is
-//! flattened and handed to a communication thread that averages it across the ranks while
-//! backward goes on. Buckets are launched strictly in order, so every rank runs the same
-//! sequence of collectives. At the end of the pass (an autograd callback) the averaged
-//! buckets are written back into `.grad`.
+//! flattened and its average across the ranks is started while backward goes on: on a device
+//! with communicators (NCCL) it is queued on the device after the work that made it; on the
+//! host ring a communication thread does it. Buckets are launched strictly in order, so every
+//! rank runs the same sequence of collectives. At the end of the pass (an autograd callback)
+//! the averaged buckets become the parameters' `.grad` (views into the bucket on a device).
 
 use super::ProcessGroup;
 use crate::autograd::{no_grad, queue_callback};
@@ -68,6 +69,8 @@ pub struct DistributedDataParallel<M: Module> {
 struct Bucket {
     params: Vec<usize>,
     dtype: DType,
+    /// Averaged through the device's communicator (else through the host ring's thread).
+    on_device: bool,
 }
 
 /// What the hooks share: the buckets and the progress of the current backward pass.
@@ -82,6 +85,9 @@ struct Reducer {
     ready: Vec<bool>,
     missing: Vec<usize>,
     launched: usize,
+    /// The flat gradients of device buckets launched in this pass, being averaged.
+    flat: Vec<Option<Tensor>>,
+    group: ProcessGroup,
     jobs: Sender<Job>,
     results: Receiver<(usize, Result<Vec<u8>>)>,
 }
@@ -110,7 +116,10 @@ impl<M: Module> DistributedDataParallel<M> {
         broadcast_all(group, &everything)?;
 
         let trained: Vec<(String, Tensor)> = named.into_iter().filter(|(_, t)| t.requires_grad()).collect();
-        let buckets = make_buckets(&trained, &options);
+        let mut buckets = make_buckets(&trained, &options);
+        for bucket in &mut buckets {
+            bucket.on_device = group.device_comm(trained[bucket.params[0]].1.device())?.is_some();
+        }
         let (jobs, results) = communication_thread(group.clone())?;
         let n = trained.len();
         let (names, params): (Vec<String>, Vec<Tensor>) = trained.into_iter().unzip();
@@ -124,6 +133,8 @@ impl<M: Module> DistributedDataParallel<M> {
             ready: vec![false; n],
             missing: Vec::new(),
             launched: 0,
+            flat: Vec::new(),
+            group: group.clone(),
             jobs,
             results,
         }));
@@ -211,6 +222,7 @@ fn gradient_ready(reducer: &Weak<Mutex<Reducer>>, i: usize) -> Result<()> {
         r.armed = true;
         r.ready.iter_mut().for_each(|x| *x = false);
         r.launched = 0;
+        r.flat = vec![None; r.buckets.len()];
         let weak = reducer.clone();
         queue_callback(move || finish(&weak))?;
     }
@@ -228,9 +240,24 @@ impl Reducer {
         Ok(())
     }
 
-    /// Flatten bucket `b`'s gradients (zeros for a parameter without one) and send them.
-    fn launch(&self, b: usize) -> Result<()> {
+    /// Flatten bucket `b`'s gradients (zeros for a parameter without one) and start their
+    /// average.
+    fn launch(&mut self, b: usize) -> Result<()> {
         let bucket = &self.buckets[b];
+        if bucket.on_device {
+            let parts = bucket
+                .params
+                .iter()
+                .map(|&p| match self.params[p].grad() {
+                    Some(g) => g.reshape(&[-1]),
+                    None => Tensor::zeros(&[self.params[p].numel()], bucket.dtype, self.params[p].device()),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let flat = no_grad(|| Tensor::cat(&parts, 0))?;
+            self.group.all_reduce_(&flat, super::ReduceOp::Average)?;
+            self.flat[b] = Some(flat);
+            return Ok(());
+        }
         let mut bytes = Vec::new();
         for &p in &bucket.params {
             match self.params[p].grad() {
@@ -254,9 +281,10 @@ fn finish(reducer: &Weak<Mutex<Reducer>>) -> Result<()> {
     if !unready.is_empty() {
         if !r.find_unused {
             let names: Vec<&str> = unready.iter().take(8).map(|&p| r.names[p].as_str()).collect();
-            // Drain what was launched so the next pass starts clean; this rank now fails, and
-            // the others see it leave instead of waiting for its buckets.
-            for _ in 0..r.launched {
+            // Drain what the host ring's thread was given so the next pass starts clean; this
+            // rank now fails, and the others see it leave instead of waiting for its buckets.
+            let on_host = (0..r.launched).filter(|&b| !r.buckets[b].on_device).count();
+            for _ in 0..on_host {
                 let _ = r.results.recv();
             }
             return Err(Error::invalid(format!(
@@ -273,26 +301,38 @@ fn finish(reducer: &Weak<Mutex<Reducer>>) -> Result<()> {
         }
         r.launch_ready()?;
     }
+    let on_host = r.buckets.iter().filter(|b| !b.on_device).count();
     let mut done: Vec<Option<Vec<u8>>> = vec![None; r.buckets.len()];
-    for _ in 0..r.buckets.len() {
+    for _ in 0..on_host {
         let (b, bytes) =
             r.results.recv().map_err(|_| comm("DistributedDataParallel: the communication thread stopped"))?;
         done[b] = Some(bytes?);
     }
-    for (bucket, bytes) in r.buckets.iter().zip(done) {
-        let bytes = bytes.ok_or_else(|| comm("DistributedDataParallel: a bucket was not reduced"))?;
+    let flat = std::mem::take(&mut r.flat);
+    for ((bucket, bytes), flat) in r.buckets.iter().zip(done).zip(flat) {
         let mut offset = 0;
         for &p in &bucket.params {
             let param = &r.params[p];
-            let len = param.numel() * bucket.dtype.size_in_bytes();
-            let averaged =
-                tensor_from_bytes(&bytes[offset..offset + len], bucket.dtype, param.shape(), param.device())?;
-            offset += len;
+            let averaged = match &flat {
+                Some(flat) => flat.narrow(0, offset, param.numel())?.reshape(&shape_of(param))?,
+                None => {
+                    let bytes =
+                        bytes.as_ref().ok_or_else(|| comm("DistributedDataParallel: a bucket was not reduced"))?;
+                    let size = bucket.dtype.size_in_bytes();
+                    let range = offset * size..(offset + param.numel()) * size;
+                    tensor_from_bytes(&bytes[range], bucket.dtype, param.shape(), param.device())?
+                }
+            };
+            offset += param.numel();
             param.set_grad(Some(averaged))?;
         }
     }
     r.missing.clear();
     Ok(())
+}
+
+fn shape_of(t: &Tensor) -> Vec<isize> {
+    t.shape().iter().map(|&d| d as isize).collect()
 }
 
 /// A thread that averages buckets as they come, so the backward pass does not wait for the
@@ -330,7 +370,7 @@ fn make_buckets(params: &[(String, Tensor)], options: &DdpOptions) -> Vec<Bucket
             b.dtype == t.dtype() && params[b.params[0]].1.device() == t.device() && bytes + size <= cap.max(1)
         });
         if !fits {
-            buckets.push(Bucket { params: Vec::new(), dtype: t.dtype() });
+            buckets.push(Bucket { params: Vec::new(), dtype: t.dtype(), on_device: false });
             bytes = 0;
         }
         if let Some(b) = buckets.last_mut() {

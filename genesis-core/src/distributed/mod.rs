@@ -15,11 +15,12 @@
 //! # Ok::<(), genesis::Error>(())
 //! ```
 //!
-//! **Transport.** Collectives run over TCP between the processes (a ring, as PyTorch's gloo
-//! does for CPU tensors): tensors on any device take a copy through host memory. NCCL
-//! communicators across processes (the CUDA plugin's collectives today serve the devices of
-//! one process, see [`crate::comm`]) are not built yet, so GPU training across processes
-//! works but moves gradients through the host.
+//! **Transport.** A tensor on a device whose backend has communicators across processes
+//! (interface 1.3; the CUDA plugin's are NCCL's) goes through them, device to device: the
+//! first collective on a device makes its communicator (rank 0 asks the backend for an id and
+//! publishes it in the store). Any other tensor, and every tensor with
+//! `GENESIS_DIST_TRANSPORT=host` ([`Transport::Host`]), goes over TCP between the processes
+//! (a ring, as PyTorch's gloo does for CPU tensors), through host memory.
 //!
 //! **Failures.** A rank that exits closes its connections and its neighbours fail at once; a
 //! rank that hangs makes the others' reads time out after [`InitOptions::timeout`] (default
@@ -31,13 +32,15 @@ mod ddp;
 mod ring;
 mod store;
 
-pub use ddp::{DdpOptions, DistributedDataParallel};
+pub use ddp::{DdpOptions, DistributedDataParallel, NoSync};
 pub use store::Store;
 
 use crate::autograd::no_grad;
+use crate::device::Device;
 use crate::error::{Error, ErrorKind, Result};
 use crate::serialize::safetensors_io::{tensor_bytes, tensor_from_bytes};
 use crate::tensor::Tensor;
+use genesis_backend_api::{CollectiveOp, CommId, DType};
 use ring::Ring;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -49,6 +52,17 @@ pub enum ReduceOp {
     Sum,
     /// The elementwise mean (floating-point dtypes only).
     Average,
+}
+
+/// How collectives move tensors between processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// The device backend's communicators where it has them (NCCL on CUDA), the host ring
+    /// otherwise.
+    #[default]
+    Auto,
+    /// Always the host ring (to compare, or to avoid a backend's communicators).
+    Host,
 }
 
 /// Where this process stands in the job and how to reach the others.
@@ -66,12 +80,15 @@ pub struct InitOptions {
     pub master_port: u16,
     /// How long any wait for another rank may last before it is an error.
     pub timeout: Duration,
+    /// How collectives move tensors.
+    pub transport: Transport,
 }
 
 impl InitOptions {
     /// The options torchrun's environment gives: `RANK`, `WORLD_SIZE`, `LOCAL_RANK` (default
     /// the rank), `MASTER_ADDR` (default 127.0.0.1), `MASTER_PORT` (default 29500) and,
-    /// Genesis's own, `GENESIS_DIST_TIMEOUT` (seconds, default 300).
+    /// Genesis's own, `GENESIS_DIST_TIMEOUT` (seconds, default 300) and
+    /// `GENESIS_DIST_TRANSPORT` (`auto`, the default, or `host`).
     pub fn from_env() -> Result<InitOptions> {
         fn var(name: &str) -> Option<String> {
             std::env::var(name).ok().filter(|v| !v.is_empty())
@@ -89,6 +106,13 @@ impl InitOptions {
         }
         let rank = number("RANK", None)?;
         let timeout = Duration::from_secs_f64(number("GENESIS_DIST_TIMEOUT", Some(300.0))?);
+        let transport = match var("GENESIS_DIST_TRANSPORT").as_deref() {
+            None | Some("auto") => Transport::Auto,
+            Some("host") => Transport::Host,
+            Some(other) => {
+                return Err(Error::invalid(format!("GENESIS_DIST_TRANSPORT={other:?}: expected auto or host")))
+            }
+        };
         Ok(InitOptions {
             rank,
             world_size: number("WORLD_SIZE", None)?,
@@ -96,6 +120,7 @@ impl InitOptions {
             master_addr: var("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into()),
             master_port: number("MASTER_PORT", Some(29500))?,
             timeout,
+            transport,
         })
     }
 }
@@ -114,9 +139,22 @@ struct Group {
     timeout: Duration,
     store: Store,
     ring: Mutex<Ring>,
-    /// Wrappers built on this group so far: names their agreement keys in the store (every
-    /// rank builds them in the same order).
+    /// Wrappers and communicators made on this group so far: names their agreement keys in
+    /// the store (every rank makes them in the same order).
     wrappers: std::sync::atomic::AtomicUsize,
+    transport: Transport,
+    /// Each device seen so far and its communicator (`None`: the host ring serves it).
+    comms: Mutex<Vec<(Device, Option<CommId>)>>,
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        for (device, comm) in self.comms.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            if let Some(comm) = comm {
+                let _ = device.comm_abort(comm);
+            }
+        }
+    }
 }
 
 impl ProcessGroup {
@@ -128,7 +166,7 @@ impl ProcessGroup {
     /// Join the job: rank 0 hosts the store, every rank connects to it and to its ring
     /// neighbours. Returns once all ranks have arrived (or fails after the timeout).
     pub fn new(options: InitOptions) -> Result<ProcessGroup> {
-        let InitOptions { rank, world_size, local_rank, master_addr, master_port, timeout } = options;
+        let InitOptions { rank, world_size, local_rank, master_addr, master_port, timeout, transport } = options;
         if world_size == 0 || rank >= world_size {
             return Err(Error::invalid(format!("process group: rank {rank} is not within a world of {world_size}")));
         }
@@ -143,6 +181,8 @@ impl ProcessGroup {
                 store,
                 ring: Mutex::new(ring),
                 wrappers: Default::default(),
+                transport,
+                comms: Mutex::new(Vec::new()),
             }),
         };
         group.barrier()?;
@@ -190,8 +230,70 @@ impl ProcessGroup {
         self.ring().all_reduce(&mut token, genesis_backend_api::DType::U8, false)
     }
 
+    /// The communicator for tensors on `device`, made on first use: rank 0 asks the backend
+    /// for an id and publishes it (or why there is none) in the store, every rank joins.
+    /// `None` when the host ring serves the device. Collectives run in one order on every
+    /// rank, so every rank gets here for the same device at the same point.
+    pub(crate) fn device_comm(&self, device: &Device) -> Result<Option<CommId>> {
+        let mut comms = self.inner.comms.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, comm)) = comms.iter().find(|(d, _)| d == device) {
+            return Ok(*comm);
+        }
+        let comm = if self.inner.transport == Transport::Host {
+            None
+        } else {
+            let key = format!("{}/id", self.next_wrapper_key("comm"));
+            if self.rank() == 0 {
+                let published = match device.comm_unique_id() {
+                    Ok(id) => [vec![1], id].concat(),
+                    Err(e) => [vec![0], e.to_string().into_bytes()].concat(),
+                };
+                self.store().set(&key, &published)?;
+            }
+            match self.store().get(&key)?.split_first() {
+                Some((1, id)) => Some(device.comm_init_rank(id, self.rank(), self.world_size(), self.timeout())?),
+                _ => None,
+            }
+        };
+        comms.push((device.clone(), comm));
+        Ok(comm)
+    }
+
+    /// Whether tensors on `device` travel through its backend's communicator (true) or the
+    /// host ring (false). The first call for a device makes its communicator, so every rank
+    /// must make it at the same point.
+    pub fn uses_device_communicator(&self, device: &Device) -> Result<bool> {
+        Ok(self.device_comm(device)?.is_some())
+    }
+
+    /// Run `op` on the device communicator of `input`'s device, if it has one: `input` and
+    /// `output` dense; false when the host ring must do it instead.
+    fn on_device(&self, op: CollectiveOp, root: usize, input: &Tensor, output: &Tensor) -> Result<bool> {
+        let summing = matches!(op, CollectiveOp::AllReduceSum | CollectiveOp::ReduceScatterSum);
+        if summing && input.dtype() == DType::Bool {
+            return Ok(false); // the host ring's logical or
+        }
+        let Some(comm) = self.device_comm(input.device())? else { return Ok(false) };
+        input.device().comm_collective(comm, op, root, self.world_size(), input.desc()?, output.desc()?)?;
+        output.storage().bump_version();
+        Ok(true)
+    }
+
     /// Combine `tensor` across ranks in place: afterwards every rank holds the sum (or mean).
     pub fn all_reduce_(&self, tensor: &Tensor, op: ReduceOp) -> Result<()> {
+        if op == ReduceOp::Average && !tensor.dtype().is_float() {
+            return Err(Error::invalid(format!(
+                "all_reduce: an average of {} values is not defined (use a sum)",
+                tensor.dtype()
+            )));
+        }
+        let dense = no_grad(|| tensor.contiguous())?;
+        if self.on_device(CollectiveOp::AllReduceSum, 0, &dense, &dense)? {
+            if op == ReduceOp::Average {
+                no_grad(|| dense.mul_scalar_(1.0 / self.world_size() as f64))?;
+            }
+            return if dense.shares_storage(tensor) { Ok(()) } else { no_grad(|| tensor.copy_(&dense)) };
+        }
         let mut bytes = tensor_bytes(tensor)?;
         self.ring().all_reduce(&mut bytes, tensor.dtype(), op == ReduceOp::Average)?;
         write_back(tensor, &bytes)
@@ -200,6 +302,10 @@ impl ProcessGroup {
     /// Rank `root`'s `tensor` into `tensor` on every rank.
     pub fn broadcast_(&self, tensor: &Tensor, root: usize) -> Result<()> {
         self.check_rank(root, "broadcast")?;
+        let dense = no_grad(|| tensor.contiguous())?;
+        if self.on_device(CollectiveOp::Broadcast, root, &dense, &dense)? {
+            return if dense.shares_storage(tensor) { Ok(()) } else { no_grad(|| tensor.copy_(&dense)) };
+        }
         let mut bytes = tensor_bytes(tensor)?;
         self.ring().broadcast(&mut bytes, root)?;
         write_back(tensor, &bytes)
@@ -207,10 +313,21 @@ impl ProcessGroup {
 
     /// Every rank's `tensor` (all of one shape and dtype), in rank order.
     pub fn all_gather(&self, tensor: &Tensor) -> Result<Vec<Tensor>> {
+        let world = self.world_size();
+        if !tensor.shape().is_empty() {
+            let dense = no_grad(|| tensor.contiguous())?;
+            let mut shape = tensor.shape().to_vec();
+            shape[0] *= world;
+            let all = Tensor::empty(&shape, tensor.dtype(), tensor.device())?;
+            if self.on_device(CollectiveOp::AllGather, 0, &dense, &all)? {
+                let rows = tensor.shape()[0];
+                return (0..world).map(|r| all.narrow(0, r * rows, rows)).collect();
+            }
+        }
         let bytes = tensor_bytes(tensor)?;
         let all = self.ring().all_gather(&bytes)?;
         let size = bytes.len();
-        (0..self.world_size())
+        (0..world)
             .map(|r| tensor_from_bytes(&all[r * size..(r + 1) * size], tensor.dtype(), tensor.shape(), tensor.device()))
             .collect()
     }
@@ -226,15 +343,29 @@ impl ProcessGroup {
                 format!("reduce_scatter: dim 0 of shape {:?} does not split into {world} equal chunks", tensor.shape()),
             ));
         }
+        if op == ReduceOp::Average && !tensor.dtype().is_float() {
+            return Err(Error::invalid(format!(
+                "reduce_scatter: an average of {} values is not defined (use a sum)",
+                tensor.dtype()
+            )));
+        }
+        let mut shape = tensor.shape().to_vec();
+        shape[0] = rows / world;
+        let dense = no_grad(|| tensor.contiguous())?;
+        let mine = Tensor::empty(&shape, tensor.dtype(), tensor.device())?;
+        if self.on_device(CollectiveOp::ReduceScatterSum, 0, &dense, &mine)? {
+            if op == ReduceOp::Average {
+                no_grad(|| mine.mul_scalar_(1.0 / world as f64))?;
+            }
+            return Ok(mine);
+        }
         // The ring all-reduce is a reduce-scatter followed by an all-gather; the host
         // transport runs both and keeps this rank's chunk.
         let mut bytes = tensor_bytes(tensor)?;
         self.ring().all_reduce(&mut bytes, tensor.dtype(), op == ReduceOp::Average)?;
         let chunk_bytes = bytes.len() / world;
-        let mut shape = tensor.shape().to_vec();
-        shape[0] = rows / world;
-        let mine = &bytes[self.rank() * chunk_bytes..(self.rank() + 1) * chunk_bytes];
-        tensor_from_bytes(mine, tensor.dtype(), &shape, tensor.device())
+        let start = self.rank() * chunk_bytes;
+        tensor_from_bytes(&bytes[start..start + chunk_bytes], tensor.dtype(), &shape, tensor.device())
     }
 
     fn check_rank(&self, rank: usize, what: &str) -> Result<()> {

@@ -1,0 +1,259 @@
+//! Communicators across processes (interface 1.3) through NCCL: one process per GPU, each a
+//! member of a group made from a unique id that one of them creates (`ncclCommInitRank`).
+//!
+//! NCCL itself never gives up on a member that stops taking part: its kernels wait forever.
+//! So every member has a watchdog thread. Each collective is followed by an event on the
+//! device's stream; the watchdog polls the events and NCCL's asynchronous error, and when a
+//! collective has not finished within the group's timeout (a peer died or hangs) or NCCL
+//! reports an error, it aborts the communicator. The abort makes the waiting kernels return,
+//! so the stream moves on, and every later call on the communicator fails with the reason.
+//! Joining has the same guard: `ncclCommInitRank` runs on its own thread and the caller
+//! stops waiting after the timeout.
+
+use crate::device::CudaDevice;
+use crate::nccl::{Nccl, SendComm, Stream, UniqueId};
+use cudarc::driver::{result, sys, CudaContext};
+use genesis_backend_api::{BackendError, CollectiveArg, CollectiveOp, CommId, ErrorKind, Result};
+use std::collections::{HashMap, VecDeque};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// How often a watchdog looks at its member's collectives.
+const WATCH_EVERY: Duration = Duration::from_millis(20);
+
+/// Where a process sits in a group: its rank, the group's size, and how long to wait for the
+/// others.
+pub struct Seat {
+    pub rank: usize,
+    pub world_size: usize,
+    pub timeout_ms: u64,
+}
+
+/// The communicators this process has joined.
+#[derive(Default)]
+pub struct Groups {
+    next: AtomicU64,
+    members: Mutex<HashMap<u64, Arc<Member>>>,
+}
+
+/// This process's membership of one group.
+struct Member {
+    nccl: Arc<Nccl>,
+    rank: usize,
+    world_size: usize,
+    device: usize,
+    timeout: Duration,
+    ctx: Arc<CudaContext>,
+    state: Mutex<State>,
+}
+
+struct State {
+    /// `None` once aborted.
+    comm: Option<SendComm>,
+    /// Why the communicator was aborted.
+    failed: Option<String>,
+    /// Events after queued collectives, with the time by which each must have completed.
+    pending: VecDeque<(Event, Instant)>,
+}
+
+/// A CUDA event (the raw handle, sendable to the watchdog).
+struct Event(sys::CUevent);
+// SAFETY: events may be used from any thread with their context bound; only under `state`.
+unsafe impl Send for Event {}
+
+fn comm_error(message: String) -> BackendError {
+    BackendError::new(ErrorKind::Communication, message)
+}
+
+impl Groups {
+    /// A new unique id.
+    pub fn unique_id(nccl: &Nccl) -> Result<Vec<u8>> {
+        Ok(nccl.unique_id()?.internal.iter().map(|&c| c as u8).collect())
+    }
+
+    /// Join the group `id` on `device` (index `index`) at `seat`; fails after the seat's
+    /// timeout if not every member joins.
+    pub fn join(&self, nccl: Arc<Nccl>, device: &CudaDevice, index: usize, id: &[u8], seat: Seat) -> Result<CommId> {
+        let Seat { rank, world_size, timeout_ms } = seat;
+        let mut unique = UniqueId { internal: [0; 128] };
+        if id.len() != unique.internal.len() {
+            return Err(BackendError::invalid(format!(
+                "cuda: a communicator id is {} bytes, this one {}",
+                unique.internal.len(),
+                id.len()
+            )));
+        }
+        for (dst, &src) in unique.internal.iter_mut().zip(id) {
+            *dst = src as _;
+        }
+        let timeout = Duration::from_millis(timeout_ms);
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let (ctx, joiner) = (device.context(), nccl.clone());
+        std::thread::Builder::new()
+            .name("genesis-nccl-join".into())
+            .spawn(move || {
+                let joined = ctx
+                    .bind_to_thread()
+                    .map_err(|e| comm_error(format!("cuda: binding the context to join a group: {e:?}")))
+                    .and_then(|()| joiner.init_rank(unique, rank, world_size));
+                // The caller may have stopped waiting; then the communicator is abandoned.
+                if let Err(Ok(comm)) = sender.send(joined).map_err(|e| e.0) {
+                    let _ = joiner.abort(&comm);
+                }
+            })
+            .map_err(|e| comm_error(format!("cuda: starting the thread that joins a group: {e}")))?;
+        let comm = match receiver.recv_timeout(timeout) {
+            Ok(joined) => joined?,
+            Err(_) => {
+                return Err(comm_error(format!(
+                    "cuda:{index}: rank {rank} of {world_size}: the group was not complete after {timeout:?} (a rank \
+                     did not join)"
+                )))
+            }
+        };
+        let member = Arc::new(Member {
+            nccl,
+            rank,
+            world_size,
+            device: index,
+            timeout,
+            ctx: device.context(),
+            state: Mutex::new(State { comm: Some(comm), failed: None, pending: VecDeque::new() }),
+        });
+        let watched = Arc::downgrade(&member);
+        std::thread::Builder::new()
+            .name("genesis-nccl-watchdog".into())
+            .spawn(move || watch(watched))
+            .map_err(|e| comm_error(format!("cuda: starting a communicator's watchdog: {e}")))?;
+        let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        lock(&self.members).insert(id, member);
+        if crate::nvrtc::verbose() {
+            eprintln!("genesis-cuda: NCCL communicator {id}: rank {rank} of {world_size} on cuda:{index}");
+        }
+        Ok(CommId(id))
+    }
+
+    fn member(&self, comm: CommId) -> Result<Arc<Member>> {
+        lock(&self.members)
+            .get(&comm.0)
+            .cloned()
+            .ok_or_else(|| BackendError::invalid(format!("cuda: communicator {} is unknown or aborted", comm.0)))
+    }
+
+    /// Queue this member's part of `op`.
+    pub fn run(
+        &self,
+        comm: CommId,
+        op: CollectiveOp,
+        root: usize,
+        world_size: usize,
+        device: &CudaDevice,
+        arg: &CollectiveArg,
+    ) -> Result<()> {
+        let index = arg.device as usize;
+        let member = self.member(comm)?;
+        if world_size != member.world_size || index != member.device {
+            return Err(BackendError::invalid(format!(
+                "cuda: communicator {} is rank {} of {} on cuda:{}, called for a group of {world_size} on cuda:{index}",
+                comm.0, member.rank, member.world_size, member.device
+            )));
+        }
+        let dtype = arg.input.dtype()?;
+        let (in_count, out_count) = (arg.input.numel(), arg.output.numel());
+        let input = device.operand(&arg.input)?.ptr as *const c_void;
+        let output = device.operand(&arg.output)?.ptr as *mut c_void;
+        let mut state = lock(&member.state);
+        if let Some(why) = &state.failed {
+            return Err(comm_error(why.clone()));
+        }
+        let Some(nccl_comm) = &state.comm else {
+            return Err(comm_error(format!("cuda: communicator {} was aborted", comm.0)));
+        };
+        let stream = device.stream();
+        if in_count + out_count > 0 {
+            member.nccl.enqueue(op, nccl_comm, input, output, in_count, out_count, dtype, root, stream as Stream)?;
+        }
+        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(|e| comm_error(format!("cuda: cuEventCreate after a collective: {e:?}")))?;
+        // SAFETY: a new event of this context and the device's stream.
+        unsafe { result::event::record(event, stream) }
+            .map_err(|e| comm_error(format!("cuda: cuEventRecord after a collective: {e:?}")))?;
+        state.pending.push_back((Event(event), Instant::now() + member.timeout));
+        drop(state);
+        device.note_issued(format!("{} across processes ({dtype}, rank {} of {world_size})", op.name(), member.rank))
+    }
+
+    /// Abort and forget `comm`.
+    pub fn abort(&self, comm: CommId) -> Result<()> {
+        let member = lock(&self.members)
+            .remove(&comm.0)
+            .ok_or_else(|| BackendError::invalid(format!("cuda: communicator {} is unknown or aborted", comm.0)))?;
+        let mut state = lock(&member.state);
+        abort_locked(&member, &mut state, "aborted by its owner".into())
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Abort the communicator and drop the pending events (the state's lock is held).
+fn abort_locked(member: &Member, state: &mut State, why: String) -> Result<()> {
+    let aborted = match state.comm.take() {
+        Some(comm) => member.nccl.abort(&comm),
+        None => Ok(()),
+    };
+    if state.failed.is_none() {
+        state.failed = Some(why);
+    }
+    if member.ctx.bind_to_thread().is_ok() {
+        for (event, _) in state.pending.drain(..) {
+            // SAFETY: each event was created for this communicator and is destroyed once.
+            let _ = unsafe { result::event::destroy(event.0) };
+        }
+    }
+    aborted
+}
+
+/// The watchdog of one member: runs until the member is gone or aborted.
+fn watch(member: Weak<Member>) {
+    let mut bound = false;
+    loop {
+        std::thread::sleep(WATCH_EVERY);
+        let Some(member) = member.upgrade() else { return };
+        if !bound {
+            bound = member.ctx.bind_to_thread().is_ok();
+        }
+        let mut state = lock(&member.state);
+        let Some(comm) = &state.comm else { return };
+        let failure = match member.nccl.async_error(comm) {
+            Err(e) => Some(format!("rank {} of {}: NCCL reported {}", member.rank, member.world_size, e.message)),
+            Ok(()) => loop {
+                let Some((event, deadline)) = state.pending.front() else { break None };
+                // SAFETY: a live event of this member's context (bound above).
+                match unsafe { result::event::query(event.0) } {
+                    Ok(()) => {
+                        // SAFETY: completed, destroyed once.
+                        let _ = unsafe { result::event::destroy(event.0) };
+                        state.pending.pop_front();
+                    }
+                    Err(_) if Instant::now() > *deadline => {
+                        break Some(format!(
+                            "rank {} of {}: a collective did not finish within {:?}: another rank failed, exited or \
+                             hangs",
+                            member.rank, member.world_size, member.timeout
+                        ))
+                    }
+                    Err(_) => break None,
+                }
+            },
+        };
+        if let Some(why) = failure {
+            eprintln!("genesis-cuda: aborting NCCL communicator: {why}");
+            let _ = abort_locked(&member, &mut state, why);
+            return;
+        }
+    }
+}
