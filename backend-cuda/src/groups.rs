@@ -1,13 +1,17 @@
 //! Communicators across processes (interface 1.3) through NCCL: one process per GPU, each a
 //! member of a group made from a unique id that one of them creates (`ncclCommInitRank`).
 //!
-//! NCCL itself never gives up on a member that stops taking part: its kernels wait forever.
-//! So every member has a watchdog thread. Each collective is followed by an event on the
-//! device's stream; the watchdog polls the events and NCCL's asynchronous error, and when a
-//! collective has not finished within the group's timeout (a peer died or hangs) or NCCL
-//! reports an error, it aborts the communicator. The abort makes the waiting kernels return,
-//! so the stream moves on, and every later call on the communicator fails with the reason.
-//! Joining has the same guard: `ncclCommInitRank` runs on its own thread and the caller
+//! NCCL itself never gives up on a member that stops taking part: its kernels wait forever,
+//! and so would a thread that then synchronizes the stream. So each collective is followed by
+//! an event, and a thread about to wait for a device that has collectives in flight
+//! ([`wait_for_collectives`], called before every blocking wait of the device) polls those
+//! events and NCCL's asynchronous error instead of blocking. When a collective has not
+//! finished within the group's timeout (a peer died or hangs) or NCCL reports an error, it
+//! aborts the communicator, which makes the waiting kernels return, and reports the reason;
+//! every later call on the communicator fails with it. The polling is done by the waiting
+//! thread itself, not a watchdog thread: a second thread calling into the driver while the
+//! first is blocked in it was seen not to get through (on an H100 with NCCL 2.28).
+//! Joining has its own guard: `ncclCommInitRank` runs on a thread of its own and the caller
 //! stops waiting after the timeout.
 
 use crate::device::CudaDevice;
@@ -16,12 +20,14 @@ use cudarc::driver::{result, sys, CudaContext};
 use genesis_backend_api::{BackendError, CollectiveArg, CollectiveOp, CommId, ErrorKind, Result};
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-/// How often a watchdog looks at its member's collectives.
-const WATCH_EVERY: Duration = Duration::from_millis(20);
+/// Every member of this process, for the waits of their devices (weak: [`Groups`] owns them).
+static MEMBERS: Mutex<Vec<Weak<Member>>> = Mutex::new(Vec::new());
+/// Whether any communicator exists (a device wait checks nothing before the first).
+static ANY: AtomicBool = AtomicBool::new(false);
 
 /// Where a process sits in a group: its rank, the group's size, and how long to wait for the
 /// others.
@@ -122,11 +128,8 @@ impl Groups {
             ctx: device.context(),
             state: Mutex::new(State { comm: Some(comm), failed: None, pending: VecDeque::new() }),
         });
-        let watched = Arc::downgrade(&member);
-        std::thread::Builder::new()
-            .name("genesis-nccl-watchdog".into())
-            .spawn(move || watch(watched))
-            .map_err(|e| comm_error(format!("cuda: starting a communicator's watchdog: {e}")))?;
+        lock(&MEMBERS).push(Arc::downgrade(&member));
+        ANY.store(true, Ordering::Release);
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         lock(&self.members).insert(id, member);
         if crate::nvrtc::verbose() {
@@ -165,9 +168,7 @@ impl Groups {
         let input = device.operand(&arg.input)?.ptr as *const c_void;
         let output = device.operand(&arg.output)?.ptr as *mut c_void;
         let mut state = lock(&member.state);
-        if let Some(why) = &state.failed {
-            return Err(comm_error(why.clone()));
-        }
+        check(&member, &mut state)?;
         let Some(nccl_comm) = &state.comm else {
             return Err(comm_error(format!("cuda: communicator {} was aborted", comm.0)));
         };
@@ -217,43 +218,65 @@ fn abort_locked(member: &Member, state: &mut State, why: String) -> Result<()> {
     aborted
 }
 
-/// The watchdog of one member: runs until the member is gone or aborted.
-fn watch(member: Weak<Member>) {
-    let mut bound = false;
-    loop {
-        std::thread::sleep(WATCH_EVERY);
-        let Some(member) = member.upgrade() else { return };
-        if !bound {
-            bound = member.ctx.bind_to_thread().is_ok();
-        }
-        let mut state = lock(&member.state);
-        let Some(comm) = &state.comm else { return };
-        let failure = match member.nccl.async_error(comm) {
-            Err(e) => Some(format!("rank {} of {}: NCCL reported {}", member.rank, member.world_size, e.message)),
-            Ok(()) => loop {
-                let Some((event, deadline)) = state.pending.front() else { break None };
-                // SAFETY: a live event of this member's context (bound above).
-                match unsafe { result::event::query(event.0) } {
-                    Ok(()) => {
-                        // SAFETY: completed, destroyed once.
-                        let _ = unsafe { result::event::destroy(event.0) };
-                        state.pending.pop_front();
-                    }
-                    Err(_) if Instant::now() > *deadline => {
-                        break Some(format!(
-                            "rank {} of {}: a collective did not finish within {:?}: another rank failed, exited or \
-                             hangs",
-                            member.rank, member.world_size, member.timeout
-                        ))
-                    }
-                    Err(_) => break None,
+/// Look at `member`'s collectives without waiting: drop the finished ones; abort the
+/// communicator when one is past its deadline or NCCL reports an error. `Err` once aborted.
+/// Returns whether collectives are still in flight.
+fn check(member: &Member, state: &mut State) -> Result<bool> {
+    if let Some(why) = &state.failed {
+        return Err(comm_error(why.clone()));
+    }
+    let Some(comm) = &state.comm else { return Ok(false) };
+    let failure = match member.nccl.async_error(comm) {
+        Err(e) => Some(format!("rank {} of {}: NCCL reported {}", member.rank, member.world_size, e.message)),
+        Ok(()) => loop {
+            let Some((event, deadline)) = state.pending.front() else { break None };
+            // SAFETY: a live event of this member's context, which the caller has bound.
+            match unsafe { result::event::query(event.0) } {
+                Ok(()) => {
+                    // SAFETY: completed, destroyed once.
+                    let _ = unsafe { result::event::destroy(event.0) };
+                    state.pending.pop_front();
                 }
-            },
-        };
-        if let Some(why) = failure {
-            eprintln!("genesis-cuda: aborting NCCL communicator: {why}");
-            let _ = abort_locked(&member, &mut state, why);
-            return;
+                Err(_) if Instant::now() > *deadline => {
+                    break Some(format!(
+                        "rank {} of {}: a collective did not finish within {:?}: another rank failed, exited or hangs",
+                        member.rank, member.world_size, member.timeout
+                    ))
+                }
+                Err(_) => break None,
+            }
+        },
+    };
+    if let Some(why) = failure {
+        eprintln!("genesis-cuda: aborting NCCL communicator: {why}");
+        let _ = abort_locked(member, state, why.clone());
+        return Err(comm_error(why));
+    }
+    Ok(!state.pending.is_empty())
+}
+
+/// Before a thread blocks on device `index` (its context bound): wait, polling, until the
+/// collectives in flight there have finished, and fail (after aborting their communicator)
+/// when one outlives its timeout. Free when no communicator exists.
+pub fn wait_for_collectives(index: usize) -> Result<()> {
+    if !ANY.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    let members: Vec<Arc<Member>> = {
+        let mut all = lock(&MEMBERS);
+        all.retain(|m| m.strong_count() > 0);
+        all.iter().filter_map(Weak::upgrade).filter(|m| m.device == index).collect()
+    };
+    let mut pause = Duration::from_micros(20);
+    loop {
+        let mut busy = false;
+        for member in &members {
+            busy |= check(member, &mut lock(&member.state))?;
         }
+        if !busy {
+            return Ok(());
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(2));
     }
 }

@@ -249,6 +249,8 @@ impl CudaDevice {
     /// [`CudaDevice::wait`] for a caller that holds the index-check lock (always taken
     /// before `pending`'s).
     fn wait_locked(&self, checks: &mut Vec<IndexCheck>, when: &str) -> Result<()> {
+        // Collectives across processes first: a peer that died must fail them, not hang us.
+        crate::groups::wait_for_collectives(self.ctx.ordinal())?;
         // SAFETY: our stream.
         let Err(e) = (unsafe { result::stream::synchronize(self.stream) }) else {
             Self::lock(&self.pending).clear();
@@ -312,6 +314,7 @@ impl Device for CudaDevice {
     fn read(&self, src: BufferId, offset: usize, dst: &mut [u8]) -> Result<()> {
         let ptr = self.range(src, offset, dst.len())?;
         self.bind()?;
+        crate::groups::wait_for_collectives(self.ctx.ordinal())?;
         if !dst.is_empty() {
             // SAFETY: the range is inside the buffer; we wait for the copy before returning.
             unsafe { result::memcpy_dtoh_async(dst, ptr, self.stream) }
