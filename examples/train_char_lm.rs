@@ -8,7 +8,12 @@
 //! that knows only character frequencies; the goal is to end well below it, at most 0.7×),
 //! a sample, and writes metrics CSV, curves PNG and the weights under `--out` (default
 //! `target/train_char_lm`).
+//!
+//! Data-parallel: `genesis-run --nproc-per-node N target/release/examples/train_char_lm`
+//! trains a `DistributedDataParallel` replica per rank (on `cuda:{LOCAL_RANK}` with `--device
+//! cuda`), each on its own random windows (32 per rank and step); rank 0 reports and writes.
 
+use genesis::distributed::{DistributedDataParallel, ProcessGroup};
 use genesis::monitor::{MetricsLog, Progress};
 use genesis::nn::functional::{cross_entropy, gelu, scaled_dot_product_attention};
 use genesis::nn::{init, Embedding, Entry, LayerNorm, Linear, Module, ModuleList, Reduction};
@@ -236,41 +241,70 @@ fn main() -> Result<()> {
     }
     std::fs::create_dir_all(&out_dir)
         .map_err(|e| Error::invalid(format!("cannot create {}: {e}", out_dir.display())))?;
-    let device = Device::parse(&device_name)?;
-    println!("device: {device} ({})", device.properties()?.name);
+    // Started by genesis-run or torchrun: one rank of a data-parallel job.
+    let group = if std::env::var_os("WORLD_SIZE").is_some() { Some(ProcessGroup::from_env()?) } else { None };
+    let device = match &group {
+        Some(g) if device_name == "cuda" => Device::parse(&format!("cuda:{}", g.local_rank()))?,
+        _ => Device::parse(&device_name)?,
+    };
+    let rank = group.as_ref().map_or(0, ProcessGroup::rank);
+    let leader = rank == 0;
+    match &group {
+        Some(g) => println!("rank {rank} of {}, device: {device} ({})", g.world_size(), device.properties()?.name),
+        None => println!("device: {device} ({})", device.properties()?.name),
+    }
 
     let corpus = Corpus::new(TEXT);
     let split = corpus.ids.len() * 9 / 10;
     let (train_ids, val_ids) = (&corpus.ids[..split], &corpus.ids[split..]);
     let c = Config { vocab: corpus.chars.len(), context: 64, width: 128, heads: 4, layers: 3, batch: 32 };
     let entropy = corpus.unigram_entropy(val_ids);
-    println!(
+    let say = |line: String| {
+        if leader {
+            println!("{line}");
+        }
+    };
+    say(format!(
         "text: {} characters, vocabulary {}, unigram entropy of the validation text {entropy:.3} nats",
         corpus.ids.len(),
         c.vocab
-    );
+    ));
 
     genesis::manual_seed(1337);
-    let model = CharLm::new(&c, &device)?;
-    println!(
+    let (plain, ddp);
+    let model: &CharLm = match &group {
+        Some(g) => {
+            ddp = DistributedDataParallel::new(CharLm::new(&c, &device)?, g)?;
+            // Rank 0's weights everywhere; from here each rank draws its own windows.
+            genesis::manual_seed(1337 + rank as u64);
+            ddp.module()
+        }
+        None => {
+            plain = CharLm::new(&c, &device)?;
+            &plain
+        }
+    };
+    say(format!(
         "model: {} layers, width {}, {} heads, context {}: {} parameters",
         c.layers,
         c.width,
         c.heads,
         c.context,
         model.num_parameters()
-    );
+    ));
     let mut optimizer =
         AdamW::new(model.parameters(), AdamOptions { lr: 2e-3, weight_decay: 0.01, ..AdamOptions::adamw() })?;
     let warmup = (steps / 20).max(1) as u64;
     let mut scheduler = WarmupCosineLR::new(&mut optimizer, warmup, steps as u64, 0.1)?;
     let mut log = MetricsLog::new();
-    let mut bar = Progress::new(steps as u64, "char-lm").unit("tokens");
+    let mut bar =
+        if leader { Progress::new(steps as u64, "char-lm") } else { Progress::hidden(steps as u64, "char-lm") }
+            .unit("tokens");
     let eval_every = (steps / 10).max(1);
     for step in 1..=steps {
         let starts = random_starts(c.batch, train_ids.len(), c.context, &device)?;
         let (x, y) = batch_at(train_ids, &starts, c.context, &device)?;
-        let loss = lm_loss(&model, &x, &y)?;
+        let loss = lm_loss(model, &x, &y)?;
         optimizer.zero_grad();
         loss.backward()?;
         genesis::optim::clip_grad_norm_(&model.parameters(), 1.0, 2.0)?;
@@ -280,22 +314,27 @@ fn main() -> Result<()> {
         bar.step(loss, (c.batch * c.context) as u64);
         log.record(step as u64, &[("train_loss", loss)]);
         if step % eval_every == 0 || step == steps {
-            let val = evaluate(&model, val_ids, &c, &device)?;
+            let val = evaluate(model, val_ids, &c, &device)?;
             log.record(step as u64, &[("val_loss", val)]);
-            bar.println(format!("step {step:5}: train loss {loss:.3}, validation loss {val:.3} nats"));
+            if leader {
+                bar.println(format!("step {step:5}: train loss {loss:.3}, validation loss {val:.3} nats"));
+            }
         }
     }
     bar.finish();
-    let val = evaluate(&model, val_ids, &c, &device)?;
-    println!(
+    let val = evaluate(model, val_ids, &c, &device)?;
+    say(format!(
         "validation loss {val:.3} nats = {:.2} x the unigram entropy {entropy:.3} (goal <= {GOAL_RATIO}x: {}); {:.0} \
          tokens/s",
         val / entropy,
         if val <= GOAL_RATIO * entropy { "met" } else { "NOT met" },
         bar.throughput()
-    );
+    ));
+    if !leader {
+        return if val > GOAL_RATIO * entropy { Err(Error::invalid("validation loss above the goal")) } else { Ok(()) };
+    }
     println!("--- sample (temperature 0.8) ---");
-    println!("{}", sample(&model, &corpus, "ROMEO:\n", 400, 0.8, &c)?);
+    println!("{}", sample(model, &corpus, "ROMEO:\n", 400, 0.8, &c)?);
     println!("---");
 
     let (csv, png, weights) =

@@ -154,6 +154,9 @@ pub struct PluginModule {
     /// Leave and free a communicator. Since 1.3.
     #[cfg(not(feature = "fixture-api-1-0"))]
     pub comm_abort: extern "C" fn(CommId) -> RawResult<()>,
+    /// Order a device's later work after a communicator's queued collectives. Since 1.3.
+    #[cfg(not(feature = "fixture-api-1-0"))]
+    pub comm_wait: extern "C" fn(u32, CommId) -> RawResult<()>,
 }
 
 impl RootModule for PluginModuleRef {

@@ -269,6 +269,14 @@ extern "C" fn comm_abort<E: Exported>(comm: CommId) -> RawResult<()> {
     guard("comm_abort", || E::instance().backend.comm_abort(comm))
 }
 
+#[cfg(not(feature = "fixture-api-1-0"))]
+extern "C" fn comm_wait<E: Exported>(index: u32, comm: CommId) -> RawResult<()> {
+    guard("comm_wait", || {
+        let instance = E::instance();
+        instance.backend.comm_wait(comm, instance.device(index)?)
+    })
+}
+
 /// The root module for backend `E`. Leaks one small table per call; hosts call it once.
 pub fn module<E: Exported>() -> PluginModuleRef {
     PluginModule {
@@ -302,6 +310,8 @@ pub fn module<E: Exported>() -> PluginModuleRef {
         comm_collective: comm_collective::<E>,
         #[cfg(not(feature = "fixture-api-1-0"))]
         comm_abort: comm_abort::<E>,
+        #[cfg(not(feature = "fixture-api-1-0"))]
+        comm_wait: comm_wait::<E>,
     }
     .leak_into_prefix()
 }

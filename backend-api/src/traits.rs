@@ -121,6 +121,17 @@ pub trait Backend: Send + Sync + 'static {
         Err(BackendError::unsupported("communicators across processes are not implemented by this backend"))
     }
 
+    /// Make `device`'s work issued from now on wait for every collective queued on `comm`
+    /// so far. A backend may run collectives beside the device's other work (on a second
+    /// queue, so that communication overlaps computation): [`Backend::comm_collective`] is
+    /// ordered after the device's earlier work, but later work is ordered after it only once
+    /// this is called. The host calls it before it touches a collective's output. The default
+    /// does nothing, which is right for a backend whose collectives run in issue order.
+    fn comm_wait(&self, comm: CommId, device: &Self::Device) -> Result<()> {
+        let _ = (comm, device);
+        Ok(())
+    }
+
     /// Leave and free `comm`, abandoning its unfinished collectives (NCCL's abort).
     fn comm_abort(&self, comm: CommId) -> Result<()> {
         let _ = comm;

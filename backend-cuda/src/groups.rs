@@ -13,6 +13,11 @@
 //! first is blocked in it was seen not to get through (on an H100 with NCCL 2.28).
 //! Joining has its own guard: `ncclCommInitRank` runs on a thread of its own and the caller
 //! stops waiting after the timeout.
+//!
+//! Each communicator has a stream of its own: a collective waits (through an event) for the
+//! device's earlier work, then runs beside whatever the device does next, so data-parallel
+//! training's gradient buckets travel while backward computes; `comm_wait` makes the
+//! device's stream wait for them before anything reads the results.
 
 use crate::device::CudaDevice;
 use crate::nccl::{Nccl, SendComm, Stream, UniqueId};
@@ -58,6 +63,8 @@ struct Member {
 struct State {
     /// `None` once aborted.
     comm: Option<SendComm>,
+    /// The communicator's own stream (null once aborted).
+    stream: Stream,
     /// Why the communicator was aborted.
     failed: Option<String>,
     /// Events after queued collectives, with the time by which each must have completed.
@@ -68,6 +75,8 @@ struct State {
 struct Event(sys::CUevent);
 // SAFETY: events may be used from any thread with their context bound; only under `state`.
 unsafe impl Send for Event {}
+// SAFETY: the stream handle is only used under `state`'s lock, with its context bound.
+unsafe impl Send for State {}
 
 fn comm_error(message: String) -> BackendError {
     BackendError::new(ErrorKind::Communication, message)
@@ -119,6 +128,14 @@ impl Groups {
                 )))
             }
         };
+        device.bind()?;
+        let stream = match result::stream::create(result::stream::StreamKind::NonBlocking) {
+            Ok(stream) => stream as Stream,
+            Err(e) => {
+                let _ = nccl.abort(&comm);
+                return Err(comm_error(format!("cuda: creating a communicator's stream: {e:?}")));
+            }
+        };
         let member = Arc::new(Member {
             nccl,
             rank,
@@ -126,7 +143,7 @@ impl Groups {
             device: index,
             timeout,
             ctx: device.context(),
-            state: Mutex::new(State { comm: Some(comm), failed: None, pending: VecDeque::new() }),
+            state: Mutex::new(State { comm: Some(comm), stream, failed: None, pending: VecDeque::new() }),
         });
         lock(&MEMBERS).push(Arc::downgrade(&member));
         ANY.store(true, Ordering::Release);
@@ -172,18 +189,48 @@ impl Groups {
         let Some(nccl_comm) = &state.comm else {
             return Err(comm_error(format!("cuda: communicator {} was aborted", comm.0)));
         };
-        let stream = device.stream();
-        if in_count + out_count > 0 {
-            member.nccl.enqueue(op, nccl_comm, input, output, in_count, out_count, dtype, root, stream as Stream)?;
+        let (device_stream, own) = (device.stream(), state.stream as sys::CUstream);
+        let event = |what: &str| {
+            result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .map_err(|e| comm_error(format!("cuda: cuEventCreate {what} a collective: {e:?}")))
+        };
+        // After the device's earlier work (which made the input)...
+        let ready = event("before")?;
+        // SAFETY: new events of this context, the device's stream and the communicator's.
+        unsafe {
+            let ordered = result::event::record(ready, device_stream)
+                .and_then(|()| result::stream::wait_event(own, ready, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT));
+            // Released once the wait has been satisfied.
+            let _ = result::event::destroy(ready);
+            ordered.map_err(|e| comm_error(format!("cuda: ordering a collective after the device's work: {e:?}")))?;
         }
-        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-            .map_err(|e| comm_error(format!("cuda: cuEventCreate after a collective: {e:?}")))?;
-        // SAFETY: a new event of this context and the device's stream.
-        unsafe { result::event::record(event, stream) }
+        // ...on the communicator's stream, beside the device's later work.
+        if in_count + out_count > 0 {
+            member.nccl.enqueue(op, nccl_comm, input, output, in_count, out_count, dtype, root, own as Stream)?;
+        }
+        let event = event("after")?;
+        // SAFETY: a new event and the communicator's stream.
+        unsafe { result::event::record(event, own) }
             .map_err(|e| comm_error(format!("cuda: cuEventRecord after a collective: {e:?}")))?;
         state.pending.push_back((Event(event), Instant::now() + member.timeout));
         drop(state);
         device.note_issued(format!("{} across processes ({dtype}, rank {} of {world_size})", op.name(), member.rank))
+    }
+
+    /// Make `device`'s later work wait for the collectives queued on `comm` so far.
+    pub fn wait(&self, comm: CommId, device: &CudaDevice) -> Result<()> {
+        let member = self.member(comm)?;
+        let mut state = lock(&member.state);
+        check(&member, &mut state)?;
+        if let Some((last, _)) = state.pending.back() {
+            // SAFETY: a live event (pending events are destroyed only when removed) and the
+            // device's stream.
+            unsafe {
+                result::stream::wait_event(device.stream(), last.0, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+            }
+            .map_err(|e| comm_error(format!("cuda: ordering the device's work after collectives: {e:?}")))?;
+        }
+        Ok(())
     }
 
     /// Abort and forget `comm`.
@@ -213,6 +260,11 @@ fn abort_locked(member: &Member, state: &mut State, why: String) -> Result<()> {
         for (event, _) in state.pending.drain(..) {
             // SAFETY: each event was created for this communicator and is destroyed once.
             let _ = unsafe { result::event::destroy(event.0) };
+        }
+        if !state.stream.is_null() {
+            // SAFETY: the communicator's stream, destroyed once (then null).
+            let _ = unsafe { result::stream::destroy(state.stream as sys::CUstream) };
+            state.stream = std::ptr::null_mut();
         }
     }
     aborted

@@ -184,6 +184,12 @@ impl Backend for CudaBackend {
         self.groups.run(comm, op, root, world_size, device, arg)
     }
 
+    /// The device's stream waits for the communicator's (collectives run on a stream of
+    /// their own).
+    fn comm_wait(&self, comm: CommId, device: &CudaDevice) -> Result<()> {
+        self.groups.wait(comm, device)
+    }
+
     fn comm_abort(&self, comm: CommId) -> Result<()> {
         self.groups.abort(comm)
     }

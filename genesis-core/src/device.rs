@@ -246,6 +246,12 @@ impl Device {
         )
     }
 
+    /// Low level: order this device's later work after the collectives queued on `comm`.
+    pub fn comm_wait(&self, comm: CommId) -> Result<()> {
+        let function = self.module().comm_wait().ok_or_else(|| self.lacks("comm_wait"))?;
+        self.check(function(self.index, comm), "comm_wait")
+    }
+
     /// Low level: leave and free `comm`.
     pub fn comm_abort(&self, comm: CommId) -> Result<()> {
         let function = self.module().comm_abort().ok_or_else(|| self.lacks("comm_abort"))?;

@@ -17,7 +17,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::nn::{Entry, Module};
 use crate::serialize::safetensors_io::{tensor_bytes, tensor_from_bytes};
 use crate::tensor::Tensor;
-use genesis_backend_api::DType;
+use genesis_backend_api::{CommId, DType};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -85,8 +85,9 @@ struct Reducer {
     ready: Vec<bool>,
     missing: Vec<usize>,
     launched: usize,
-    /// The flat gradients of device buckets launched in this pass, being averaged.
-    flat: Vec<Option<Tensor>>,
+    /// The flat gradients of device buckets launched in this pass, being summed, and the
+    /// communicator to wait for.
+    flat: Vec<Option<(Tensor, Option<CommId>)>>,
     group: ProcessGroup,
     jobs: Sender<Job>,
     results: Receiver<(usize, Result<Vec<u8>>)>,
@@ -254,8 +255,8 @@ impl Reducer {
                 })
                 .collect::<Result<Vec<_>>>()?;
             let flat = no_grad(|| Tensor::cat(&parts, 0))?;
-            self.group.all_reduce_(&flat, super::ReduceOp::Average)?;
-            self.flat[b] = Some(flat);
+            let comm = self.group.start_all_reduce_sum(&flat)?;
+            self.flat[b] = Some((flat, comm));
             return Ok(());
         }
         let mut bytes = Vec::new();
@@ -309,12 +310,20 @@ fn finish(reducer: &Weak<Mutex<Reducer>>) -> Result<()> {
         done[b] = Some(bytes?);
     }
     let flat = std::mem::take(&mut r.flat);
+    // The device buckets: order the device's work after their sums, then make them means.
+    let scale = 1.0 / r.group.world_size() as f64;
+    for (tensor, comm) in flat.iter().flatten() {
+        if let Some(comm) = comm {
+            tensor.device().comm_wait(*comm)?;
+        }
+        no_grad(|| tensor.mul_scalar_(scale))?;
+    }
     for ((bucket, bytes), flat) in r.buckets.iter().zip(done).zip(flat) {
         let mut offset = 0;
         for &p in &bucket.params {
             let param = &r.params[p];
             let averaged = match &flat {
-                Some(flat) => flat.narrow(0, offset, param.numel())?.reshape(&shape_of(param))?,
+                Some((flat, _)) => flat.narrow(0, offset, param.numel())?.reshape(&shape_of(param))?,
                 None => {
                     let bytes =
                         bytes.as_ref().ok_or_else(|| comm("DistributedDataParallel: a bucket was not reduced"))?;

@@ -275,8 +275,21 @@ impl ProcessGroup {
         }
         let Some(comm) = self.device_comm(input.device())? else { return Ok(false) };
         input.device().comm_collective(comm, op, root, self.world_size(), input.desc()?, output.desc()?)?;
+        input.device().comm_wait(comm)?;
         output.storage().bump_version();
         Ok(true)
+    }
+
+    /// Start summing `dense` (contiguous, floating point) in place across the ranks on its
+    /// device's communicator, without ordering the device's later work after it (so that it
+    /// overlaps what comes next); the caller must `comm_wait` on the returned communicator
+    /// before it touches `dense`. `None` when the device has no communicator.
+    pub(crate) fn start_all_reduce_sum(&self, dense: &Tensor) -> Result<Option<CommId>> {
+        let Some(comm) = self.device_comm(dense.device())? else { return Ok(None) };
+        let desc = dense.desc()?;
+        dense.device().comm_collective(comm, CollectiveOp::AllReduceSum, 0, self.world_size(), desc, desc)?;
+        dense.storage().bump_version();
+        Ok(Some(comm))
     }
 
     /// Combine `tensor` across ranks in place: afterwards every rank holds the sum (or mean).
