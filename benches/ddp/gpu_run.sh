@@ -10,7 +10,8 @@
 # (GENESIS_DIST_TIMEOUT=15); the digits CNN and the char-level transformer on N GPUs. With `bench`: the Qwen2.5-0.5B-shaped
 # SFT step (8 x 1024 tokens per GPU) on 1 GPU and on N GPUs, Genesis and PyTorch DDP
 # (torchrun, NCCL) one after the other on the same machine, then Genesis over the host ring.
-# Every step writes to $OUT as it goes and has its own time limit. Keep NCCL_NVLS_ENABLE=0
+# Every step writes to $OUT as it goes and has its own time limit. QUICK=1 (for a short lease
+# on a bigger machine): distributed_check on all N GPUs only, no failure test, no host ring. Keep NCCL_NVLS_ENABLE=0
 # and the related variables as the machine sets them (NVLink multicast must stay off).
 set -uo pipefail
 case "${1:-}" in
@@ -39,12 +40,14 @@ remote)
     {
         nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
         env | grep -E "^NCCL_|MULTICAST|NVLS" | sort
-        for w in $(seq 1 "$n"); do
+        first=1
+        [ -n "${QUICK:-}" ] && first=$n
+        for w in $(seq "$first" "$n"); do
             echo "== distributed_check, $w rank(s)"
             GENESIS_DIST_TIMEOUT=60 timeout 300 ./genesis-run --nproc-per-node "$w" ./distributed_check --device cuda
             echo "rc=$?"
         done
-        if [ "$n" -ge 2 ]; then
+        if [ "$n" -ge 2 ] && [ -z "${QUICK:-}" ]; then
             echo "== distributed_check, 2 ranks without the launcher, rank 1 exits in the middle (timeout 15 s)"
             start=$SECONDS
             pids=()
@@ -73,7 +76,7 @@ remote)
         timeout 300 python3 bench_torch.py --steps "$steps" | tail -1
         timeout 300 ./genesis-run --nproc-per-node "$n" ./sft_bench --device cuda --steps "$steps" | grep '"system"'
         timeout 300 torchrun --nproc-per-node "$n" bench_torch.py --steps "$steps" | grep '"system"'
-        GENESIS_DIST_TRANSPORT=host timeout 300 ./genesis-run --nproc-per-node "$n" ./sft_bench --device cuda --steps 3 \
+        [ -n "${QUICK:-}" ] || GENESIS_DIST_TRANSPORT=host timeout 300 ./genesis-run --nproc-per-node "$n" ./sft_bench --device cuda --steps 3 \
             | grep '"system"' | sed 's/"genesis"/"genesis, host ring"/'
     } 2>&1 | tee -a "$out/scaling.jsonl" >>"$log"
     ;;
