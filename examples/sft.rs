@@ -24,7 +24,16 @@
 //! held-out digit strings never occur in training), and answers 100 held-out prompts greedily
 //! through the chat template before and after; it exits non-zero when the accuracy after is
 //! below `--goal` (0.9).
+//!
+//! Data-parallel: under `genesis-run --nproc-per-node N` (or `torchrun --no-python`) each rank
+//! trains a `DistributedDataParallel` replica (on `cuda:{LOCAL_RANK}` with `--device cuda`)
+//! on every N-th training example, `--batch-size` per rank and step, so a step sees N times
+//! the examples; rank 0 asks the held-out questions, writes the output folder and checks the
+//! goal, the other ranks keep their checkpoints in a scratch folder. As in PyTorch, each
+//! rank's loss is its own mean over its tokens and the gradients are averaged over ranks.
+//! `--resume` is not supported with several ranks yet.
 
+use genesis::distributed::{DistributedDataParallel, ProcessGroup};
 use genesis::generation::GenerationConfig;
 use genesis::models::hf;
 use genesis::models::qwen2::Qwen2ForCausalLM;
@@ -144,8 +153,28 @@ fn read(path: &Path, policy: BadLinePolicy) -> Result<Vec<SftRecord>> {
     Ok(report.records)
 }
 
-fn run<T: SftItem>(args: &Args, model: &Qwen2ForCausalLM, items: Vec<T>, eval: Option<&[T]>) -> Result<SftOutcome> {
-    let mut trainer = SftTrainer::new(model, args.config.clone(), &args.out)?;
+/// Where this process stands in a data-parallel job: rank and world size (0 and 1 alone).
+#[derive(Clone, Copy)]
+struct Place {
+    rank: usize,
+    world: usize,
+}
+
+fn run<T: SftItem>(
+    args: &Args,
+    model: &Qwen2ForCausalLM,
+    items: Vec<T>,
+    eval: Option<&[T]>,
+    place: Place,
+) -> Result<SftOutcome> {
+    // Each rank trains on every world-th item; ranks other than 0 checkpoint elsewhere.
+    let items: Vec<T> = items.into_iter().skip(place.rank).step_by(place.world).collect();
+    let out = if place.rank == 0 {
+        args.out.clone()
+    } else {
+        std::env::temp_dir().join(format!("genesis-sft-rank{}-{}", place.rank, std::process::id()))
+    };
+    let mut trainer = SftTrainer::new(model, args.config.clone(), &out)?;
     let mut data = SftBatches::new(items, args.config.batch_size, args.config.seed)?;
     if let Some(from) = &args.resume {
         let from = from.clone().unwrap_or_else(|| args.out.clone());
@@ -161,6 +190,10 @@ fn run<T: SftItem>(args: &Args, model: &Qwen2ForCausalLM, items: Vec<T>, eval: O
     })
     .map_err(|e| Error::invalid(format!("installing the Ctrl-C handler: {e}")))?;
     let report = trainer.train(&mut data, eval)?;
+    if place.rank != 0 {
+        let _ = std::fs::remove_dir_all(&out);
+        return Ok(report.outcome);
+    }
     let last = report.losses.last().map_or(f64::NAN, |l| l.1);
     println!(
         "step {}: training loss {last:.4}, {:.0} tokens/s{}",
@@ -189,27 +222,50 @@ fn save_logits(model: &Qwen2ForCausalLM, encoder: &SftEncoder, records: &[SftRec
 
 fn main() -> Result<()> {
     let args = parse_args()?;
-    let device = Device::parse(&args.device)?;
+    // Started by genesis-run or torchrun: one rank of a data-parallel job.
+    let group = if std::env::var_os("WORLD_SIZE").is_some() { Some(ProcessGroup::from_env()?) } else { None };
+    let place = group.as_ref().map_or(Place { rank: 0, world: 1 }, |g| Place { rank: g.rank(), world: g.world_size() });
+    if place.world > 1 && args.resume.is_some() {
+        return Err(Error::invalid("--resume is not supported with several ranks yet"));
+    }
+    let device = match &group {
+        Some(g) if args.device == "cuda" => Device::parse(&format!("cuda:{}", g.local_rank()))?,
+        _ => Device::parse(&args.device)?,
+    };
     let on_gpu = device.backend().name() != "cpu";
     let mut args = args;
     if on_gpu && args.config.autocast.is_none() {
         args.config.autocast = Some(DType::BF16);
     }
     genesis::manual_seed(args.config.seed);
-    let model = Qwen2ForCausalLM::from_pretrained(&args.model, &device, DType::F32)?;
+    let loaded = Qwen2ForCausalLM::from_pretrained(&args.model, &device, DType::F32)?;
+    let (plain, ddp);
+    let model: &Qwen2ForCausalLM = match &group {
+        Some(g) => {
+            ddp = DistributedDataParallel::new(loaded, g)?;
+            ddp.module()
+        }
+        None => {
+            plain = loaded;
+            &plain
+        }
+    };
+    let leader = place.rank == 0;
     let encoder = SftEncoder::from_folder(&args.model)?;
     let generation = GenerationConfig { max_new_tokens: 32, ..GenerationConfig::from_folder(&args.model)? };
     let train_records = read(&args.data, args.policy)?;
     let (examples, summary) = encoder.encode_all(&train_records, args.max_len)?;
-    println!(
-        "{}: {} examples ({} truncated to {} tokens, {} dropped with no assistant token left), {} on {device}",
-        args.data.display(),
-        summary.examples,
-        summary.truncated,
-        args.max_len,
-        summary.dropped,
-        model.config.num_hidden_layers
-    );
+    if leader {
+        println!(
+            "{}: {} examples ({} truncated to {} tokens, {} dropped with no assistant token left), {} on {device}",
+            args.data.display(),
+            summary.examples,
+            summary.truncated,
+            args.max_len,
+            summary.dropped,
+            model.config.num_hidden_layers
+        );
+    }
     let eval_records = match &args.eval {
         Some(path) => read(path, args.policy)?,
         None => Vec::new(),
@@ -227,16 +283,19 @@ fn main() -> Result<()> {
         }
         Ok(result.accuracy())
     };
-    let before = if args.resume.is_none() { ask(&model, "before fine-tuning")? } else { f64::NAN };
+    let before = if args.resume.is_none() && leader { ask(model, "before fine-tuning")? } else { f64::NAN };
 
     let eval = (!eval_examples.is_empty()).then_some(eval_examples.as_slice());
     let outcome = if args.packing {
         let rows = pack_examples(&examples, args.max_len, 0)?;
         let eval_rows = eval.map(|e| pack_examples(e, args.max_len, 0)).transpose()?;
-        run(&args, &model, rows, eval_rows.as_deref())?
+        run(&args, model, rows, eval_rows.as_deref(), place)?
     } else {
-        run::<SftExample>(&args, &model, examples, eval)?
+        run::<SftExample>(&args, model, examples, eval, place)?
     };
+    if !leader {
+        return Ok(());
+    }
     if outcome == SftOutcome::Stopped {
         println!("stopped: continue with --resume {}", args.out.display());
         return Ok(());
@@ -250,9 +309,9 @@ fn main() -> Result<()> {
         args.out.display()
     );
     if let Some(path) = &args.save_logits {
-        save_logits(&model, &encoder, held_out, path)?;
+        save_logits(model, &encoder, held_out, path)?;
     }
-    let after = ask(&model, "after fine-tuning")?;
+    let after = ask(model, "after fine-tuning")?;
     if let Some(goal) = args.goal.filter(|_| !held_out.is_empty()) {
         let met = after >= goal;
         let before =

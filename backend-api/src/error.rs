@@ -28,7 +28,7 @@ pub enum ErrorKind {
     /// The plugin file could not be loaded or is not a compatible Genesis plugin.
     LoadFailed = 8,
     /// Communication with other processes failed: a peer exited or stopped answering, a
-    /// rendezvous timed out, or the ranks disagree (since 1.2; older hosts read it as
+    /// rendezvous timed out, or the ranks disagree (since 1.3; older hosts read it as
     /// `Internal`).
     Communication = 9,
 }

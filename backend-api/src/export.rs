@@ -252,6 +252,13 @@ extern "C" fn comm_collective<E: Exported>(
         let op =
             CollectiveOp::from_code(op).ok_or_else(|| BackendError::unsupported(format!("unknown collective {op}")))?;
         crate::sdk::collective::check_member(op, world_size as usize, arg)?;
+        if arg.device != index {
+            return Err(BackendError::invalid(format!(
+                "{}: the operands name device {} but the call is for device {index}",
+                op.name(),
+                arg.device
+            )));
+        }
         if root >= world_size {
             return Err(BackendError::invalid(format!(
                 "{}: root {root} is not within a group of {world_size}",

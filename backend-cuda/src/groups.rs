@@ -71,7 +71,7 @@ struct State {
     pending: VecDeque<(Event, Instant)>,
 }
 
-/// A CUDA event (the raw handle, sendable to the watchdog).
+/// A CUDA event (the raw handle, kept in a communicator's state).
 struct Event(sys::CUevent);
 // SAFETY: events may be used from any thread with their context bound; only under `state`.
 unsafe impl Send for Event {}
@@ -174,6 +174,7 @@ impl Groups {
     ) -> Result<()> {
         let index = arg.device as usize;
         let member = self.member(comm)?;
+        device.bind()?;
         if world_size != member.world_size || index != member.device {
             return Err(BackendError::invalid(format!(
                 "cuda: communicator {} is rank {} of {} on cuda:{}, called for a group of {world_size} on cuda:{index}",
@@ -220,6 +221,7 @@ impl Groups {
     /// Make `device`'s later work wait for the collectives queued on `comm` so far.
     pub fn wait(&self, comm: CommId, device: &CudaDevice) -> Result<()> {
         let member = self.member(comm)?;
+        device.bind()?;
         let mut state = lock(&member.state);
         check(&member, &mut state)?;
         if let Some((last, _)) = state.pending.back() {
@@ -289,6 +291,14 @@ fn check(member: &Member, state: &mut State) -> Result<bool> {
                     let _ = unsafe { result::event::destroy(event.0) };
                     state.pending.pop_front();
                 }
+                // Anything but "not ready" is the device's own failure (a kernel fault): say
+                // so at once rather than wait out the timeout and blame the other ranks.
+                Err(e) if e.0 != sys::CUresult::CUDA_ERROR_NOT_READY => {
+                    break Some(format!(
+                        "rank {} of {}: the device failed while collectives were in flight: {e:?}",
+                        member.rank, member.world_size
+                    ))
+                }
                 Err(_) if Instant::now() > *deadline => {
                     break Some(format!(
                         "rank {} of {}: a collective did not finish within {:?}: another rank failed, exited or hangs",
@@ -323,7 +333,14 @@ pub fn wait_for_collectives(index: usize) -> Result<()> {
     loop {
         let mut busy = false;
         for member in &members {
-            busy |= check(member, &mut lock(&member.state))?;
+            let mut state = lock(&member.state);
+            // A communicator that failed was reported by the wait or call that saw it fail;
+            // its stream is gone and the device no longer waits for it, so later waits of
+            // the device (saving a checkpoint after the error) go on.
+            if state.failed.is_some() && state.pending.is_empty() {
+                continue;
+            }
+            busy |= check(member, &mut state)?;
         }
         if !busy {
             return Ok(());

@@ -151,3 +151,42 @@ fn tensors_on_two_devices_do_not_mix() {
     y.backward().unwrap();
     assert_eq!(x.grad().unwrap().to_vec::<f32>().unwrap(), vec![1.0, 1.0]);
 }
+
+/// A leaf reached by several edges: its tensor hook sees the summed gradient once, its
+/// post-accumulate hook runs once per pass after `.grad` is updated, and a second pass
+/// accumulates (PyTorch's behaviour).
+#[test]
+fn a_leaf_used_three_times_is_accumulated_once_per_pass() -> genesis::Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    let cpu = Device::cpu()?;
+    let x = Tensor::from_vec(vec![1.0f32, 2.0], &[2], &cpu)?.requires_grad_(true)?;
+    let seen: Arc<Mutex<Vec<Vec<f32>>>> = Arc::default();
+    let record = seen.clone();
+    x.register_hook(move |g| {
+        record.lock().map_err(|_| genesis::Error::invalid("poisoned"))?.push(g.to_vec::<f32>()?);
+        Ok(None)
+    })?;
+    let after: Arc<Mutex<Vec<Vec<f32>>>> = Arc::default();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (record, count) = (after.clone(), calls.clone());
+    x.register_post_accumulate_grad_hook(move |t| {
+        count.fetch_add(1, Ordering::SeqCst);
+        let g = t.grad().map(|g| g.to_vec::<f32>()).transpose()?.unwrap_or_default();
+        record.lock().map_err(|_| genesis::Error::invalid("poisoned"))?.push(g);
+        Ok(())
+    })?;
+    // y = sum(x*x + x): three edges into x; dy/dx = 2x + 1.
+    x.mul(&x)?.add(&x)?.sum()?.backward()?;
+    assert_eq!(*seen.lock().unwrap(), vec![vec![3.0, 5.0]]);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(*after.lock().unwrap(), vec![vec![3.0, 5.0]]);
+    x.mul(&x)?.add(&x)?.sum()?.backward()?;
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(after.lock().unwrap()[1], vec![6.0, 10.0]);
+    // A leaf that is also a root: its own seed gradient, once.
+    let z = Tensor::from_vec(vec![1.0f32], &[1], &cpu)?.requires_grad_(true)?;
+    z.backward_with(Some(&Tensor::from_vec(vec![2.0f32], &[1], &cpu)?), false, false)?;
+    assert_eq!(z.grad().map(|g| g.to_vec::<f32>()).transpose()?, Some(vec![2.0]));
+    Ok(())
+}

@@ -355,3 +355,36 @@ fn a_rank_that_hangs_fails_the_others_after_the_timeout() {
         assert!(took < Duration::from_secs(60), "took {took:?}");
     }
 }
+
+#[test]
+fn ddp_averages_again_after_a_backward_pass_that_failed_halfway() -> Result<()> {
+    let results = on_ranks(2, |group| {
+        let options = DdpOptions {
+            find_unused_parameters: true,
+            bucket_cap_mb: 0.0001,
+            first_bucket_cap_mb: 0.00005,
+            ..Default::default()
+        };
+        let model = DistributedDataParallel::with_options(seeded_net(0)?, &group, options)?;
+        // fc1's weight gets its gradient last: by then fc2's buckets are out.
+        let fail_once = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let flag = fail_once.clone();
+        model.module().fc1.weight.get().register_hook(move |_| {
+            if flag.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                return Err(genesis::Error::invalid("planted failure"));
+            }
+            Ok(None)
+        })?;
+        let (x, y) = batch(group.rank(), 3)?;
+        let failed = mse_loss(&model.forward(&x)?, &y, Reduction::Sum)?.backward().is_err();
+        model.module().parameters().iter().for_each(|p| p.zero_grad());
+        mse_loss(&model.forward(&x)?, &y, Reduction::Sum)?.backward()?;
+        let grads = model.module().fc2.weight.get().grad().map(|g| g.to_vec::<f32>()).transpose()?;
+        Ok((failed, grads.unwrap_or_default()))
+    });
+    let results: Vec<(bool, Vec<f32>)> = results.into_iter().collect::<Result<_>>()?;
+    assert!(results.iter().all(|(failed, _)| *failed), "the planted failure fails the first pass");
+    assert!(!results[0].1.is_empty());
+    assert_eq!(results[0].1, results[1].1, "the second pass averaged the ranks' gradients");
+    Ok(())
+}

@@ -171,8 +171,8 @@ impl CudaDevice {
         })
     }
 
-    /// The device's context (shared with threads that must bind it, such as a communicator's
-    /// watchdog).
+    /// The device's context (shared with threads that must bind it, such as the one that
+    /// joins a communicator).
     pub fn context(&self) -> Arc<CudaContext> {
         self.ctx.clone()
     }

@@ -18,23 +18,27 @@ fn inner_key(t: &Arc<TensorInner>) -> usize {
 type Callback = Box<dyn FnOnce() -> Result<()>>;
 
 thread_local! {
-    /// One list of queued callbacks per backward pass running on this thread, innermost last
-    /// (a hook may itself run a backward pass).
-    static CALLBACKS: std::cell::RefCell<Vec<Vec<Callback>>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// One list of queued callbacks per backward pass running on this thread, with the
+    /// pass's id, innermost last (a hook may itself run a backward pass).
+    static CALLBACKS: std::cell::RefCell<Vec<(u64, Vec<Callback>)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
+
+/// Ids of backward passes: each pass gets a new one.
+static PASSES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// The callback list of one backward pass, removed when the pass ends, however it ends.
 struct CallbackFrame;
 
 impl CallbackFrame {
     fn push() -> CallbackFrame {
-        CALLBACKS.with(|c| c.borrow_mut().push(Vec::new()));
+        let id = PASSES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        CALLBACKS.with(|c| c.borrow_mut().push((id, Vec::new())));
         CallbackFrame
     }
 
     /// The callbacks queued so far (callbacks queued while they run are not run).
     fn take(&self) -> Vec<Callback> {
-        CALLBACKS.with(|c| c.borrow_mut().last_mut().map(std::mem::take).unwrap_or_default())
+        CALLBACKS.with(|c| c.borrow_mut().last_mut().map(|f| std::mem::take(&mut f.1)).unwrap_or_default())
     }
 }
 
@@ -44,13 +48,19 @@ impl Drop for CallbackFrame {
     }
 }
 
+/// The id of the backward pass running on this thread (innermost), if any: a hook that keeps
+/// state across a pass can tell a new pass from the rest of one that failed.
+pub(crate) fn current_pass() -> Option<u64> {
+    CALLBACKS.with(|c| c.borrow().last().map(|f| f.0))
+}
+
 /// Run `callback` at the end of the backward pass running on this thread, after every
 /// gradient has been accumulated (PyTorch's `queue_callback`); its error becomes the pass's
 /// error. Outside a backward pass, an error.
 pub(crate) fn queue_callback(callback: impl FnOnce() -> Result<()> + 'static) -> Result<()> {
     CALLBACKS.with(|c| match c.borrow_mut().last_mut() {
         Some(frame) => {
-            frame.push(Box::new(callback));
+            frame.1.push(Box::new(callback));
             Ok(())
         }
         None => Err(Error::invalid("queue_callback: no backward pass is running on this thread")),

@@ -12,7 +12,7 @@
 //! the averaged buckets become the parameters' `.grad` (views into the bucket on a device).
 
 use super::ProcessGroup;
-use crate::autograd::{no_grad, queue_callback};
+use crate::autograd::{current_pass, no_grad, queue_callback};
 use crate::error::{Error, ErrorKind, Result};
 use crate::nn::{Entry, Module};
 use crate::serialize::safetensors_io::{tensor_bytes, tensor_from_bytes};
@@ -31,6 +31,8 @@ pub struct DdpOptions {
     pub first_bucket_cap_mb: f64,
     /// Allow parameters that get no gradient in a pass: they count as zeros in the average.
     /// Off by default, and then such a parameter is an error naming it (not a hang).
+    /// Unlike PyTorch, a parameter that no rank used gets a zero `.grad` rather than none
+    /// (an optimizer with weight decay or momentum still moves it).
     pub find_unused_parameters: bool,
     /// Copy rank 0's buffers (batch-norm statistics) to every rank before each forward
     /// (default on, as PyTorch).
@@ -80,11 +82,13 @@ struct Reducer {
     buckets: Vec<Bucket>,
     find_unused: bool,
     no_sync: bool,
-    /// A backward pass is under way (its finishing callback is queued).
-    armed: bool,
+    /// The backward pass under way (its finishing callback is queued), by the engine's id.
+    armed: Option<u64>,
     ready: Vec<bool>,
     missing: Vec<usize>,
     launched: usize,
+    /// Host-ring buckets sent to the communication thread whose results are not read yet.
+    outstanding: usize,
     /// The flat gradients of device buckets launched in this pass, being summed, and the
     /// communicator to wait for.
     flat: Vec<Option<(Tensor, Option<CommId>)>>,
@@ -130,10 +134,11 @@ impl<M: Module> DistributedDataParallel<M> {
             buckets,
             find_unused: options.find_unused_parameters,
             no_sync: false,
-            armed: false,
+            armed: None,
             ready: vec![false; n],
             missing: Vec::new(),
             launched: 0,
+            outstanding: 0,
             flat: Vec::new(),
             group: group.clone(),
             jobs,
@@ -165,9 +170,27 @@ impl<M: Module> DistributedDataParallel<M> {
 
     /// Skip gradient synchronization while the guard lives (`with ddp.no_sync():`): gradients
     /// accumulate locally, and the next synchronized pass averages the accumulated sums.
+    /// The flag is read when backward runs (PyTorch reads it at forward time): run the
+    /// backward passes to accumulate inside the guard's scope.
     pub fn no_sync(&self) -> NoSync {
-        lock(&self.reducer).no_sync = true;
-        NoSync { reducer: Arc::downgrade(&self.reducer) }
+        let previous = std::mem::replace(&mut lock(&self.reducer).no_sync, true);
+        NoSync { reducer: Arc::downgrade(&self.reducer), previous }
+    }
+
+    /// The hooks sit on the parameter tensors seen at construction: a module whose
+    /// parameters were replaced since (moved to another device or dtype) would train without
+    /// synchronization, so that is an error.
+    fn check_parameters(&self) -> Result<()> {
+        let r = lock(&self.reducer);
+        let current: Vec<Tensor> = self.module.parameters().into_iter().filter(Tensor::requires_grad).collect();
+        let same = current.len() == r.params.len() && current.iter().zip(&r.params).all(|(a, b)| a.shares_storage(b));
+        if !same {
+            return Err(Error::invalid(
+                "DistributedDataParallel: the module's parameters were replaced after wrapping (moved to another \
+                 device or dtype?); move the module first, then wrap it",
+            ));
+        }
+        Ok(())
     }
 
     /// Copy rank 0's buffers to every rank (done before each forward with `broadcast_buffers`).
@@ -179,18 +202,20 @@ impl<M: Module> DistributedDataParallel<M> {
 /// While alive, [`DistributedDataParallel::no_sync`] is in force.
 pub struct NoSync {
     reducer: Weak<Mutex<Reducer>>,
+    previous: bool,
 }
 
 impl Drop for NoSync {
     fn drop(&mut self) {
         if let Some(r) = self.reducer.upgrade() {
-            lock(&r).no_sync = false;
+            lock(&r).no_sync = self.previous;
         }
     }
 }
 
 impl<M: Module> Module for DistributedDataParallel<M> {
     fn forward(&self, input: &Tensor) -> Result<Tensor> {
+        self.check_parameters()?;
         if self.options.broadcast_buffers && !self.buffers.is_empty() && self.group.world_size() > 1 {
             self.sync_buffers()?;
         }
@@ -219,8 +244,14 @@ fn gradient_ready(reducer: &Weak<Mutex<Reducer>>, i: usize) -> Result<()> {
     if r.no_sync {
         return Ok(());
     }
-    if !r.armed {
-        r.armed = true;
+    let pass = current_pass();
+    if r.armed != pass {
+        // A new pass. If an earlier one failed before its end, its buckets are still out:
+        // collect them before they are forgotten (their memory may still be written).
+        if r.armed.is_some() {
+            r.abandon();
+        }
+        r.armed = pass;
         r.ready.iter_mut().for_each(|x| *x = false);
         r.launched = 0;
         r.flat = vec![None; r.buckets.len()];
@@ -232,6 +263,21 @@ fn gradient_ready(reducer: &Weak<Mutex<Reducer>>, i: usize) -> Result<()> {
 }
 
 impl Reducer {
+    /// Wait for the buckets a failed pass launched and drop them.
+    fn abandon(&mut self) {
+        while self.outstanding > 0 {
+            self.outstanding -= 1;
+            let _ = self.results.recv();
+        }
+        for (tensor, comm) in std::mem::take(&mut self.flat).into_iter().flatten() {
+            if let Some(comm) = comm {
+                let _ = tensor.device().comm_wait(comm);
+            }
+        }
+        self.launched = 0;
+        self.armed = None;
+    }
+
     /// Launch, in order, every bucket whose gradients are all ready.
     fn launch_ready(&mut self) -> Result<()> {
         while self.launched < self.buckets.len() && self.buckets[self.launched].params.iter().all(|&p| self.ready[p]) {
@@ -245,6 +291,20 @@ impl Reducer {
     /// average.
     fn launch(&mut self, b: usize) -> Result<()> {
         let bucket = &self.buckets[b];
+        for &p in &bucket.params {
+            if let Some(g) = self.params[p].grad() {
+                if g.dtype() != bucket.dtype || g.shape() != self.params[p].shape() {
+                    return Err(Error::invalid(format!(
+                        "DistributedDataParallel: the gradient of '{}' is {} {:?}, the parameter {} {:?}",
+                        self.names[p],
+                        g.dtype(),
+                        g.shape(),
+                        bucket.dtype,
+                        self.params[p].shape()
+                    )));
+                }
+            }
+        }
         if bucket.on_device {
             let parts = bucket
                 .params
@@ -255,6 +315,10 @@ impl Reducer {
                 })
                 .collect::<Result<Vec<_>>>()?;
             let flat = no_grad(|| Tensor::cat(&parts, 0))?;
+            if bucket.dtype == DType::F16 {
+                // f16 sums of many ranks overflow: divide first (PyTorch's default hook does).
+                no_grad(|| flat.mul_scalar_(1.0 / self.group.world_size() as f64))?;
+            }
             let comm = self.group.start_all_reduce_sum(&flat)?;
             self.flat[b] = Some((flat, comm));
             return Ok(());
@@ -268,7 +332,9 @@ impl Reducer {
         }
         self.jobs
             .send(Job { bucket: b, bytes, dtype: bucket.dtype })
-            .map_err(|_| comm("DistributedDataParallel: the communication thread stopped"))
+            .map_err(|_| comm("DistributedDataParallel: the communication thread stopped"))?;
+        self.outstanding += 1;
+        Ok(())
     }
 }
 
@@ -277,17 +343,13 @@ impl Reducer {
 fn finish(reducer: &Weak<Mutex<Reducer>>) -> Result<()> {
     let Some(shared) = reducer.upgrade() else { return Ok(()) };
     let mut r = lock(&shared);
-    r.armed = false;
     let unready: Vec<usize> = (0..r.params.len()).filter(|&p| !r.ready[p]).collect();
     if !unready.is_empty() {
         if !r.find_unused {
-            let names: Vec<&str> = unready.iter().take(8).map(|&p| r.names[p].as_str()).collect();
-            // Drain what the host ring's thread was given so the next pass starts clean; this
-            // rank now fails, and the others see it leave instead of waiting for its buckets.
-            let on_host = (0..r.launched).filter(|&b| !r.buckets[b].on_device).count();
-            for _ in 0..on_host {
-                let _ = r.results.recv();
-            }
+            let names: Vec<String> = unready.iter().take(8).map(|&p| r.names[p].clone()).collect();
+            // Collect what was launched so the next pass starts clean; this rank now fails,
+            // and the others see it leave instead of waiting for its buckets.
+            r.abandon();
             return Err(Error::invalid(format!(
                 "DistributedDataParallel: {} parameter(s) got no gradient in this backward pass ({}{}); if some \
                  parameters are unused by design, construct with DdpOptions {{ find_unused_parameters: true, .. }}",
@@ -307,6 +369,7 @@ fn finish(reducer: &Weak<Mutex<Reducer>>) -> Result<()> {
     for _ in 0..on_host {
         let (b, bytes) =
             r.results.recv().map_err(|_| comm("DistributedDataParallel: the communication thread stopped"))?;
+        r.outstanding -= 1;
         done[b] = Some(bytes?);
     }
     let flat = std::mem::take(&mut r.flat);
@@ -316,7 +379,9 @@ fn finish(reducer: &Weak<Mutex<Reducer>>) -> Result<()> {
         if let Some(comm) = comm {
             tensor.device().comm_wait(*comm)?;
         }
-        no_grad(|| tensor.mul_scalar_(scale))?;
+        if tensor.dtype() != DType::F16 {
+            no_grad(|| tensor.mul_scalar_(scale))?;
+        }
     }
     for ((bucket, bytes), flat) in r.buckets.iter().zip(done).zip(flat) {
         let mut offset = 0;
@@ -337,6 +402,7 @@ fn finish(reducer: &Weak<Mutex<Reducer>>) -> Result<()> {
         }
     }
     r.missing.clear();
+    r.armed = None;
     Ok(())
 }
 

@@ -76,7 +76,8 @@ pub struct InitOptions {
     pub local_rank: usize,
     /// The host of rank 0's rendezvous store (`MASTER_ADDR`).
     pub master_addr: String,
-    /// The store's port (`MASTER_PORT`).
+    /// The store's port (`MASTER_PORT`; under torchrun, whose agent holds that port, the next
+    /// one).
     pub master_port: u16,
     /// How long any wait for another rank may last before it is an error.
     pub timeout: Duration,
@@ -105,7 +106,13 @@ impl InitOptions {
             }
         }
         let rank = number("RANK", None)?;
-        let timeout = Duration::from_secs_f64(number("GENESIS_DIST_TIMEOUT", Some(300.0))?);
+        let seconds: f64 = number("GENESIS_DIST_TIMEOUT", Some(300.0))?;
+        let timeout = Duration::try_from_secs_f64(seconds)
+            .ok()
+            .filter(|t| !t.is_zero() && *t <= Duration::from_secs(7 * 24 * 3600))
+            .ok_or_else(|| {
+                Error::invalid(format!("GENESIS_DIST_TIMEOUT={seconds}: expected seconds > 0, at most a week"))
+            })?;
         let transport = match var("GENESIS_DIST_TRANSPORT").as_deref() {
             None | Some("auto") => Transport::Auto,
             Some("host") => Transport::Host,
@@ -118,11 +125,23 @@ impl InitOptions {
             world_size: number("WORLD_SIZE", None)?,
             local_rank: number("LOCAL_RANK", Some(rank))?,
             master_addr: var("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into()),
-            master_port: number("MASTER_PORT", Some(29500))?,
+            master_port: store_port(number("MASTER_PORT", Some(29500))?)?,
             timeout,
             transport,
         })
     }
+}
+
+/// The port of Genesis's store: `MASTER_PORT`, except under torchrun's agent, which hosts
+/// its own (PyTorch's) store there (`TORCHELASTIC_USE_AGENT_STORE`): then the next port.
+fn store_port(master_port: u16) -> Result<u16> {
+    let agent = std::env::var("TORCHELASTIC_USE_AGENT_STORE").is_ok_and(|v| v.eq_ignore_ascii_case("true"));
+    if !agent {
+        return Ok(master_port);
+    }
+    master_port
+        .checked_add(1)
+        .ok_or_else(|| Error::invalid("MASTER_PORT=65535 leaves no port for Genesis's store beside torchrun's"))
 }
 
 /// The processes of one job and the collectives among them (`torch.distributed`'s default
@@ -151,6 +170,9 @@ impl Drop for Group {
     fn drop(&mut self) {
         for (device, comm) in self.comms.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
             if let Some(comm) = comm {
+                // Let the last collectives finish (the others may still need this rank's
+                // part), within the timeout, before the communicator goes.
+                let _ = device.comm_wait(comm).and_then(|()| device.synchronize());
                 let _ = device.comm_abort(comm);
             }
         }

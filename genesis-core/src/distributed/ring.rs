@@ -22,6 +22,9 @@ pub(crate) struct Ring {
     world: usize,
     next: Option<TcpStream>,
     prev: Option<TcpStream>,
+    /// The first failure: after it the streams are out of step (a partial message may be
+    /// unread), so every later collective reports it instead of misreading bytes.
+    broken: Option<Error>,
 }
 
 fn comm(message: impl Into<String>) -> Error {
@@ -33,12 +36,13 @@ impl Ring {
     /// the key prefix `prefix`.
     pub fn connect(store: &Store, prefix: &str, rank: usize, world: usize, timeout: Duration) -> Result<Ring> {
         if world == 1 {
-            return Ok(Ring { rank, world, next: None, prev: None });
+            return Ok(Ring { rank, world, next: None, prev: None, broken: None });
         }
         let ip = store.local_ip()?;
         let listener = TcpListener::bind((ip, 0)).map_err(|e| comm(format!("rank {rank}: listening on {ip}: {e}")))?;
         let port = listener.local_addr().map_err(|e| comm(e.to_string()))?.port();
-        store.set(&format!("{prefix}/ring/{rank}"), format!("{ip}:{port}").as_bytes())?;
+        // SocketAddr's form brackets an IPv6 address, so the neighbour can parse it back.
+        store.set(&format!("{prefix}/ring/{rank}"), std::net::SocketAddr::new(ip, port).to_string().as_bytes())?;
         let next_rank = (rank + 1) % world;
         let next_addr = String::from_utf8_lossy(&store.get(&format!("{prefix}/ring/{next_rank}"))?).into_owned();
         let deadline = Instant::now() + timeout;
@@ -57,13 +61,24 @@ impl Ring {
             s.set_nodelay(true).and_then(|()| s.set_read_timeout(Some(timeout))).map_err(|e| comm(e.to_string()))?;
             s.set_write_timeout(Some(timeout)).map_err(|e| comm(e.to_string()))?;
         }
-        Ok(Ring { rank, world, next: Some(next), prev: Some(prev) })
+        Ok(Ring { rank, world, next: Some(next), prev: Some(prev), broken: None })
     }
 
     /// Send `send` to the next rank while receiving exactly `recv.len()` bytes from the
     /// previous one (concurrently, so two ranks sending large chunks to each other cannot
     /// both block on full socket buffers).
     fn exchange(&mut self, send: &[u8], recv: &mut [u8]) -> Result<()> {
+        if let Some(e) = &self.broken {
+            return Err(e.clone().context("an earlier collective failed"));
+        }
+        let result = self.exchange_once(send, recv);
+        if let Err(e) = &result {
+            self.broken = Some(e.clone());
+        }
+        result
+    }
+
+    fn exchange_once(&mut self, send: &[u8], recv: &mut [u8]) -> Result<()> {
         let (rank, world) = (self.rank, self.world);
         let (Some(next), Some(prev)) = (&mut self.next, &mut self.prev) else {
             return Ok(());
@@ -105,6 +120,11 @@ impl Ring {
         let n = data.len() / size;
         let bounds = |c: usize| (c * n / world * size, (c + 1) * n / world * size);
         let mut incoming = Vec::new();
+        // An f16 sum of many ranks overflows: divide first (as PyTorch's DDP does).
+        let divide_first = average && world > 1 && dtype == DType::F16;
+        if divide_first {
+            divide(dtype, data, world)?;
+        }
         // Reduce-scatter: after step s, the chunk received holds s + 2 ranks' values; after
         // world - 1 steps rank r holds the whole sum of chunk r.
         for step in 0..world.saturating_sub(1) {
@@ -116,7 +136,7 @@ impl Ring {
             self.exchange(&send, &mut incoming)?;
             add_into(dtype, &mut data[r0..r1], &incoming);
         }
-        if average && world > 1 {
+        if average && world > 1 && !divide_first {
             let (o0, o1) = bounds(self.rank);
             divide(dtype, &mut data[o0..o1], world)?;
         }

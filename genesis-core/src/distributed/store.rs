@@ -10,7 +10,7 @@
 use crate::error::{Error, ErrorKind, Result};
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -59,7 +59,7 @@ impl Store {
         }
         let deadline = Instant::now() + timeout;
         let stream = loop {
-            match resolve(&address).and_then(|a| TcpStream::connect_timeout(&a, Duration::from_secs(1))) {
+            match connect_any(&address) {
                 Ok(stream) => break stream,
                 Err(e) if Instant::now() >= deadline => {
                     return Err(comm(format!(
@@ -141,11 +141,17 @@ fn comm(message: impl Into<String>) -> Error {
     Error::new(ErrorKind::Communication, message)
 }
 
-fn resolve(address: &str) -> std::io::Result<SocketAddr> {
-    address
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "the name resolves to no address"))
+/// Connect to the first address of `address` that answers (a name like `localhost` may
+/// resolve to IPv6 first while the store listens on IPv4).
+fn connect_any(address: &str) -> std::io::Result<TcpStream> {
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "the name resolves to no address");
+    for candidate in address.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&candidate, Duration::from_secs(1)) {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }
 
 fn put_field(frame: &mut Vec<u8>, bytes: &[u8]) {
