@@ -388,3 +388,26 @@ fn ddp_averages_again_after_a_backward_pass_that_failed_halfway() -> Result<()> 
     assert_eq!(results[0].1, results[1].1, "the second pass averaged the ranks' gradients");
     Ok(())
 }
+
+#[test]
+fn two_wrapped_models_on_one_group_both_average() -> Result<()> {
+    let results = on_ranks(2, |group| {
+        let cpu = Device::cpu()?;
+        let (first, second) = {
+            let _one_at_a_time = SEEDING.lock().unwrap_or_else(|p| p.into_inner());
+            genesis::manual_seed(3);
+            (Linear::new(4, 8, true, &cpu)?, Linear::new(8, 2, true, &cpu)?)
+        };
+        let small = DdpOptions { bucket_cap_mb: 0.00005, first_bucket_cap_mb: 0.00005, ..Default::default() };
+        let first = DistributedDataParallel::with_options(first, &group, small)?;
+        let second = DistributedDataParallel::with_options(second, &group, small)?;
+        let (x, y) = batch(group.rank(), 3)?;
+        mse_loss(&second.forward(&first.forward(&x)?.tanh()?)?, &y, Reduction::Sum)?.backward()?;
+        let grad = |m: &Linear| m.weight.get().grad().map(|g| g.to_vec::<f32>()).transpose();
+        Ok((grad(first.module())?.unwrap_or_default(), grad(second.module())?.unwrap_or_default()))
+    });
+    let results: Vec<(Vec<f32>, Vec<f32>)> = results.into_iter().collect::<Result<_>>()?;
+    assert!(!results[0].0.is_empty() && !results[0].1.is_empty());
+    assert_eq!(results[0], results[1], "both models' gradients are averaged, the same on both ranks");
+    Ok(())
+}

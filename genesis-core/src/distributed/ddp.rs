@@ -18,7 +18,7 @@ use crate::nn::{Entry, Module};
 use crate::serialize::safetensors_io::{tensor_bytes, tensor_from_bytes};
 use crate::tensor::Tensor;
 use genesis_backend_api::{CommId, DType};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex, Weak};
 
 /// Options of [`DistributedDataParallel`] (PyTorch's constructor arguments of the same names).
@@ -87,20 +87,13 @@ struct Reducer {
     ready: Vec<bool>,
     missing: Vec<usize>,
     launched: usize,
-    /// Host-ring buckets sent to the communication thread whose results are not read yet.
-    outstanding: usize,
+    /// The host-ring buckets of this pass on the group's communication thread: where their
+    /// averages will arrive.
+    on_ring: Vec<Option<Receiver<Result<Vec<u8>>>>>,
     /// The flat gradients of device buckets launched in this pass, being summed, and the
     /// communicator to wait for.
     flat: Vec<Option<(Tensor, Option<CommId>)>>,
     group: ProcessGroup,
-    jobs: Sender<Job>,
-    results: Receiver<(usize, Result<Vec<u8>>)>,
-}
-
-struct Job {
-    bucket: usize,
-    bytes: Vec<u8>,
-    dtype: DType,
 }
 
 impl<M: Module> DistributedDataParallel<M> {
@@ -125,7 +118,6 @@ impl<M: Module> DistributedDataParallel<M> {
         for bucket in &mut buckets {
             bucket.on_device = group.device_comm(trained[bucket.params[0]].1.device())?.is_some();
         }
-        let (jobs, results) = communication_thread(group.clone())?;
         let n = trained.len();
         let (names, params): (Vec<String>, Vec<Tensor>) = trained.into_iter().unzip();
         let reducer = Arc::new(Mutex::new(Reducer {
@@ -138,11 +130,9 @@ impl<M: Module> DistributedDataParallel<M> {
             ready: vec![false; n],
             missing: Vec::new(),
             launched: 0,
-            outstanding: 0,
+            on_ring: Vec::new(),
             flat: Vec::new(),
             group: group.clone(),
-            jobs,
-            results,
         }));
         for (i, p) in params.iter().enumerate() {
             let weak = Arc::downgrade(&reducer);
@@ -255,6 +245,7 @@ fn gradient_ready(reducer: &Weak<Mutex<Reducer>>, i: usize) -> Result<()> {
         r.ready.iter_mut().for_each(|x| *x = false);
         r.launched = 0;
         r.flat = vec![None; r.buckets.len()];
+        r.on_ring = (0..r.buckets.len()).map(|_| None).collect();
         let weak = reducer.clone();
         queue_callback(move || finish(&weak))?;
     }
@@ -265,9 +256,8 @@ fn gradient_ready(reducer: &Weak<Mutex<Reducer>>, i: usize) -> Result<()> {
 impl Reducer {
     /// Wait for the buckets a failed pass launched and drop them.
     fn abandon(&mut self) {
-        while self.outstanding > 0 {
-            self.outstanding -= 1;
-            let _ = self.results.recv();
+        for result in std::mem::take(&mut self.on_ring).into_iter().flatten() {
+            let _ = result.recv();
         }
         for (tensor, comm) in std::mem::take(&mut self.flat).into_iter().flatten() {
             if let Some(comm) = comm {
@@ -330,10 +320,8 @@ impl Reducer {
                 None => bytes.resize(bytes.len() + self.params[p].numel() * bucket.dtype.size_in_bytes(), 0),
             }
         }
-        self.jobs
-            .send(Job { bucket: b, bytes, dtype: bucket.dtype })
-            .map_err(|_| comm("DistributedDataParallel: the communication thread stopped"))?;
-        self.outstanding += 1;
+        let result = self.group.start_ring_average(bytes, bucket.dtype)?;
+        self.on_ring[b] = Some(result);
         Ok(())
     }
 }
@@ -364,13 +352,12 @@ fn finish(reducer: &Weak<Mutex<Reducer>>) -> Result<()> {
         }
         r.launch_ready()?;
     }
-    let on_host = r.buckets.iter().filter(|b| !b.on_device).count();
     let mut done: Vec<Option<Vec<u8>>> = vec![None; r.buckets.len()];
-    for _ in 0..on_host {
-        let (b, bytes) =
-            r.results.recv().map_err(|_| comm("DistributedDataParallel: the communication thread stopped"))?;
-        r.outstanding -= 1;
-        done[b] = Some(bytes?);
+    for (b, result) in std::mem::take(&mut r.on_ring).into_iter().enumerate() {
+        if let Some(result) = result {
+            let bytes = result.recv().map_err(|_| comm("DistributedDataParallel: the communication thread stopped"))?;
+            done[b] = Some(bytes?);
+        }
     }
     let flat = std::mem::take(&mut r.flat);
     // The device buckets: order the device's work after their sums, then make them means.
@@ -408,27 +395,6 @@ fn finish(reducer: &Weak<Mutex<Reducer>>) -> Result<()> {
 
 fn shape_of(t: &Tensor) -> Vec<isize> {
     t.shape().iter().map(|&d| d as isize).collect()
-}
-
-/// A thread that averages buckets as they come, so the backward pass does not wait for the
-/// network; results return in launch order.
-type Channels = (Sender<Job>, Receiver<(usize, Result<Vec<u8>>)>);
-
-fn communication_thread(group: ProcessGroup) -> Result<Channels> {
-    let (jobs, inbox) = channel::<Job>();
-    let (outbox, results) = channel();
-    std::thread::Builder::new()
-        .name("genesis-ddp".into())
-        .spawn(move || {
-            for Job { bucket, mut bytes, dtype } in inbox {
-                let reduced = group.ring().all_reduce(&mut bytes, dtype, true).map(|()| bytes);
-                if outbox.send((bucket, reduced)).is_err() {
-                    break;
-                }
-            }
-        })
-        .map_err(|e| comm(format!("DistributedDataParallel: starting the communication thread: {e}")))?;
-    Ok((jobs, results))
 }
 
 /// Split parameters (in definition order) into buckets in reverse order: the first up to

@@ -42,7 +42,8 @@ use crate::serialize::safetensors_io::{tensor_bytes, tensor_from_bytes};
 use crate::tensor::Tensor;
 use genesis_backend_api::{CollectiveOp, CommId, DType};
 use ring::Ring;
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 /// How a collective combines the ranks' tensors.
@@ -164,6 +165,16 @@ struct Group {
     transport: Transport,
     /// Each device seen so far and its communicator (`None`: the host ring serves it).
     comms: Mutex<Vec<(Device, Option<CommId>)>>,
+    /// The queue of the thread that runs asynchronous ring all-reduces, in submission order
+    /// (started on first use).
+    worker: Mutex<Option<Sender<RingJob>>>,
+}
+
+/// An average to run on the host ring, and where to send its result.
+struct RingJob {
+    bytes: Vec<u8>,
+    dtype: DType,
+    reply: Sender<Result<Vec<u8>>>,
 }
 
 impl Drop for Group {
@@ -205,6 +216,7 @@ impl ProcessGroup {
                 wrappers: Default::default(),
                 transport,
                 comms: Mutex::new(Vec::new()),
+                worker: Mutex::new(None),
             }),
         };
         group.barrier()?;
@@ -279,6 +291,29 @@ impl ProcessGroup {
         };
         comms.push((device.clone(), comm));
         Ok(comm)
+    }
+
+    /// Start averaging `bytes` (dense `dtype` elements) over the host ring on the group's
+    /// communication thread, so the caller goes on meanwhile; the result arrives on the
+    /// returned channel. Jobs run one at a time in submission order, whoever submits them,
+    /// which keeps every rank's sequence of ring collectives the same.
+    pub(crate) fn start_ring_average(&self, bytes: Vec<u8>, dtype: DType) -> Result<Receiver<Result<Vec<u8>>>> {
+        let mut worker = self.inner.worker.lock().unwrap_or_else(|p| p.into_inner());
+        if worker.is_none() {
+            let (jobs, inbox) = channel::<RingJob>();
+            // Weak: the thread must not keep the group (and its connections) alive; it ends
+            // when the group, and so the queue's sender, is dropped.
+            let group = Arc::downgrade(&self.inner);
+            std::thread::Builder::new()
+                .name("genesis-ring".into())
+                .spawn(move || ring_worker(group, inbox))
+                .map_err(|e| comm(format!("starting the communication thread: {e}")))?;
+            *worker = Some(jobs);
+        }
+        let (reply, result) = channel();
+        let job = RingJob { bytes, dtype, reply };
+        worker.as_ref().and_then(|jobs| jobs.send(job).ok()).ok_or_else(|| comm("the communication thread stopped"))?;
+        Ok(result)
     }
 
     /// Whether tensors on `device` travel through its backend's communicator (true) or the
@@ -408,6 +443,24 @@ impl ProcessGroup {
             return Err(Error::invalid(format!("{what}: rank {rank} is not within a world of {}", self.world_size())));
         }
         Ok(())
+    }
+}
+
+fn comm(message: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Communication, message)
+}
+
+/// The group's communication thread: averages what it is given, in order.
+fn ring_worker(group: Weak<Group>, inbox: Receiver<RingJob>) {
+    for RingJob { mut bytes, dtype, reply } in inbox {
+        let result = match group.upgrade() {
+            Some(group) => {
+                let mut ring = group.ring.lock().unwrap_or_else(|p| p.into_inner());
+                ring.all_reduce(&mut bytes, dtype, true).map(|()| bytes)
+            }
+            None => Err(comm("the process group is gone")),
+        };
+        let _ = reply.send(result);
     }
 }
 
