@@ -41,7 +41,7 @@ use genesis::sft::{
     exact_match, pack_examples, read_jsonl, BadLinePolicy, SftBatches, SftConfig, SftEncoder, SftExample, SftItem,
     SftOutcome, SftRecord, SftTrainer,
 };
-use genesis::{DType, Device, Error, Result};
+use genesis::{DType, Error, Result};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
@@ -223,15 +223,12 @@ fn save_logits(model: &Qwen2ForCausalLM, encoder: &SftEncoder, records: &[SftRec
 fn main() -> Result<()> {
     let args = parse_args()?;
     // Started by genesis-run or torchrun: one rank of a data-parallel job.
-    let group = if std::env::var_os("WORLD_SIZE").is_some() { Some(ProcessGroup::from_env()?) } else { None };
+    let group = ProcessGroup::from_env_if_launched()?;
     let place = group.as_ref().map_or(Place { rank: 0, world: 1 }, |g| Place { rank: g.rank(), world: g.world_size() });
     if place.world > 1 && args.resume.is_some() {
         return Err(Error::invalid("--resume is not supported with several ranks yet"));
     }
-    let device = match &group {
-        Some(g) if args.device == "cuda" => Device::parse(&format!("cuda:{}", g.local_rank()))?,
-        _ => Device::parse(&args.device)?,
-    };
+    let device = ProcessGroup::device(group.as_ref(), &args.device)?;
     let on_gpu = device.backend().name() != "cpu";
     let mut args = args;
     if on_gpu && args.config.autocast.is_none() {

@@ -13,7 +13,7 @@
 use genesis::distributed::{DistributedDataParallel, ProcessGroup};
 use genesis::models::qwen2::{Qwen2Config, Qwen2ForCausalLM};
 use genesis::sft::{SftBatches, SftConfig, SftExample, SftTrainer};
-use genesis::{DType, Device, Error, Result};
+use genesis::{DType, Error, Result};
 use std::time::Instant;
 
 fn main() -> Result<()> {
@@ -31,11 +31,8 @@ fn main() -> Result<()> {
             other => return Err(Error::invalid(format!("unknown flag {other}"))),
         }
     }
-    let group = if std::env::var_os("WORLD_SIZE").is_some() { Some(ProcessGroup::from_env()?) } else { None };
-    let device = match &group {
-        Some(g) if device == "cuda" => Device::parse(&format!("cuda:{}", g.local_rank()))?,
-        _ => Device::parse(&device)?,
-    };
+    let group = ProcessGroup::from_env_if_launched()?;
+    let device = ProcessGroup::device(group.as_ref(), &device)?;
     let (rank, world) = group.as_ref().map_or((0, 1), |g| (g.rank(), g.world_size()));
     let mut config = Qwen2Config::qwen2_5_0_5b();
     if let Some(n) = layers {

@@ -242,11 +242,8 @@ fn main() -> Result<()> {
     std::fs::create_dir_all(&out_dir)
         .map_err(|e| Error::invalid(format!("cannot create {}: {e}", out_dir.display())))?;
     // Started by genesis-run or torchrun: one rank of a data-parallel job.
-    let group = if std::env::var_os("WORLD_SIZE").is_some() { Some(ProcessGroup::from_env()?) } else { None };
-    let device = match &group {
-        Some(g) if device_name == "cuda" => Device::parse(&format!("cuda:{}", g.local_rank()))?,
-        _ => Device::parse(&device_name)?,
-    };
+    let group = ProcessGroup::from_env_if_launched()?;
+    let device = ProcessGroup::device(group.as_ref(), &device_name)?;
     let rank = group.as_ref().map_or(0, ProcessGroup::rank);
     let leader = rank == 0;
     match &group {

@@ -227,11 +227,8 @@ fn train(
 fn main() -> Result<()> {
     let args = parse_args()?;
     // Started by genesis-run or torchrun: one rank of a data-parallel job.
-    let group = if std::env::var_os("WORLD_SIZE").is_some() { Some(ProcessGroup::from_env()?) } else { None };
-    let device = match &group {
-        Some(g) if args.device == "cuda" => Device::parse(&format!("cuda:{}", g.local_rank()))?,
-        _ => Device::parse(&args.device)?,
-    };
+    let group = ProcessGroup::from_env_if_launched()?;
+    let device = ProcessGroup::device(group.as_ref(), &args.device)?;
     let leader = group.as_ref().is_none_or(|g| g.rank() == 0);
     match &group {
         Some(g) => {

@@ -196,6 +196,21 @@ impl ProcessGroup {
         Self::new(InitOptions::from_env()?)
     }
 
+    /// The job's group when a launcher started this program (`WORLD_SIZE` is set), `None`
+    /// when it runs on its own: what a program that trains either way starts with.
+    pub fn from_env_if_launched() -> Result<Option<ProcessGroup>> {
+        std::env::var_os("WORLD_SIZE").map(|_| Self::from_env()).transpose()
+    }
+
+    /// This rank's device for a command line's `spec`: `"cuda"` is `cuda:{local_rank}` (one
+    /// GPU per rank); anything else is [`Device::parse`]d as given.
+    pub fn device(group: Option<&ProcessGroup>, spec: &str) -> Result<Device> {
+        match group {
+            Some(g) if spec == "cuda" => Device::parse(&format!("cuda:{}", g.local_rank())),
+            _ => Device::parse(spec),
+        }
+    }
+
     /// Join the job: rank 0 hosts the store, every rank connects to it and to its ring
     /// neighbours. Returns once all ranks have arrived (or fails after the timeout).
     pub fn new(options: InitOptions) -> Result<ProcessGroup> {
