@@ -42,6 +42,11 @@ impl Error {
         Self::new(ErrorKind::InvalidArgument, message)
     }
 
+    /// A `Communication` error (another process failed or did not answer in time).
+    pub(crate) fn communication(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Communication, message)
+    }
+
     pub(crate) fn load(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::LoadFailed, message)
     }

@@ -144,8 +144,9 @@ fn read<D: Device>(device: &D, desc: &TensorDesc, size: usize) -> Result<Vec<u8>
     Ok(bytes)
 }
 
-/// The elementwise sum of equally long byte images of `dtype` values.
-fn sum(dtype: DType, inputs: &[Vec<u8>]) -> Vec<u8> {
+/// The elementwise sum of equally long byte images of `dtype` values, accumulated wide (f64
+/// for floats, wrapping i64 for integers; bool as logical or). Host transports use it too.
+pub fn sum(dtype: DType, inputs: &[Vec<u8>]) -> Vec<u8> {
     match dtype {
         DType::F32 => sum_as::<f32, f64>(inputs, |x| x as f64, |s| s as f32),
         DType::F64 => sum_as::<f64, f64>(inputs, |x| x, |s| s),

@@ -85,7 +85,6 @@ struct Reducer {
     /// The backward pass under way (its finishing callback is queued), by the engine's id.
     armed: Option<u64>,
     ready: Vec<bool>,
-    missing: Vec<usize>,
     launched: usize,
     /// The host-ring buckets of this pass on the group's communication thread: where their
     /// averages will arrive.
@@ -128,7 +127,6 @@ impl<M: Module> DistributedDataParallel<M> {
             no_sync: false,
             armed: None,
             ready: vec![false; n],
-            missing: Vec::new(),
             launched: 0,
             on_ring: Vec::new(),
             flat: Vec::new(),
@@ -221,10 +219,6 @@ impl<M: Module> Module for DistributedDataParallel<M> {
 
 fn lock(r: &Mutex<Reducer>) -> std::sync::MutexGuard<'_, Reducer> {
     r.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn comm(message: impl Into<String>) -> Error {
-    Error::new(ErrorKind::Communication, message)
 }
 
 /// The post-accumulate hook of parameter `i`.
@@ -346,7 +340,6 @@ fn finish(reducer: &Weak<Mutex<Reducer>>) -> Result<()> {
                 if unready.len() > names.len() { ", ..." } else { "" }
             )));
         }
-        r.missing = unready.clone();
         for p in unready {
             r.ready[p] = true;
         }
@@ -355,7 +348,9 @@ fn finish(reducer: &Weak<Mutex<Reducer>>) -> Result<()> {
     let mut done: Vec<Option<Vec<u8>>> = vec![None; r.buckets.len()];
     for (b, result) in std::mem::take(&mut r.on_ring).into_iter().enumerate() {
         if let Some(result) = result {
-            let bytes = result.recv().map_err(|_| comm("DistributedDataParallel: the communication thread stopped"))?;
+            let bytes = result
+                .recv()
+                .map_err(|_| Error::communication("DistributedDataParallel: the communication thread stopped"))?;
             done[b] = Some(bytes?);
         }
     }
@@ -377,8 +372,9 @@ fn finish(reducer: &Weak<Mutex<Reducer>>) -> Result<()> {
             let averaged = match &flat {
                 Some((flat, _)) => flat.narrow(0, offset, param.numel())?.reshape(&shape_of(param))?,
                 None => {
-                    let bytes =
-                        bytes.as_ref().ok_or_else(|| comm("DistributedDataParallel: a bucket was not reduced"))?;
+                    let bytes = bytes
+                        .as_ref()
+                        .ok_or_else(|| Error::communication("DistributedDataParallel: a bucket was not reduced"))?;
                     let size = bucket.dtype.size_in_bytes();
                     let range = offset * size..(offset + param.numel()) * size;
                     tensor_from_bytes(&bytes[range], bucket.dtype, param.shape(), param.device())?
@@ -388,7 +384,6 @@ fn finish(reducer: &Weak<Mutex<Reducer>>) -> Result<()> {
             param.set_grad(Some(averaged))?;
         }
     }
-    r.missing.clear();
     r.armed = None;
     Ok(())
 }

@@ -322,12 +322,15 @@ impl ProcessGroup {
             std::thread::Builder::new()
                 .name("genesis-ring".into())
                 .spawn(move || ring_worker(group, inbox))
-                .map_err(|e| comm(format!("starting the communication thread: {e}")))?;
+                .map_err(|e| Error::communication(format!("starting the communication thread: {e}")))?;
             *worker = Some(jobs);
         }
         let (reply, result) = channel();
         let job = RingJob { bytes, dtype, reply };
-        worker.as_ref().and_then(|jobs| jobs.send(job).ok()).ok_or_else(|| comm("the communication thread stopped"))?;
+        worker
+            .as_ref()
+            .and_then(|jobs| jobs.send(job).ok())
+            .ok_or_else(|| Error::communication("the communication thread stopped"))?;
         Ok(result)
     }
 
@@ -461,10 +464,6 @@ impl ProcessGroup {
     }
 }
 
-fn comm(message: impl Into<String>) -> Error {
-    Error::new(ErrorKind::Communication, message)
-}
-
 /// The group's communication thread: averages what it is given, in order.
 fn ring_worker(group: Weak<Group>, inbox: Receiver<RingJob>) {
     for RingJob { mut bytes, dtype, reply } in inbox {
@@ -473,7 +472,7 @@ fn ring_worker(group: Weak<Group>, inbox: Receiver<RingJob>) {
                 let mut ring = group.ring.lock().unwrap_or_else(|p| p.into_inner());
                 ring.all_reduce(&mut bytes, dtype, true).map(|()| bytes)
             }
-            None => Err(comm("the process group is gone")),
+            None => Err(Error::communication("the process group is gone")),
         };
         let _ = reply.send(result);
     }

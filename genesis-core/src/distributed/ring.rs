@@ -9,7 +9,7 @@
 //! exit and close theirs, so the failure travels round the ring instead of hanging it.
 
 use super::store::Store;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use genesis_backend_api::DType;
 use half::{bf16, f16};
 use std::io::{Read, Write};
@@ -27,10 +27,6 @@ pub(crate) struct Ring {
     broken: Option<Error>,
 }
 
-fn comm(message: impl Into<String>) -> Error {
-    Error::new(ErrorKind::Communication, message)
-}
-
 impl Ring {
     /// Connect rank `rank` of `world` to its neighbours, finding them through `store` under
     /// the key prefix `prefix`.
@@ -39,8 +35,9 @@ impl Ring {
             return Ok(Ring { rank, world, next: None, prev: None, broken: None });
         }
         let ip = store.local_ip()?;
-        let listener = TcpListener::bind((ip, 0)).map_err(|e| comm(format!("rank {rank}: listening on {ip}: {e}")))?;
-        let port = listener.local_addr().map_err(|e| comm(e.to_string()))?.port();
+        let listener = TcpListener::bind((ip, 0))
+            .map_err(|e| Error::communication(format!("rank {rank}: listening on {ip}: {e}")))?;
+        let port = listener.local_addr().map_err(|e| Error::communication(e.to_string()))?.port();
         // SocketAddr's form brackets an IPv6 address, so the neighbour can parse it back.
         store.set(&format!("{prefix}/ring/{rank}"), std::net::SocketAddr::new(ip, port).to_string().as_bytes())?;
         let next_rank = (rank + 1) % world;
@@ -50,16 +47,21 @@ impl Ring {
             match TcpStream::connect(&next_addr) {
                 Ok(s) => break s,
                 Err(e) if Instant::now() >= deadline => {
-                    return Err(comm(format!("rank {rank}: connecting to rank {next_rank} at {next_addr}: {e}")))
+                    return Err(Error::communication(format!(
+                        "rank {rank}: connecting to rank {next_rank} at {next_addr}: {e}"
+                    )))
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(20)),
             }
         };
-        next.write_all(&(rank as u64).to_le_bytes()).map_err(|e| comm(format!("greeting rank {next_rank}: {e}")))?;
+        next.write_all(&(rank as u64).to_le_bytes())
+            .map_err(|e| Error::communication(format!("greeting rank {next_rank}: {e}")))?;
         let prev = accept(&listener, rank, (rank + world - 1) % world, deadline)?;
         for s in [&next, &prev] {
-            s.set_nodelay(true).and_then(|()| s.set_read_timeout(Some(timeout))).map_err(|e| comm(e.to_string()))?;
-            s.set_write_timeout(Some(timeout)).map_err(|e| comm(e.to_string()))?;
+            s.set_nodelay(true)
+                .and_then(|()| s.set_read_timeout(Some(timeout)))
+                .map_err(|e| Error::communication(e.to_string()))?;
+            s.set_write_timeout(Some(timeout)).map_err(|e| Error::communication(e.to_string()))?;
         }
         Ok(Ring { rank, world, next: Some(next), prev: Some(prev), broken: None })
     }
@@ -102,7 +104,7 @@ impl Ring {
             let len = received.map_err(|e| peer_failed(rank, prev_rank, "receiving from", e))?;
             sent.map_err(|e| peer_failed(rank, next_rank, "sending to", e))?;
             if len != recv.len() as u64 {
-                return Err(comm(format!(
+                return Err(Error::communication(format!(
                     "rank {rank}: rank {prev_rank} sent {len} bytes where {} were expected: the ranks called \
                      different collectives or passed tensors of different sizes",
                     recv.len()
@@ -134,7 +136,9 @@ impl Ring {
             incoming.resize(r1 - r0, 0);
             let send = data[s0..s1].to_vec();
             self.exchange(&send, &mut incoming)?;
-            add_into(dtype, &mut data[r0..r1], &incoming);
+            // The interface's host sum: wide accumulation, wrapping integers, bool as or.
+            let summed = genesis_backend_api::sdk::collective::sum(dtype, &[data[r0..r1].to_vec(), incoming.clone()]);
+            data[r0..r1].copy_from_slice(&summed);
         }
         if average && world > 1 && !divide_first {
             let (o0, o1) = bounds(self.rank);
@@ -189,11 +193,11 @@ impl Ring {
 }
 
 fn accept(listener: &TcpListener, rank: usize, prev: usize, deadline: Instant) -> Result<TcpStream> {
-    listener.set_nonblocking(true).map_err(|e| comm(e.to_string()))?;
+    listener.set_nonblocking(true).map_err(|e| Error::communication(e.to_string()))?;
     loop {
         match listener.accept() {
             Ok((mut stream, _)) => {
-                stream.set_nonblocking(false).map_err(|e| comm(e.to_string()))?;
+                stream.set_nonblocking(false).map_err(|e| Error::communication(e.to_string()))?;
                 let _ = stream.set_read_timeout(Some(
                     deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)),
                 ));
@@ -206,11 +210,13 @@ fn accept(listener: &TcpListener, rank: usize, prev: usize, deadline: Instant) -
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {
-                    return Err(comm(format!("rank {rank}: rank {prev} did not connect before the timeout")));
+                    return Err(Error::communication(format!(
+                        "rank {rank}: rank {prev} did not connect before the timeout"
+                    )));
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
-            Err(e) => return Err(comm(format!("rank {rank}: accepting rank {prev}: {e}"))),
+            Err(e) => return Err(Error::communication(format!("rank {rank}: accepting rank {prev}: {e}"))),
         }
     }
 }
@@ -226,48 +232,7 @@ fn peer_failed(rank: usize, peer: usize, doing: &str, e: std::io::Error) -> Erro
         | std::io::ErrorKind::ConnectionAborted => "the connection closed (the rank exited or failed)".to_string(),
         _ => e.to_string(),
     };
-    comm(format!("rank {rank}: {doing} rank {peer}: {why}"))
-}
-
-/// `acc += other`, elementwise in `dtype` (booleans: or).
-fn add_into(dtype: DType, acc: &mut [u8], other: &[u8]) {
-    fn add<T: bytemuck::Pod + std::ops::Add<Output = T>>(acc: &mut [u8], other: &[u8]) {
-        let size = std::mem::size_of::<T>();
-        for (a, b) in acc.chunks_exact_mut(size).zip(other.chunks_exact(size)) {
-            let sum = bytemuck::pod_read_unaligned::<T>(a) + bytemuck::pod_read_unaligned::<T>(b);
-            a.copy_from_slice(bytemuck::bytes_of(&sum));
-        }
-    }
-    match dtype {
-        DType::F32 => add::<f32>(acc, other),
-        DType::F64 => add::<f64>(acc, other),
-        DType::BF16 => add::<bf16>(acc, other),
-        DType::F16 => add::<f16>(acc, other),
-        DType::I64 => add::<Wrapping64>(acc, other),
-        DType::I32 => add::<Wrapping32>(acc, other),
-        DType::U8 => acc.iter_mut().zip(other).for_each(|(a, b)| *a = a.wrapping_add(*b)),
-        DType::Bool => acc.iter_mut().zip(other).for_each(|(a, b)| *a = (*a != 0 || *b != 0) as u8),
-    }
-}
-
-/// Integers add with wraparound, as PyTorch's integer sums do.
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(transparent)]
-struct Wrapping64(i64);
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(transparent)]
-struct Wrapping32(i32);
-impl std::ops::Add for Wrapping64 {
-    type Output = Self;
-    fn add(self, b: Self) -> Self {
-        Wrapping64(self.0.wrapping_add(b.0))
-    }
-}
-impl std::ops::Add for Wrapping32 {
-    type Output = Self;
-    fn add(self, b: Self) -> Self {
-        Wrapping32(self.0.wrapping_add(b.0))
-    }
+    Error::communication(format!("rank {rank}: {doing} rank {peer}: {why}"))
 }
 
 /// `data /= world` for floating-point dtypes (an average of integers is refused, as PyTorch's

@@ -7,7 +7,7 @@
 //! length-prefixed key, a length-prefixed value and a timeout in milliseconds; a reply is a
 //! status byte and a length-prefixed value.
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
@@ -49,20 +49,22 @@ impl Store {
         let address = format!("{host}:{port}");
         if host_it {
             let listener = TcpListener::bind(("0.0.0.0", port)).map_err(|e| {
-                comm(format!("the rendezvous store could not listen on port {port} ({e}); is another job using it?"))
+                Error::communication(format!(
+                    "the rendezvous store could not listen on port {port} ({e}); is another job using it?"
+                ))
             })?;
             let table = Arc::new(Table::default());
             std::thread::Builder::new()
                 .name("genesis-store".into())
                 .spawn(move || serve(listener, table))
-                .map_err(|e| comm(format!("starting the store's thread: {e}")))?;
+                .map_err(|e| Error::communication(format!("starting the store's thread: {e}")))?;
         }
         let deadline = Instant::now() + timeout;
         let stream = loop {
             match connect_any(&address) {
                 Ok(stream) => break stream,
                 Err(e) if Instant::now() >= deadline => {
-                    return Err(comm(format!(
+                    return Err(Error::communication(format!(
                         "could not reach the rendezvous store at {address} within {timeout:?}: {e}"
                     )))
                 }
@@ -82,7 +84,7 @@ impl Store {
     /// the store, which other ranks can use to reach this one.
     pub fn local_ip(&self) -> Result<std::net::IpAddr> {
         let stream = self.stream.lock().unwrap_or_else(|p| p.into_inner());
-        stream.local_addr().map(|a| a.ip()).map_err(|e| comm(format!("store connection: {e}")))
+        stream.local_addr().map(|a| a.ip()).map_err(|e| Error::communication(format!("store connection: {e}")))
     }
 
     /// Set `key` to `value` (replacing an earlier value).
@@ -98,7 +100,8 @@ impl Store {
     /// Add `amount` to the integer at `key` (0 when absent) and return the new value.
     pub fn add(&self, key: &str, amount: i64) -> Result<i64> {
         let reply = self.request(ADD, key, &amount.to_le_bytes(), Duration::ZERO)?;
-        let bytes: [u8; 8] = reply.try_into().map_err(|_| comm("the store's reply to add is not an integer"))?;
+        let bytes: [u8; 8] =
+            reply.try_into().map_err(|_| Error::communication("the store's reply to add is not an integer"))?;
         Ok(i64::from_le_bytes(bytes))
     }
 
@@ -114,7 +117,7 @@ impl Store {
 
     fn request(&self, op: u8, key: &str, value: &[u8], wait: Duration) -> Result<Vec<u8>> {
         let mut stream = self.stream.lock().unwrap_or_else(|p| p.into_inner());
-        let what = |e: std::io::Error| comm(format!("rendezvous store at {}: {e}", self.address));
+        let what = |e: std::io::Error| Error::communication(format!("rendezvous store at {}: {e}", self.address));
         let mut frame = vec![op];
         put_field(&mut frame, key.as_bytes());
         put_field(&mut frame, value);
@@ -127,18 +130,17 @@ impl Store {
         let reply = read_field(&mut *stream).map_err(what)?;
         match status[0] {
             OK => Ok(reply),
-            TIMED_OUT => Err(comm(format!(
+            TIMED_OUT => Err(Error::communication(format!(
                 "timed out after {wait:?} waiting for '{key}' in the rendezvous store at {} (a rank did not \
                  arrive or failed)",
                 self.address
             ))),
-            _ => Err(comm(format!("the rendezvous store refused a request: {}", String::from_utf8_lossy(&reply)))),
+            _ => Err(Error::communication(format!(
+                "the rendezvous store refused a request: {}",
+                String::from_utf8_lossy(&reply)
+            ))),
         }
     }
-}
-
-fn comm(message: impl Into<String>) -> Error {
-    Error::new(ErrorKind::Communication, message)
 }
 
 /// Connect to the first address of `address` that answers (a name like `localhost` may
