@@ -11,7 +11,7 @@ use crate::info::{MemoryStats, RawBackendInfo, RawDeviceProperties, RawProbe};
 use crate::op::{Capability, RawOp};
 use crate::tensor::{BufferId, TensorDesc};
 #[cfg(not(feature = "fixture-api-1-0"))]
-use crate::traits::{CollectiveArg, CommId, EventId};
+use crate::traits::{CollectiveArg, CommId, DeviceActivity, EventId};
 use abi_stable::library::RootModule;
 use abi_stable::sabi_types::VersionStrings;
 use abi_stable::std_types::{RResult, RSlice, RSliceMut, RVec};
@@ -157,6 +157,15 @@ pub struct PluginModule {
     /// Order a device's later work after a communicator's queued collectives. Since 1.3.
     #[cfg(not(feature = "fixture-api-1-0"))]
     pub comm_wait: extern "C" fn(u32, CommId) -> RawResult<()>,
+    /// Start recording device activity; returns the activity clock in nanoseconds. Since 1.4.
+    #[cfg(not(feature = "fixture-api-1-0"))]
+    pub activity_start: extern "C" fn() -> RawResult<u64>,
+    /// Tag the calling thread's work from now on (0: none). Since 1.4.
+    #[cfg(not(feature = "fixture-api-1-0"))]
+    pub activity_tag: extern "C" fn(u64) -> RawResult<()>,
+    /// Stop recording and return the activity. Since 1.4.
+    #[cfg(not(feature = "fixture-api-1-0"))]
+    pub activity_stop: extern "C" fn() -> RawResult<RVec<DeviceActivity>>,
 }
 
 impl RootModule for PluginModuleRef {

@@ -10,7 +10,7 @@ use crate::error::{BackendError, ErrorKind, RawError, Result};
 use crate::info::{MemoryStats, RawBackendInfo, RawDeviceProperties, RawProbe};
 use crate::op::{Capability, CollectiveOp, Op, RawOp};
 use crate::tensor::{BufferId, TensorDesc};
-use crate::traits::{Backend, CollectiveArg, CommId, Device, EventId, Rank};
+use crate::traits::{Backend, CollectiveArg, CommId, Device, DeviceActivity, EventId, Rank};
 use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::std_types::{RErr, ROk, RSlice, RSliceMut, RVec};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -284,6 +284,21 @@ extern "C" fn comm_wait<E: Exported>(index: u32, comm: CommId) -> RawResult<()> 
     })
 }
 
+#[cfg(not(feature = "fixture-api-1-0"))]
+extern "C" fn activity_start<E: Exported>() -> RawResult<u64> {
+    guard("activity_start", || E::instance().backend.activity_start())
+}
+
+#[cfg(not(feature = "fixture-api-1-0"))]
+extern "C" fn activity_tag<E: Exported>(tag: u64) -> RawResult<()> {
+    guard("activity_tag", || E::instance().backend.activity_tag(tag))
+}
+
+#[cfg(not(feature = "fixture-api-1-0"))]
+extern "C" fn activity_stop<E: Exported>() -> RawResult<RVec<DeviceActivity>> {
+    guard("activity_stop", || E::instance().backend.activity_stop().map(RVec::from))
+}
+
 /// The root module for backend `E`. Leaks one small table per call; hosts call it once.
 pub fn module<E: Exported>() -> PluginModuleRef {
     PluginModule {
@@ -319,13 +334,19 @@ pub fn module<E: Exported>() -> PluginModuleRef {
         comm_abort: comm_abort::<E>,
         #[cfg(not(feature = "fixture-api-1-0"))]
         comm_wait: comm_wait::<E>,
+        #[cfg(not(feature = "fixture-api-1-0"))]
+        activity_start: activity_start::<E>,
+        #[cfg(not(feature = "fixture-api-1-0"))]
+        activity_tag: activity_tag::<E>,
+        #[cfg(not(feature = "fixture-api-1-0"))]
+        activity_stop: activity_stop::<E>,
     }
     .leak_into_prefix()
 }
 
 // Keep the unused-import lint quiet when the optional tail is compiled out.
 #[cfg(feature = "fixture-api-1-0")]
-const _: Option<(CollectiveOp, CollectiveArg, Rank<()>, EventId, CommId)> = None;
+const _: Option<(CollectiveOp, CollectiveArg, Rank<()>, EventId, CommId, DeviceActivity)> = None;
 
 /// Export a backend from a plugin crate.
 ///

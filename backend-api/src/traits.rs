@@ -24,6 +24,26 @@ pub struct CollectiveArg {
 #[derive(abi_stable::StableAbi, Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct EventId(pub u64);
 
+/// One piece of work a device ran while activity was recorded
+/// ([`Backend::activity_start`]): a kernel, a copy or a fill, with its device times.
+#[repr(C)]
+#[derive(abi_stable::StableAbi, Debug, Clone, PartialEq, Eq)]
+pub struct DeviceActivity {
+    /// Device index within the backend.
+    pub device: u32,
+    /// The tag ([`Backend::activity_tag`]) in force on the thread that issued the work, 0 for
+    /// none.
+    pub tag: u64,
+    /// The device queue (stream) it ran on, as the backend numbers them.
+    pub stream: u32,
+    /// Start on the backend's activity clock, in nanoseconds.
+    pub start_ns: u64,
+    /// End on the same clock.
+    pub end_ns: u64,
+    /// The kernel's name, or what the copy or fill was (`"Memcpy HtoD"`, `"Memset"`).
+    pub name: abi_stable::std_types::RString,
+}
+
 /// A communicator: this process's membership, on one device, in a group of processes that
 /// run collectives together ([`Backend::comm_init_rank`]); an opaque handle the host only
 /// passes back to the same backend.
@@ -136,6 +156,32 @@ pub trait Backend: Send + Sync + 'static {
     fn comm_abort(&self, comm: CommId) -> Result<()> {
         let _ = comm;
         Err(BackendError::unsupported("communicators across processes are not implemented by this backend"))
+    }
+
+    /// Start recording the work every device of this backend runs (kernels, copies, fills)
+    /// with its device times, as CUPTI's activity records do; returns the activity clock's
+    /// current reading in nanoseconds, so the host can align it with its own clock.
+    ///
+    /// Optional (since 1.4), like the two functions after it: the default returns
+    /// `Unsupported`, and the profiler then falls back to timing events
+    /// ([`Device::record_event`]) or host times. Starting while already recording is an
+    /// `InvalidArgument` error.
+    fn activity_start(&self) -> Result<u64> {
+        Err(BackendError::unsupported("activity records are not implemented by this backend"))
+    }
+
+    /// Tag the work the calling thread issues from now on with `tag` (0: no tag) while
+    /// activity is recorded; the profiler tags each op's work with the op's id. Called twice
+    /// per op, so it must be cheap. Outside a recording it does nothing.
+    fn activity_tag(&self, tag: u64) -> Result<()> {
+        let _ = tag;
+        Err(BackendError::unsupported("activity records are not implemented by this backend"))
+    }
+
+    /// Stop recording and return what ran since [`Backend::activity_start`], after the host
+    /// synchronized the devices. Stopping when not recording is an `InvalidArgument` error.
+    fn activity_stop(&self) -> Result<Vec<DeviceActivity>> {
+        Err(BackendError::unsupported("activity records are not implemented by this backend"))
     }
 }
 

@@ -14,6 +14,7 @@
 //! when that library is missing, so [`CudaBackend::probe`] first looks for it itself, under
 //! the names cudarc would try, and reports "libcuda.so.1 not found" instead.
 
+mod activity;
 pub mod allocator;
 mod blas;
 mod device;
@@ -29,8 +30,8 @@ pub use device::CudaDevice;
 
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 use genesis_backend_api::{
-    export_backend, Backend, BackendError, BackendInfo, CollectiveArg, CollectiveOp, CommId, DeviceProperties,
-    ErrorKind, Probe, Rank, Result,
+    export_backend, Backend, BackendError, BackendInfo, CollectiveArg, CollectiveOp, CommId, DeviceActivity,
+    DeviceProperties, ErrorKind, Probe, Rank, Result,
 };
 use libloading::Library;
 use std::any::Any;
@@ -151,6 +152,19 @@ impl Backend for CudaBackend {
     /// Through NCCL: device to device over NVLink/PCIe, never through the host.
     fn collective(&self, op: CollectiveOp, ranks: &[Rank<'_, CudaDevice>]) -> Result<()> {
         self.nccl()?.run(op, ranks)
+    }
+
+    /// CUPTI's activity records (see `activity`).
+    fn activity_start(&self) -> Result<u64> {
+        activity::start()
+    }
+
+    fn activity_tag(&self, tag: u64) -> Result<()> {
+        activity::tag(tag)
+    }
+
+    fn activity_stop(&self) -> Result<Vec<DeviceActivity>> {
+        activity::stop()
     }
 
     /// NCCL's unique id.

@@ -32,6 +32,8 @@ fn search_dirs(subdir: &str) -> Vec<PathBuf> {
     }
     dirs.push("/usr/local/cuda/lib64".into());
     dirs.push("/usr/local/cuda/targets/x86_64-linux/lib".into());
+    // CUPTI's home in the toolkit.
+    dirs.push("/usr/local/cuda/extras/CUPTI/lib64".into());
     dirs.push("/usr/lib/x86_64-linux-gnu".into());
     // Python wheels: any site-packages under the usual prefixes.
     for prefix in ["/usr/local/lib", "/usr/lib", "/opt/conda/lib"] {

@@ -4,8 +4,8 @@ use crate::backend::{self, Backend};
 use crate::error::{Error, ErrorKind, Result};
 use abi_stable::std_types::RSlice;
 use genesis_backend_api::{
-    BufferId, Capability, CollectiveArg, CollectiveOp, CommId, DeviceProperties, EventId, MemoryStats, Op, RawOp,
-    TensorDesc,
+    BufferId, Capability, CollectiveArg, CollectiveOp, CommId, DeviceActivity, DeviceProperties, EventId, MemoryStats,
+    Op, RawOp, TensorDesc,
 };
 use std::fmt;
 use std::sync::Arc;
@@ -201,6 +201,38 @@ impl Device {
     pub fn release_events(&self, events: &[EventId]) -> Result<()> {
         let function = self.module().release_events().ok_or_else(|| self.lacks("release_events"))?;
         self.check(function(self.index, RSlice::from_slice(events)), "release_events")
+    }
+
+    /// Low level (the profiler): start recording the device activity (kernels, copies,
+    /// fills) of every device of this device's backend; returns the backend's activity clock
+    /// in nanoseconds. `Unsupported` when the backend has no activity records (interface
+    /// 1.4, optional).
+    pub fn activity_start(&self) -> Result<u64> {
+        let function = self.module().activity_start().ok_or_else(|| self.lacks("activity_start"))?;
+        self.check(function(), "activity_start")
+    }
+
+    /// Low level: tag the activity this thread issues from now on (0: none).
+    pub fn activity_tag(&self, tag: u64) -> Result<()> {
+        let function = self.module().activity_tag().ok_or_else(|| self.lacks("activity_tag"))?;
+        self.check(function(tag), "activity_tag")
+    }
+
+    /// Low level: stop recording device activity and return it.
+    pub fn activity_stop(&self) -> Result<Vec<DeviceActivity>> {
+        let function = self.module().activity_stop().ok_or_else(|| self.lacks("activity_stop"))?;
+        self.check(function(), "activity_stop").map(|records| records.into_vec())
+    }
+
+    /// Device `index` of the same backend, without opening it (the profiler names devices
+    /// from their activity records).
+    pub(crate) fn sibling(&self, index: u32) -> Device {
+        Device { backend: self.backend.clone(), index }
+    }
+
+    /// Whether both devices belong to the same loaded backend.
+    pub(crate) fn same_backend(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.backend, &other.backend)
     }
 
     /// Low level (process groups): a new id for a group of processes, from this device's

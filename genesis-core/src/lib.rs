@@ -47,7 +47,7 @@ pub use backend::{backends, BackendStatus};
 pub use device::Device;
 pub use element::Element;
 pub use error::{Error, ErrorKind, Result};
-pub use genesis_backend_api::{ApiVersion, DType, EventId, MemoryStats, API_VERSION};
+pub use genesis_backend_api::{ApiVersion, DType, DeviceActivity, EventId, MemoryStats, API_VERSION};
 pub use half::{bf16, f16};
 pub use ops::{promote_types, Scalar};
 pub use random::{manual_seed, Generator};

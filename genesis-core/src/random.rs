@@ -74,7 +74,7 @@ impl Generator {
             dtype,
             t.numel(),
         );
-        device.execute(&make(seed, offset), &[], &[t.desc()?])?;
+        crate::ops::exec(&make(seed, offset), &[], &[&t])?;
         Ok(t)
     }
 

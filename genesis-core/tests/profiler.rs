@@ -1,7 +1,9 @@
 //! The profiler: op counts, nesting, self times, backward spans, memory, the table and the
 //! Chrome trace. One profiler records the whole process, so these tests take turns.
 
-use genesis::profiler::{profile, record_function, EventKind, Profiler, ProfilerOptions, SortBy, TableOptions};
+use genesis::profiler::{
+    profile, record_function, EventKind, Profiler, ProfilerOptions, SortBy, TableOptions, TimeSource,
+};
 use genesis::{DType, Device, Tensor};
 use std::sync::Mutex;
 
@@ -61,14 +63,18 @@ fn spans_nest_and_self_times_add_up_to_the_total() {
     assert_eq!(self_sum, roots);
     let table = prof.table(&TableOptions::default());
     assert!(table.contains("outer") && table.contains("inner") && table.contains("matmul"), "{table}");
-    // The CPU backend has no timing events: device time is marked absent, never invented.
+    // The CPU backend has neither activity records nor timing events: device time is marked
+    // absent, never invented.
     assert!(table.contains("Device time on cpu:0: not measured"), "{table}");
     assert!(!table.contains("Self device"), "{table}");
     assert!(prof.events().iter().all(|e| e.device_ns.is_none() && e.device_start_ns.is_none()));
     let timing = prof.device_timing();
     assert_eq!(timing.len(), 1);
     assert_eq!(timing[0].device, "cpu:0");
-    assert!(timing[0].unavailable.as_deref().unwrap().contains("timing events"), "{timing:?}");
+    let why = timing[0].unavailable.as_deref().unwrap();
+    assert!(why.contains("activity records") && why.contains("timing events"), "{timing:?}");
+    assert_eq!(timing[0].source, None);
+    assert!(prof.kernels().is_empty());
 }
 
 #[test]
@@ -133,14 +139,14 @@ fn one_profiler_at_a_time() {
     assert!(second.stop().events().is_empty());
 }
 
-/// The example plugin implements the optional timing events (interface 1.2); its work is done
-/// when a call returns, so an op's device time lies inside its host span.
+/// The example plugin implements the optional activity records (interface 1.4); its work is
+/// done inside each call, so an op's device work lies inside its host span.
 fn example() -> Device {
     Device::parse("example").expect("the example plugin is built with the workspace")
 }
 
 #[test]
-fn device_time_is_measured_on_a_backend_with_timing_events() {
+fn device_time_comes_from_activity_records_on_a_backend_that_keeps_them() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     let dev = example();
     let a = Tensor::ones(&[64, 64], DType::F32, &dev).unwrap();
@@ -154,22 +160,29 @@ fn device_time_is_measured_on_a_backend_with_timing_events() {
     .unwrap();
     let ops: Vec<_> = prof.events_of(EventKind::Op).collect();
     assert_eq!(ops.len(), 6);
+    let kernels = prof.kernels();
+    assert_eq!(kernels.len(), 6, "{kernels:?}");
     for op in &ops {
         let (start, ns) = (op.device_start_ns.unwrap(), op.device_ns.unwrap());
-        // Both clocks are the host's here; the device clock is aligned when the device is
-        // first seen, which may put it a little after the host's.
+        let mine: Vec<_> = kernels.iter().filter(|k| k.op == Some(op.id)).collect();
+        assert_eq!(mine.len(), 1, "{op:?}");
+        assert_eq!(mine[0].name, op.name);
+        assert_eq!((mine[0].start_ns, mine[0].end_ns - mine[0].start_ns), (start, ns));
+        // Both clocks are the host's here, aligned when the device is first seen.
         assert!(start + 50_000 >= op.start_ns && start + ns <= op.end_ns + 50_000, "{op:?}");
         assert!(ns <= op.duration_ns(), "{op:?}");
     }
     assert_eq!(prof.device_timing()[0].device, "example:0");
     assert_eq!(prof.device_timing()[0].unavailable, None);
+    assert_eq!(prof.device_timing()[0].source, Some(TimeSource::ActivityRecords));
     // A span's device total is the sum over its ops.
     let table = prof.table(&TableOptions { sort_by: SortBy::DeviceTotal, ..Default::default() });
     assert!(table.contains("Self device") && table.contains("Device total"), "{table}");
-    assert!(table.contains("Device time on example:0: measured"), "{table}");
+    assert!(table.contains("Device time on example:0: the sum of each op's kernel times"), "{table}");
     let first_row = table.lines().nth(3).unwrap();
     assert!(first_row.starts_with("step"), "the span holds every op's device time:\n{table}");
-    // The trace: a device process with one complete event per timed op and a flow arrow each.
+    // The trace: a device process with one complete event per kernel on its stream's track,
+    // and a flow arrow from each op to its kernel.
     let trace: serde_json::Value = serde_json::from_str(&prof.chrome_trace()).unwrap();
     let events = trace["traceEvents"].as_array().unwrap();
     let device_pid = events
@@ -177,11 +190,41 @@ fn device_time_is_measured_on_a_backend_with_timing_events() {
         .find(|e| e["ph"] == "M" && e["args"]["name"] == "device example:0")
         .map(|e| e["pid"].clone())
         .expect("a device process");
+    assert!(events.iter().any(|e| e["ph"] == "M" && e["pid"] == device_pid && e["args"]["name"] == "stream 0"));
     let device_work: Vec<_> = events.iter().filter(|e| e["ph"] == "X" && e["pid"] == device_pid).collect();
     assert_eq!(device_work.len(), 6);
+    assert!(device_work.iter().all(|k| k["cat"] == "kernel" && k["args"]["op"] == k["name"]));
     for phase in ["s", "f"] {
         assert_eq!(events.iter().filter(|e| e["ph"] == phase && e["cat"] == "flow").count(), 6);
     }
+}
+
+#[test]
+fn work_issued_outside_ops_is_not_charged_to_them() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let dev = example();
+    let a = Tensor::ones(&[16], DType::F32, &dev).unwrap();
+    let (_, prof) = profile(ProfilerOptions::default(), || {
+        let b = a.exp()?;
+        // An op issued through the low-level device API, outside the core's dispatch: the
+        // device ran it, but no recorded op did.
+        let (input, output) = (dev.allocate(64)?, dev.allocate(64)?);
+        dev.write(input, 0, &[0u8; 64])?;
+        let desc = |buffer| genesis_backend_api::TensorDesc::contiguous(buffer, 0, DType::F32, &[16]).unwrap();
+        dev.execute(
+            &genesis_backend_api::Op::Unary(genesis_backend_api::UnaryOp::Exp),
+            &[desc(input)],
+            &[desc(output)],
+        )?;
+        dev.free(input)?;
+        dev.free(output)?;
+        b.relu()
+    })
+    .unwrap();
+    let ops: Vec<_> = prof.events_of(EventKind::Op).collect();
+    let untagged: Vec<_> = prof.kernels().iter().filter(|k| k.op.is_none()).collect();
+    assert_eq!(untagged.len(), 1, "{:?}", prof.kernels());
+    assert!(ops.iter().all(|o| o.device_ns.is_some()));
 }
 
 #[test]

@@ -54,8 +54,12 @@ impl Tensor {
         let src = self.contiguous()?;
         let esize = src.dtype().size_in_bytes();
         let mut bytes = vec![0u8; src.numel() * esize];
-        src.device().read(src.storage().buffer, src.layout().offset * esize, &mut bytes)?;
+        {
+            let _span = crate::profiler::transfer(src.device(), "copy_to_host", src.shape(), src.dtype());
+            src.device().read(src.storage().buffer, src.layout().offset * esize, &mut bytes)?;
+        }
         let out = Tensor::empty(self.shape(), self.dtype(), device)?;
+        let _span = crate::profiler::transfer(device, "copy_from_host", self.shape(), self.dtype());
         device.write(out.storage().buffer, 0, &bytes)?;
         let back = self.device().clone();
         Ok(record1(

@@ -8,13 +8,19 @@
 //! allocation and free is recorded too, and each op is charged with the allocations made for
 //! it (its outputs are allocated just before it runs).
 //!
-//! With `device_time` (on by default), each op on a device whose backend has timing events
-//! (interface 1.2; the CUDA backend records CUDA events) is bracketed by two of them, and
-//! the profiler resolves them to device start times and durations when it stops: the table
-//! gains device columns and the trace a track per device stream. A backend without timing
-//! events (the CPU backend, which runs ops synchronously, so host time is its device time)
-//! reports host times only, and the table says so. On an asynchronous backend the host time
-//! of an op is the time to issue its work.
+//! With `device_time` (on by default), ops get device times, measured in the best way their
+//! backend offers:
+//! - **activity records** (interface 1.4; CUPTI on the CUDA backend): each op's device work
+//!   is tagged with the op's id, and the backend reports every kernel, copy and fill with
+//!   its device times. An op's device time is the sum of its kernels' times; the profile
+//!   lists the kernels ([`Profile::kernels`]) and the trace shows them on a track per
+//!   device stream.
+//! - **timing events** (interface 1.2; CUDA events, used when CUPTI is missing): each op
+//!   is bracketed by two events, and its device time is the interval between them.
+//! - neither (the CPU backend, which runs ops synchronously, so host time is its device
+//!   time): host times only, and the table says so.
+//!
+//! On an asynchronous backend the host time of an op is the time to issue its work.
 //!
 //! Every op also enters a `tracing` span (`genesis::op`, level TRACE), so a `tracing`
 //! subscriber sees ops without the profiler.
@@ -40,12 +46,12 @@ mod record;
 mod table;
 mod trace;
 
-pub use record::{Event, EventKind};
+pub use record::{Event, EventKind, Kernel};
 pub use table::{SortBy, TableOptions};
 
 use crate::error::{Error, Result};
-pub(crate) use record::{active, memory, Span};
-use record::{set_active, Session, TimedOp, SESSION};
+pub(crate) use record::{active, memory, transfer, Span};
+use record::{set_active, DeviceClock, Session, TimedOp, Timing, SESSION};
 use std::time::Instant;
 
 /// What a profiling scope records.
@@ -55,10 +61,10 @@ pub struct ProfilerOptions {
     pub record_shapes: bool,
     /// Record device allocations and frees (`profile_memory`; off by default).
     pub profile_memory: bool,
-    /// Measure each op's time on devices with timing events (on by default, as
-    /// `torch.profiler` records CUDA activity by default where there is a GPU). Costs two
-    /// event records per op on such devices, and a synchronization of each device when it
-    /// is first seen and when the profiler stops.
+    /// Measure each op's time on its device (on by default, as `torch.profiler` records
+    /// CUDA activity by default where there is a GPU). Costs two activity tags or two event
+    /// records per op on such devices, and a synchronization of each device when it is
+    /// first seen and when the profiler stops.
     pub device_time: bool,
 }
 
@@ -68,14 +74,27 @@ impl Default for ProfilerOptions {
     }
 }
 
-/// Whether a device's op times were measured on the device.
+/// Whether a device's op times were measured on the device, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceTiming {
     /// The device (`"cuda:0"`).
     pub device: String,
-    /// `None` when measured; otherwise why not (for example, the backend has no timing
-    /// events).
+    /// How they were measured, when they were.
+    pub source: Option<TimeSource>,
+    /// `None` when measured; otherwise why not (for example, the backend has neither
+    /// activity records nor timing events).
     pub unavailable: Option<String>,
+}
+
+/// Where a device's times come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeSource {
+    /// The backend's records of each kernel, copy and fill (interface 1.4; CUPTI on CUDA):
+    /// exact kernel times, and the profile lists the kernels.
+    ActivityRecords,
+    /// Two timing events around each op (interface 1.2; CUDA events): the op's interval on
+    /// the device's stream, which includes any wait for its launch on an idle device.
+    TimingEvents,
 }
 
 /// A running profiler; [`stop`](Profiler::stop) it to get the [`Profile`]. Dropping it
@@ -123,50 +142,123 @@ impl Drop for Profiler {
 fn finish() -> Option<Profile> {
     set_active(false);
     let mut session = SESSION.lock().unwrap_or_else(|p| p.into_inner()).take()?;
-    let timing = resolve_device_times(&mut session);
+    let (timing, mut kernels) = resolve_device_times(&mut session);
+    kernels.sort_by_key(|k| (k.start_ns, k.end_ns));
+    attribute_kernels(&mut session.events, &session.clocks, &kernels);
     session.events.sort_by_key(|e| (e.start_ns, e.id));
-    Some(Profile { events: session.events, device_time: session.device_time, timing })
+    Some(Profile { events: session.events, kernels, device_time: session.device_time, timing })
 }
 
-/// Turn each timed op's two events into its device start and duration, then release the
-/// events. A device whose events cannot be read loses its device times, with the reason.
-fn resolve_device_times(session: &mut Session) -> Vec<DeviceTiming> {
-    let index: std::collections::HashMap<u64, usize> =
-        session.events.iter().enumerate().map(|(i, e)| (e.id, i)).collect();
-    let mut timing = Vec::new();
+/// Collect each device's work: the activity records of backends that keep them (stopped
+/// once per backend, after synchronizing its devices), and the interval between each timed
+/// op's two events on devices timed with events (released afterwards). A device whose times
+/// cannot be read loses them, with the reason.
+fn resolve_device_times(session: &mut Session) -> (Vec<DeviceTiming>, Vec<Kernel>) {
+    let mut kernels = Vec::new();
+    let mut failed: Vec<(usize, String)> = Vec::new();
     for (c, clock) in session.clocks.iter().enumerate() {
         let device = &clock.device;
-        let ops: Vec<&TimedOp> = session.timed.iter().filter(|t| t.clock == c).collect();
-        let resolved = clock.clock.clone().and_then(|(reference, host_ns)| {
-            device.synchronize().map_err(|e| e.to_string())?;
-            let mut times = Vec::with_capacity(ops.len());
-            for t in &ops {
-                let start_us = device.event_elapsed_us(reference, t.start).map_err(|e| e.to_string())?;
-                let duration_us = device.event_elapsed_us(t.start, t.end).map_err(|e| e.to_string())?;
-                let start_ns = host_ns as f64 + start_us.max(0.0) * 1e3;
-                times.push((t.event, start_ns as u64, (duration_us.max(0.0) * 1e3) as u64));
-            }
-            Ok(times)
-        });
-        if let Ok((reference, _)) = &clock.clock {
-            let events: Vec<_> = std::iter::once(*reference).chain(ops.iter().flat_map(|t| [t.start, t.end])).collect();
-            let _ = device.release_events(&events);
-        }
-        let unavailable = match resolved {
-            Ok(times) => {
-                for (id, start_ns, ns) in times {
-                    if let Some(&i) = index.get(&id) {
-                        session.events[i].device_start_ns = Some(start_ns);
-                        session.events[i].device_ns = Some(ns);
-                    }
+        match &clock.timing {
+            Timing::Activity { offset_ns } => {
+                // The first clock of each backend stops its recording for all its devices.
+                let first = session.clocks.iter().position(|o| o.device.same_backend(device)) == Some(c);
+                if !first {
+                    continue;
                 }
-                None
+                let siblings: Vec<usize> =
+                    (0..session.clocks.len()).filter(|&i| session.clocks[i].device.same_backend(device)).collect();
+                let synced = siblings.iter().try_for_each(|&i| session.clocks[i].device.synchronize());
+                match synced.and_then(|()| device.activity_stop()) {
+                    Ok(records) => kernels.extend(records.into_iter().map(|r| Kernel {
+                        op: (r.tag != 0).then_some(r.tag),
+                        device: device.sibling(r.device),
+                        stream: r.stream,
+                        name: r.name.into_string(),
+                        start_ns: (r.start_ns as i128 + offset_ns).max(0) as u64,
+                        end_ns: (r.end_ns as i128 + offset_ns).max(0) as u64,
+                    })),
+                    Err(e) => failed.extend(siblings.into_iter().map(|i| (i, e.to_string()))),
+                }
             }
-            Err(reason) => Some(reason),
-        };
-        timing.push(DeviceTiming { device: device.to_string(), unavailable });
+            Timing::Events { reference, host_ns } => {
+                let ops: Vec<&TimedOp> = session.timed.iter().filter(|t| t.clock == c).collect();
+                let names: std::collections::HashMap<u64, &str> =
+                    session.events.iter().map(|e| (e.id, e.name.as_str())).collect();
+                let read = device.synchronize().and_then(|()| {
+                    ops.iter()
+                        .map(|t| {
+                            let start_us = device.event_elapsed_us(*reference, t.start)?.max(0.0);
+                            let duration_us = device.event_elapsed_us(t.start, t.end)?.max(0.0);
+                            let start_ns = host_ns + (start_us * 1e3) as u64;
+                            Ok(Kernel {
+                                op: Some(t.event),
+                                device: device.clone(),
+                                stream: 0,
+                                name: names.get(&t.event).copied().unwrap_or_default().to_string(),
+                                start_ns,
+                                end_ns: start_ns + (duration_us * 1e3) as u64,
+                            })
+                        })
+                        .collect::<Result<Vec<_>>>()
+                });
+                let events: Vec<_> =
+                    std::iter::once(*reference).chain(ops.iter().flat_map(|t| [t.start, t.end])).collect();
+                let _ = device.release_events(&events);
+                match read {
+                    Ok(read) => kernels.extend(read),
+                    Err(e) => failed.push((c, e.to_string())),
+                }
+            }
+            Timing::Unavailable(_) => {}
+        }
     }
-    timing
+    for (c, reason) in failed {
+        let device = &session.clocks[c].device;
+        kernels.retain(|k| &k.device != device);
+        session.clocks[c].timing = Timing::Unavailable(reason);
+    }
+    let timing = session
+        .clocks
+        .iter()
+        .map(|c| DeviceTiming {
+            device: c.device.to_string(),
+            source: match c.timing {
+                Timing::Activity { .. } => Some(TimeSource::ActivityRecords),
+                Timing::Events { .. } => Some(TimeSource::TimingEvents),
+                Timing::Unavailable(_) => None,
+            },
+            unavailable: match &c.timing {
+                Timing::Unavailable(reason) => Some(reason.clone()),
+                _ => None,
+            },
+        })
+        .collect();
+    (timing, kernels)
+}
+
+/// Give each op on a timed device its device time: the sum of its kernels' times (0 when it
+/// ran none) and the start of its first kernel.
+fn attribute_kernels(events: &mut [Event], clocks: &[DeviceClock], kernels: &[Kernel]) {
+    let mut per_op: std::collections::HashMap<u64, (u64, u64)> = std::collections::HashMap::new();
+    for k in kernels {
+        if let Some(op) = k.op {
+            let entry = per_op.entry(op).or_insert((u64::MAX, 0));
+            entry.0 = entry.0.min(k.start_ns);
+            entry.1 += k.end_ns.saturating_sub(k.start_ns);
+        }
+    }
+    for e in events.iter_mut().filter(|e| e.kind == EventKind::Op) {
+        let timed = e
+            .device
+            .as_ref()
+            .is_some_and(|d| clocks.iter().any(|c| &c.device == d && !matches!(c.timing, Timing::Unavailable(_))));
+        if !timed {
+            continue;
+        }
+        let (start, ns) = per_op.get(&e.id).copied().unwrap_or((u64::MAX, 0));
+        e.device_start_ns = (start != u64::MAX).then_some(start);
+        e.device_ns = Some(ns);
+    }
 }
 
 /// Run `f` under a profiler; returns its result and the profile (`with profile(...) as prof`).
@@ -192,6 +284,7 @@ pub struct RecordFunction {
 #[derive(Debug, Clone, Default)]
 pub struct Profile {
     events: Vec<Event>,
+    kernels: Vec<Kernel>,
     device_time: bool,
     timing: Vec<DeviceTiming>,
 }
@@ -200,6 +293,12 @@ impl Profile {
     /// Every event, in order of start time.
     pub fn events(&self) -> &[Event] {
         &self.events
+    }
+
+    /// The work devices ran (kernels, copies, fills), in order of device start, each with
+    /// the op that issued it. On devices timed by events, one interval per op.
+    pub fn kernels(&self) -> &[Kernel] {
+        &self.kernels
     }
 
     /// Events of `kind`.
@@ -220,7 +319,7 @@ impl Profile {
 
     /// The events as Chrome Trace Event Format JSON (opens in Perfetto and chrome://tracing).
     pub fn chrome_trace(&self) -> String {
-        trace::chrome_trace(&self.events)
+        trace::chrome_trace(&self.events, &self.kernels)
     }
 
     /// Write [`chrome_trace`](Profile::chrome_trace) to `path` (atomically).

@@ -1,10 +1,11 @@
 //! Recording: a global switch read once per op, completed events in one list, each thread's
-//! stack of open spans (for nesting and self times), and a timing event before and after
-//! each op on devices that have them (resolved to device times when the profiler stops).
+//! stack of open spans (for nesting and self times), and each op's device work: tagged with
+//! the op's id on backends that record device activity, or bracketed by two timing events on
+//! backends that only have those (both resolved to device times when the profiler stops).
 
 use crate::device::Device;
 use genesis_backend_api::{DType, EventId};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -47,11 +48,13 @@ pub struct Event {
     pub dtypes: Vec<DType>,
     /// Bytes allocated (positive) or freed (negative), for memory events.
     pub bytes: i64,
-    /// For ops whose device time was measured: when the op's work started on the device, in
-    /// nanoseconds since the profiler started (device clock aligned to the host's when the
-    /// device was first seen, so within a few microseconds).
+    /// For ops whose device time was measured and that ran work on the device: when its
+    /// first work started there, in nanoseconds since the profiler started (device clock
+    /// aligned to the host's, so within a few microseconds).
     pub device_start_ns: Option<u64>,
-    /// For ops whose device time was measured: its duration on the device, in nanoseconds.
+    /// For ops whose device time was measured: the time its work ran on the device, in
+    /// nanoseconds (the sum of its kernels' times; 0 for an op that ran none, such as a
+    /// copy-free view).
     pub device_ns: Option<u64>,
 }
 
@@ -80,11 +83,42 @@ impl Event {
     }
 }
 
-/// A device's timing state in a session: a reference event recorded on an idle device at a
-/// known host time (device timestamps are measured from it), or why there is none.
+/// Work a device ran while the profiler recorded: a kernel, a copy or a fill from the
+/// backend's activity records, or, on a backend with timing events only, the interval
+/// between the events around one op (named after the op).
+#[derive(Debug, Clone)]
+pub struct Kernel {
+    /// The id of the op that issued it, when it was issued inside one.
+    pub op: Option<u64>,
+    /// The device it ran on.
+    pub device: Device,
+    /// The device queue it ran on, as the backend numbers them.
+    pub stream: u32,
+    /// The kernel's name, or what the copy or fill was.
+    pub name: String,
+    /// Device start, in nanoseconds since the profiler started (the device clock aligned to
+    /// the host's, so within a few microseconds).
+    pub start_ns: u64,
+    /// Device end, on the same clock.
+    pub end_ns: u64,
+}
+
+/// How a device's op times are measured in a session.
+pub(crate) enum Timing {
+    /// Its backend records device activity; the backend's clock plus `offset_ns` is the
+    /// session's clock.
+    Activity { offset_ns: i128 },
+    /// Timing events around each op, measured from `reference`, recorded on the idle device
+    /// at session time `host_ns`.
+    Events { reference: EventId, host_ns: u64 },
+    /// Not measured, and why.
+    Unavailable(String),
+}
+
+/// A device's timing state in a session.
 pub(crate) struct DeviceClock {
     pub device: Device,
-    pub clock: std::result::Result<(EventId, u64), String>,
+    pub timing: Timing,
 }
 
 /// An op bracketed by two timing events on its device's clock `clock`.
@@ -106,17 +140,31 @@ pub(crate) struct Session {
 }
 
 impl Session {
-    /// The index of `device`'s clock, starting one on first sight.
+    fn now_ns(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    /// The index of `device`'s clock, starting one on first sight: activity records when its
+    /// backend has them (started once per backend), else timing events, else none.
     fn clock(&mut self, device: &Device) -> usize {
         if let Some(i) = self.clocks.iter().position(|c| &c.device == device) {
             return i;
         }
-        let clock = device
-            .synchronize()
-            .and_then(|()| device.record_event())
-            .map(|reference| (reference, self.start.elapsed().as_nanos() as u64))
-            .map_err(|e| e.to_string());
-        self.clocks.push(DeviceClock { device: device.clone(), clock });
+        let shared = self.clocks.iter().find_map(|c| match c.timing {
+            Timing::Activity { offset_ns } if c.device.same_backend(device) => Some(offset_ns),
+            _ => None,
+        });
+        let timing = match shared
+            .ok_or(())
+            .or_else(|()| device.activity_start().map(|backend_ns| self.now_ns() as i128 - backend_ns as i128))
+        {
+            Ok(offset_ns) => Timing::Activity { offset_ns },
+            Err(no_activity) => match device.synchronize().and_then(|()| device.record_event()) {
+                Ok(reference) => Timing::Events { reference, host_ns: self.now_ns() },
+                Err(no_events) => Timing::Unavailable(format!("{no_activity}; {no_events}")),
+            },
+        };
+        self.clocks.push(DeviceClock { device: device.clone(), timing });
         self.clocks.len() - 1
     }
 }
@@ -130,6 +178,8 @@ thread_local! {
     static THREAD: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
     /// Ids of the spans open on this thread, innermost last.
     static OPEN: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    /// The activity tag in force on this thread (the open op's id, 0 for none).
+    static TAG: Cell<u64> = const { Cell::new(0) };
 }
 
 /// True while a profiler records: the one branch every op pays when profiling is off.
@@ -146,40 +196,55 @@ fn with_session<T>(f: impl FnOnce(&mut Session) -> T) -> Option<T> {
     SESSION.lock().unwrap_or_else(|p| p.into_inner()).as_mut().map(f)
 }
 
+/// How an open op is being timed on its device.
+#[derive(Clone, Copy)]
+enum OpTiming {
+    None,
+    /// Its work is tagged with its id; `previous` is the tag to restore after it.
+    Tagged {
+        previous: u64,
+    },
+    /// The timing event recorded before it, on clock `clock`.
+    Event {
+        clock: usize,
+        start: EventId,
+    },
+}
+
 /// An open span: pushed on its thread's stack at start, recorded when dropped.
 pub(crate) struct Span {
     event: Option<Event>,
-    /// For an op on a device with timing events: its clock and the event recorded before it.
-    timing: Option<(usize, EventId)>,
+    timing: OpTiming,
 }
 
 impl Span {
-    const OFF: Span = Span { event: None, timing: None };
+    const OFF: Span = Span { event: None, timing: OpTiming::None };
 
     /// Open a span of `kind` named `name` (`name` is built only when recording).
     pub fn begin(kind: EventKind, name: impl FnOnce() -> String) -> Span {
         if !active() {
             return Span::OFF;
         }
-        let Some(start_ns) = with_session(|s| s.start.elapsed().as_nanos() as u64) else {
+        let Some(start_ns) = with_session(|s| s.now_ns()) else {
             return Span::OFF;
         };
-        Span { event: Some(Event::new(open(), current(), kind, name(), start_ns)), timing: None }
+        Span { event: Some(Event::new(open(), current(), kind, name(), start_ns)), timing: OpTiming::None }
     }
 
     /// Open the span of an op about to run on `device` with `inputs` (shapes and dtypes
-    /// kept when recorded); with device time on, record a timing event before it.
+    /// kept when recorded); with device time on, tag its device work or record a timing
+    /// event before it.
     pub fn op<'a>(device: &Device, name: &str, inputs: impl Iterator<Item = (&'a [usize], DType)>) -> Span {
         let begun = with_session(|s| {
-            let clock = if s.device_time {
-                let i = s.clock(device);
-                s.clocks[i].clock.is_ok().then_some(i)
-            } else {
-                None
-            };
-            (s.start.elapsed().as_nanos() as u64, s.record_shapes, clock)
+            let clock = if s.device_time { Some(s.clock(device)) } else { None };
+            let method = clock.map(|i| match s.clocks[i].timing {
+                Timing::Activity { .. } => Method::Tag,
+                Timing::Events { .. } => Method::Event(i),
+                Timing::Unavailable(_) => Method::None,
+            });
+            (s.now_ns(), s.record_shapes, method.unwrap_or(Method::None))
         });
-        let Some((start_ns, record_shapes, clock)) = begun else { return Span::OFF };
+        let Some((start_ns, record_shapes, method)) = begun else { return Span::OFF };
         let mut event = Event::new(open(), current(), EventKind::Op, name.to_string(), start_ns);
         event.device = Some(device.clone());
         if record_shapes {
@@ -188,9 +253,41 @@ impl Span {
                 event.dtypes.push(dtype);
             }
         }
-        let timing = clock.and_then(|i| device.record_event().ok().map(|start| (i, start)));
+        let timing = match method {
+            Method::None => OpTiming::None,
+            Method::Tag => {
+                let previous = TAG.with(|t| t.replace(event.id));
+                match device.activity_tag(event.id) {
+                    Ok(()) => OpTiming::Tagged { previous },
+                    Err(_) => {
+                        TAG.with(|t| t.set(previous));
+                        OpTiming::None
+                    }
+                }
+            }
+            Method::Event(clock) => {
+                device.record_event().ok().map_or(OpTiming::None, |start| OpTiming::Event { clock, start })
+            }
+        };
         Span { event: Some(event), timing }
     }
+}
+
+/// The span of a copy between the host and `device` (`copy_to_host`, `copy_from_host`) of a
+/// tensor of `shape` and `dtype`, while a profiler records: a transfer is charged to it as
+/// an op's kernels are.
+pub(crate) fn transfer(device: &Device, name: &str, shape: &[usize], dtype: DType) -> Span {
+    if !active() {
+        return Span::OFF;
+    }
+    Span::op(device, name, std::iter::once((shape, dtype)))
+}
+
+/// How [`Span::op`] times an op, decided under the session lock.
+enum Method {
+    None,
+    Tag,
+    Event(usize),
 }
 
 /// A new span id, pushed on this thread's stack of open spans (after reading the parent).
@@ -211,8 +308,13 @@ fn current() -> Option<u64> {
 impl Drop for Span {
     fn drop(&mut self) {
         let Some(mut event) = self.event.take() else { return };
-        let end = match (&self.timing, &event.device) {
-            (Some(_), Some(device)) => device.record_event().ok(),
+        let end = match (self.timing, &event.device) {
+            (OpTiming::Event { .. }, Some(device)) => device.record_event().ok(),
+            (OpTiming::Tagged { previous }, Some(device)) => {
+                TAG.with(|t| t.set(previous));
+                let _ = device.activity_tag(previous);
+                None
+            }
             _ => None,
         };
         OPEN.with(|o| {
@@ -222,8 +324,8 @@ impl Drop for Span {
             }
         });
         with_session(|s| {
-            event.end_ns = s.start.elapsed().as_nanos() as u64;
-            if let (Some((clock, start)), Some(end)) = (self.timing, end) {
+            event.end_ns = s.now_ns();
+            if let (OpTiming::Event { clock, start }, Some(end)) = (self.timing, end) {
                 s.timed.push(TimedOp { event: event.id, clock, start, end });
             }
             s.events.push(event);

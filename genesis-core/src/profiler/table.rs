@@ -1,7 +1,7 @@
 //! The summary table (`key_averages().table()`) and the memory peaks.
 
 use super::record::{Event, EventKind};
-use super::DeviceTiming;
+use super::{DeviceTiming, TimeSource};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 
@@ -220,14 +220,18 @@ pub(crate) fn render(events: &[Event], options: &TableOptions, device_time: bool
         out += "Device time: not recorded (ProfilerOptions::device_time is off).\n";
     }
     for t in timing {
-        match &t.unavailable {
-            None => {
-                let _ = writeln!(out, "Device time on {}: measured with the backend's timing events; host times there are the time to issue the work.", t.device);
+        let how = match (t.source, &t.unavailable) {
+            (Some(TimeSource::ActivityRecords), _) => {
+                "the sum of each op's kernel times from the backend's activity records".to_string()
             }
-            Some(why) => {
+            (Some(TimeSource::TimingEvents), _) => "the backend's timing events around each op".to_string(),
+            (None, Some(why)) => {
                 let _ = writeln!(out, "Device time on {}: not measured ({why}); host times only.", t.device);
+                continue;
             }
-        }
+            (None, None) => continue,
+        };
+        let _ = writeln!(out, "Device time on {}: {how}; host times there are the time to issue the work.", t.device);
     }
     out
 }

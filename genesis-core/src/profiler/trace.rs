@@ -1,16 +1,16 @@
 //! Chrome Trace Event Format: one complete ("X") event per span and op on a track per host
-//! thread; for ops timed on a device, their device work on a track per device stream (one
-//! process per device) with a flow arrow from the op to it; allocations as counter ("C")
-//! events of each device's live bytes.
+//! thread; the devices' work (kernels, copies, fills) on a track per device stream (one
+//! process per device), each with a flow arrow from the op that issued it; allocations as
+//! counter ("C") events of each device's live bytes.
 
-use super::record::{Event, EventKind};
+use super::record::{Event, EventKind, Kernel};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
 /// The process id of the host tracks; devices get 1, 2, ... in order of first use.
 const HOST_PID: u64 = 0;
 
-pub(crate) fn chrome_trace(events: &[Event]) -> String {
+pub(crate) fn chrome_trace(events: &[Event], kernels: &[Kernel]) -> String {
     let us = |ns: u64| ns as f64 / 1e3;
     let mut out: Vec<Value> =
         vec![json!({"name": "process_name", "ph": "M", "pid": HOST_PID, "args": {"name": "genesis host"}})];
@@ -20,21 +20,27 @@ pub(crate) fn chrome_trace(events: &[Event]) -> String {
             "name": "thread_name", "ph": "M", "pid": HOST_PID, "tid": t, "args": {"name": format!("host thread {t}")},
         }));
     }
-    // One process per device with device times; its single track is the device's stream
-    // (backends order a device's work on one stream).
+    // One process per device that ran work, with a track per stream.
     let mut device_pids: BTreeMap<String, u64> = BTreeMap::new();
-    for e in events.iter().filter(|e| e.device_ns.is_some()) {
-        let name = e.device.as_ref().map(|d| d.to_string()).unwrap_or_default();
+    let mut streams: std::collections::BTreeSet<(u64, u32)> = Default::default();
+    for k in kernels {
+        let name = k.device.to_string();
         let next = device_pids.len() as u64 + 1;
         let pid = *device_pids.entry(name.clone()).or_insert(next);
         if pid == next {
             out.push(
                 json!({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": format!("device {name}")}}),
             );
-            out.push(json!({"name": "thread_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "stream"}}));
+        }
+        if streams.insert((pid, k.stream)) {
+            out.push(json!({
+                "name": "thread_name", "ph": "M", "pid": pid, "tid": k.stream,
+                "args": {"name": format!("stream {}", k.stream)},
+            }));
         }
     }
     let mut live: BTreeMap<String, i64> = BTreeMap::new();
+    let mut op_threads: std::collections::HashMap<u64, (u64, u64, &str)> = Default::default();
     for e in events {
         let device = e.device.as_ref().map(|d| d.to_string());
         if e.kind == EventKind::Memory {
@@ -67,20 +73,31 @@ pub(crate) fn chrome_trace(events: &[Event]) -> String {
             "name": e.name, "cat": cat, "ph": "X", "pid": HOST_PID, "tid": e.thread,
             "ts": us(e.start_ns), "dur": us(e.duration_ns()), "args": args,
         }));
-        if let (Some(start), Some(ns), Some(d)) = (e.device_start_ns, e.device_ns, &device) {
-            let pid = device_pids[d];
+        if e.kind == EventKind::Op {
+            op_threads.insert(e.id, (e.thread, e.start_ns, e.name.as_str()));
+        }
+    }
+    for (i, k) in kernels.iter().enumerate() {
+        let pid = device_pids[&k.device.to_string()];
+        let mut args = serde_json::Map::new();
+        let issuer = k.op.and_then(|op| op_threads.get(&op).map(|issuer| (op, issuer)));
+        if let Some((op, (_, _, name))) = issuer {
+            args.insert("op".into(), json!(name));
+            args.insert("op id".into(), json!(op));
+        }
+        out.push(json!({
+            "name": k.name, "cat": "kernel", "ph": "X", "pid": pid, "tid": k.stream,
+            "ts": us(k.start_ns), "dur": us(k.end_ns.saturating_sub(k.start_ns)), "args": args,
+        }));
+        // The arrow from the op (it starts inside the op's host span) to the work it issued.
+        if let Some((_, &(thread, start_ns, _))) = issuer {
             out.push(json!({
-                "name": e.name, "cat": "device", "ph": "X", "pid": pid, "tid": 0,
-                "ts": us(start), "dur": us(ns), "args": {"op id": e.id},
+                "name": "issue", "cat": "flow", "ph": "s", "id": i, "pid": HOST_PID, "tid": thread,
+                "ts": us(start_ns),
             }));
-            // The arrow from the op (it starts inside the op's host span) to its device work.
             out.push(json!({
-                "name": "issue", "cat": "flow", "ph": "s", "id": e.id, "pid": HOST_PID, "tid": e.thread,
-                "ts": us(e.start_ns),
-            }));
-            out.push(json!({
-                "name": "issue", "cat": "flow", "ph": "f", "bp": "e", "id": e.id, "pid": pid, "tid": 0,
-                "ts": us(start),
+                "name": "issue", "cat": "flow", "ph": "f", "bp": "e", "id": i, "pid": pid, "tid": k.stream,
+                "ts": us(k.start_ns),
             }));
         }
     }

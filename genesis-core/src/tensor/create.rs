@@ -101,6 +101,7 @@ impl Tensor {
         let t = Self::empty(shape, T::DTYPE, device)?;
         let mut bytes = Vec::with_capacity(numel * T::DTYPE.size_in_bytes());
         T::write_bytes(data, &mut bytes);
+        let _span = crate::profiler::transfer(device, "copy_from_host", shape, T::DTYPE);
         device.write(t.storage().buffer, 0, &bytes)?;
         Ok(t)
     }
@@ -113,7 +114,7 @@ impl Tensor {
     /// `shape` filled with `value` (converted to `dtype`).
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: &Device) -> Result<Tensor> {
         let t = Self::empty(shape, dtype, device)?;
-        device.execute(&Op::Fill { value }, &[], &[t.desc()?])?;
+        crate::ops::exec(&Op::Fill { value }, &[], &[&t])?;
         Ok(t)
     }
 
@@ -165,7 +166,7 @@ impl Tensor {
         }
         let len = ((end - start) / step).ceil().max(0.0) as usize;
         let t = Self::empty(&[len], dtype, device)?;
-        device.execute(&Op::Arange { start, step }, &[], &[t.desc()?])?;
+        crate::ops::exec(&Op::Arange { start, step }, &[], &[&t])?;
         Ok(t)
     }
 
@@ -173,7 +174,7 @@ impl Tensor {
     pub fn linspace(start: f64, end: f64, steps: usize, dtype: DType, device: &Device) -> Result<Tensor> {
         let step = if steps > 1 { (end - start) / (steps - 1) as f64 } else { 0.0 };
         let t = Self::empty(&[steps], dtype, device)?;
-        device.execute(&Op::Arange { start, step }, &[], &[t.desc()?])?;
+        crate::ops::exec(&Op::Arange { start, step }, &[], &[&t])?;
         Ok(t)
     }
 
@@ -182,7 +183,7 @@ impl Tensor {
         let t = Self::zeros(&[n, n], dtype, device)?;
         // The diagonal is a strided view with stride n + 1.
         let diagonal = Layout { shape: vec![n], strides: vec![n as isize + 1], offset: 0 };
-        device.execute(&Op::Fill { value: 1.0 }, &[], &[t.desc_with(&diagonal)?])?;
+        crate::ops::exec_views(&Op::Fill { value: 1.0 }, &[], &[(&t, &diagonal)])?;
         Ok(t)
     }
 

@@ -205,6 +205,7 @@ impl Tensor {
             if T::DTYPE == self.dtype() { self.contiguous()? } else { autograd::no_grad(|| self.to_dtype(T::DTYPE))? };
         let esize = t.dtype().size_in_bytes();
         let mut bytes = vec![0u8; t.numel() * esize];
+        let _span = crate::profiler::transfer(t.device(), "copy_to_host", t.shape(), t.dtype());
         t.device().read(t.storage().buffer, t.layout().offset * esize, &mut bytes)?;
         Ok(T::read_bytes(&bytes))
     }

@@ -8,7 +8,9 @@
 //! - `memory.rs`: buffers, memory statistics, and moving strided tensors in and out of `Vec`s.
 //! - `kernels.rs`: the capability list and one function per op.
 //! - `math.rs`: the scalar functions behind the elementwise ops.
+//! - `activity.rs`: device activity records for the profiler (optional).
 
+mod activity;
 mod kernels;
 mod math;
 mod memory;
@@ -16,8 +18,8 @@ mod memory;
 mod tests;
 
 use genesis_backend_api::{
-    Backend, BackendError, BackendInfo, BufferId, Capability, Device, DeviceProperties, EventId, MemoryStats, Op,
-    Probe, Result, TensorDesc,
+    Backend, BackendError, BackendInfo, BufferId, Capability, Device, DeviceActivity, DeviceProperties, EventId,
+    MemoryStats, Op, Probe, Result, TensorDesc,
 };
 use memory::Memory;
 use std::collections::HashMap;
@@ -67,6 +69,19 @@ impl Backend for ExampleBackend {
     fn open_device(&self, index: usize) -> Result<ExampleDevice> {
         check_index(index)?;
         Ok(ExampleDevice { memory: Mutex::new(Memory::new()), events: Mutex::new(Events::default()) })
+    }
+
+    fn activity_start(&self) -> Result<u64> {
+        activity::start()
+    }
+
+    fn activity_tag(&self, tag: u64) -> Result<()> {
+        activity::tag(tag);
+        Ok(())
+    }
+
+    fn activity_stop(&self) -> Result<Vec<DeviceActivity>> {
+        activity::stop()
     }
 }
 
@@ -144,7 +159,7 @@ impl Device for ExampleDevice {
     }
 
     fn execute(&self, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-        kernels::execute(&mut self.memory(), op, inputs, outputs)
+        activity::record(op.name(), || kernels::execute(&mut self.memory(), op, inputs, outputs))
     }
 
     fn record_event(&self) -> Result<EventId> {
