@@ -659,6 +659,12 @@ declare_ops! {
         /// As in the forward.
         window: Window2d => window[0],
     } = 35 => "avg_pool2d_backward" in Floats,
+    /// `[gate, up] -> [y]`, all of one shape and dtype: `y = silu(gate) · up` with
+    /// `silu(g) = g · sigmoid(g)` (the gated feed-forward of LLaMA and Qwen2, "SwiGLU").
+    SwiGlu = 36 => "swiglu" in Floats,
+    /// `[dy, gate, up] -> [dgate, dup]`, all of gate's shape and dtype, with
+    /// `s = sigmoid(gate)`: `dgate = dy · up · s · (1 + gate · (1 - s))`, `dup = dy · gate · s`.
+    SwiGluBackward = 37 => "swiglu_backward" in Floats,
 }
 
 /// An op kind: the wire code of an [`Op`] without its attributes. Used in capability lists.
@@ -897,6 +903,8 @@ mod tests {
             Op::MaxPool2dBackward { window: w },
             Op::AvgPool2d { window: w },
             Op::AvgPool2dBackward { window: w },
+            Op::SwiGlu,
+            Op::SwiGluBackward,
         ]
     }
 
@@ -956,5 +964,7 @@ mod tests {
         max_pool2d 0x520 [] [3, 2, 2, 1, 1, 0, 1, 2]\n\
         max_pool2d_backward 0x521 [] [3, 2, 2, 1, 1, 0, 1, 2]\n\
         avg_pool2d 0x522 [] [3, 2, 2, 1, 1, 0, 1, 2]\n\
-        avg_pool2d_backward 0x523 [] [3, 2, 2, 1, 1, 0, 1, 2]\n";
+        avg_pool2d_backward 0x523 [] [3, 2, 2, 1, 1, 0, 1, 2]\n\
+        swiglu 0x524 [] []\n\
+        swiglu_backward 0x525 [] []\n";
 }

@@ -234,3 +234,53 @@ fn norms_fused_match_composite() {
         }
     }
 }
+
+#[test]
+fn swiglu_gradcheck_fused_and_second_order() {
+    // The halves of one stacked projection (row-strided views), as Qwen2's MLP passes them.
+    let stacked = rand(&[4, 6], 30);
+    check(|t| F::swiglu(&t[0].narrow(1, 0, 3)?, &t[0].narrow(1, 3, 3)?), &[stacked]);
+    let (gate, up) = (rand(&[2, 5], 31), rand(&[2, 5], 32));
+    check(|t| F::swiglu(&t[0], &t[1]), &[gate.clone(), up.clone()]);
+    // Broadcasting (the composition, as PyTorch's `silu(gate) * up` broadcasts).
+    check(|t| F::swiglu(&t[0], &t[1]), &[gate.clone(), rand(&[5], 33)]);
+    // create_graph takes the composite backward, itself differentiable.
+    check(
+        |t| {
+            let _on = genesis::autograd::set_grad_enabled(true);
+            let g = if t[0].requires_grad() { t[0].clone() } else { t[0].detach().requires_grad_(true)? };
+            let y = F::swiglu(&g, &t[1])?;
+            Ok(genesis::grad(&[y.square()?.sum()?], &[g], None, true, true)?[0].clone().unwrap())
+        },
+        &[gate, up],
+    );
+}
+
+/// Output, both gradients, and the backward node's name.
+type Run = (Vec<f32>, Vec<f32>, Vec<f32>, Option<&'static str>);
+
+#[test]
+fn swiglu_fused_matches_composite() {
+    let run = |composite: bool| {
+        let go = || -> Result<Run> {
+            let g = Generator::new(40).normal(&[3, 70], 0.0, 2.0, DType::F32, &cpu())?.requires_grad_(true)?;
+            let u = Generator::new(41).normal(&[3, 70], 0.0, 2.0, DType::F32, &cpu())?.requires_grad_(true)?;
+            let y = F::swiglu(&g, &u)?;
+            y.mul(&y)?.sum()?.backward()?;
+            Ok((y.to_vec()?, g.grad().unwrap().to_vec()?, u.grad().unwrap().to_vec()?, y.grad_fn_name()))
+        };
+        if composite {
+            genesis::testing::composites_only(go).unwrap()
+        } else {
+            go().unwrap()
+        }
+    };
+    let (fused, composite) = (run(false), run(true));
+    assert_eq!(fused.3, Some("swiglu"));
+    assert_ne!(fused.3, composite.3, "both runs took one path");
+    for (a, b) in [(&fused.0, &composite.0), (&fused.1, &composite.1), (&fused.2, &composite.2)] {
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() <= 2e-6 * (1.0 + y.abs()), "{x} vs {y}");
+        }
+    }
+}

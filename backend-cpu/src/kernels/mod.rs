@@ -17,6 +17,7 @@ mod random;
 mod reduce;
 mod rotary;
 mod softmax;
+mod swiglu;
 
 use crate::allocator::CachingAllocator;
 use genesis_backend_api::{BackendError, Capability, DType, Op, OpKind, Result, TensorDesc};

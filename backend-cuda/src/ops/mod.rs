@@ -33,6 +33,7 @@ mod reduce;
 mod rotary;
 mod rows;
 mod softmax;
+mod swiglu;
 
 use crate::device::CudaDevice;
 use crate::kernels::Operand;

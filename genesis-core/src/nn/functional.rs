@@ -10,6 +10,7 @@ pub use crate::ops::loss::{
 };
 pub use crate::ops::norm::{batch_norm, layer_norm, rms_norm};
 pub use crate::ops::rotary::rotary_embedding;
+pub use crate::ops::swiglu::swiglu;
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;

@@ -18,6 +18,7 @@ mod reduce;
 pub(crate) mod rotary;
 pub(crate) mod shape;
 mod softmax;
+pub(crate) mod swiglu;
 
 pub use elementwise::Scalar;
 

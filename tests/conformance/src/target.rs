@@ -101,6 +101,9 @@ pub enum Layout {
     Transposed,
     /// Row-major with a gap after every element of the last dim (a strided slice).
     Strided,
+    /// The first halves of rows twice as long (as the gate and up halves of one stacked
+    /// projection are): contiguous rows with a row stride of twice the last dim.
+    HalfRows,
     /// Stride 0 along this dim (inputs only; values must repeat along it).
     Broadcast(usize),
 }
@@ -113,6 +116,7 @@ impl Layout {
             Layout::Offset => "offset".into(),
             Layout::Transposed => "transposed".into(),
             Layout::Strided => "strided".into(),
+            Layout::HalfRows => "half_rows".into(),
             Layout::Broadcast(d) => format!("bcast{d}"),
         }
     }
@@ -140,6 +144,17 @@ impl Layout {
                     *last = 2;
                 }
                 (strides, 1, numel * 2 + 1)
+            }
+            Layout::HalfRows => {
+                let mut wide = shape.to_vec();
+                if let Some(last) = wide.last_mut() {
+                    *last *= 2;
+                }
+                let mut strides = contiguous_strides(&wide);
+                if let Some(last) = strides.last_mut() {
+                    *last = 1;
+                }
+                (strides, 0, numel * 2)
             }
             Layout::Broadcast(dim) => {
                 let mut base = shape.to_vec();

@@ -1,4 +1,5 @@
-//! The "last dim" families: softmax, layer and RMS norm, cross-entropy, and rotary.
+//! The "last dim" families: softmax, layer and RMS norm, cross-entropy, rotary; and the
+//! elementwise SwiGLU gate, whose operands all share one shape.
 
 use super::{dims, expect_dtype, expect_like, expect_shape, operands, Meta};
 use crate::dtype::DType;
@@ -181,6 +182,24 @@ pub fn rotary<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result
     Ok(([b, h, s, d], ins, outs))
 }
 
+/// Operands of `SwiGlu`, `[gate, up] -> [y]`: up and y have gate's shape and dtype.
+pub fn swiglu<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result<(&'a [T; 2], &'a [T; 1])> {
+    let (ins @ [gate, up], outs @ [y]) = operands(op, inputs, outputs)?;
+    expect_like(op, "up", up, gate)?;
+    expect_like(op, "y", y, gate)?;
+    Ok((ins, outs))
+}
+
+/// Operands of `SwiGluBackward`, `[dy, gate, up] -> [dgate, dup]`: all have gate's shape and
+/// dtype.
+pub fn swiglu_backward<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result<(&'a [T; 3], &'a [T; 2])> {
+    let (ins @ [dy, gate, up], outs @ [dgate, dup]) = operands(op, inputs, outputs)?;
+    for (name, t) in [("dy", dy), ("up", up), ("dgate", dgate), ("dup", dup)] {
+        expect_like(op, name, t, gate)?;
+    }
+    Ok((ins, outs))
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::Fake;
@@ -203,6 +222,23 @@ mod tests {
         assert_eq!(
             (err.kind, err.message.as_str()),
             (ErrorKind::DtypeMismatch, "cross_entropy: lse is float16, expected float32")
+        );
+    }
+
+    #[test]
+    fn swiglu_operands_share_one_shape_and_dtype() {
+        let f = |shape: &[usize]| Fake::new(DType::F32, shape);
+        assert!(swiglu(&Op::SwiGlu, &[f(&[2, 3]), f(&[2, 3])], &[f(&[2, 3])]).is_ok());
+        let err = swiglu(&Op::SwiGlu, &[f(&[2, 3]), f(&[3, 2])], &[f(&[2, 3])]).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::ShapeMismatch);
+        assert!(err.message.starts_with("swiglu: up has shape [3, 2]"), "{}", err.message);
+        let op = Op::SwiGluBackward;
+        let ins = [f(&[4]), f(&[4]), f(&[4])];
+        assert!(swiglu_backward(&op, &ins, &[f(&[4]), f(&[4])]).is_ok());
+        let err = swiglu_backward(&op, &ins, &[f(&[4]), Fake::new(DType::F16, &[4])]).unwrap_err();
+        assert_eq!(
+            (err.kind, err.message.as_str()),
+            (ErrorKind::DtypeMismatch, "swiglu_backward: dup is float16, expected float32")
         );
     }
 }

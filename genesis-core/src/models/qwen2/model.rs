@@ -207,7 +207,7 @@ impl Module for Qwen2Mlp {
         let [gate, up]: [Tensor; 2] = forward_stacked(x, &[&self.gate_proj, &self.up_proj])?
             .try_into()
             .map_err(|_| Error::invalid("gate/up projections"))?;
-        self.down_proj.forward(&gate.silu()?.mul(&up)?)
+        self.down_proj.forward(&crate::nn::functional::swiglu(&gate, &up)?)
     }
 
     fn visit(&self, f: &mut dyn FnMut(&str, Entry<'_>)) {

@@ -168,6 +168,31 @@ pub fn rotary(x: &[f64], cos: &[f64], sin: &[f64], s: usize, d: usize, inverse: 
     (y, mag)
 }
 
+fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// SwiGLU `y = g·sigmoid(g)·u` elementwise, with each result's magnitude (for the tolerance).
+pub fn swiglu(gate: &[f64], up: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let y: Vec<f64> = gate.iter().zip(up).map(|(&g, &u)| g * sigmoid(g) * u).collect();
+    let mag = y.iter().map(|v| v.abs()).collect();
+    (y, mag)
+}
+
+/// The VJP of [`swiglu`]: `(dgate, dup)` for the output gradient `dy`, with magnitudes.
+#[allow(clippy::type_complexity)]
+pub fn swiglu_vjp(dy: &[f64], gate: &[f64], up: &[f64]) -> ((Vec<f64>, Vec<f64>), (Vec<f64>, Vec<f64>)) {
+    let (mut dgate, mut dup, mut mag_gate, mut mag_up) = (vec![], vec![], vec![], vec![]);
+    for ((&d, &g), &u) in dy.iter().zip(gate).zip(up) {
+        let s = sigmoid(g);
+        dgate.push(d * u * s * (1.0 + g * (1.0 - s)));
+        mag_gate.push((d * u * s).abs() * (1.0 + (g * (1.0 - s)).abs()));
+        dup.push(d * g * s);
+        mag_up.push((d * g * s).abs());
+    }
+    ((dgate, mag_gate), (dup, mag_up))
+}
+
 /// Attention geometry.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnShape {
@@ -320,6 +345,14 @@ mod tests {
         let target = [2.0, -100.0, 5.0];
         let d = cross_entropy_vjp(&x, &target, &dl, 6, -100, 0.1);
         assert_close(&d, &fd_vjp(&|x| cross_entropy(x, &target, 6, -100, 0.1).0, &x, &dl), "cross_entropy");
+    }
+
+    #[test]
+    fn swiglu_vjp_matches_finite_differences() {
+        let (g, u, dy) = (data("sg", 12), data("su", 12), data("sdy", 12));
+        let ((dg, _), (du, _)) = swiglu_vjp(&dy, &g, &u);
+        assert_close(&dg, &fd_vjp(&|g| swiglu(g, &u).0, &g, &dy), "swiglu dgate");
+        assert_close(&du, &fd_vjp(&|u| swiglu(&g, u).0, &u, &dy), "swiglu dup");
     }
 
     #[test]

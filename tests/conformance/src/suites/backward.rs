@@ -10,7 +10,7 @@ use crate::oracle::conv::{
 };
 use crate::oracle::nn::{
     attention, attention_vjp, cross_entropy, cross_entropy_vjp, layer_norm, layer_norm_vjp, log_softmax,
-    log_softmax_vjp, rms_norm, rms_norm_vjp, softmax, softmax_vjp, AttnShape,
+    log_softmax_vjp, rms_norm, rms_norm_vjp, softmax, softmax_vjp, swiglu_vjp, AttnShape,
 };
 use crate::target::{Layout, Spec, Target};
 use crate::tolerance::Expected;
@@ -124,6 +124,36 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 Tier::Core,
                 OpCase { op: Op::RmsNormBackward, inputs, outputs: outs, expected: exp },
             )]
+        },
+    ));
+    cases.extend(op_cases(
+        t,
+        "backward",
+        "swiglu_backward",
+        Op::SwiGluBackward.kind(),
+        &FLOATS,
+        &after("swiglu"),
+        &|dtype, rng| {
+            [(vec![6usize, 40], Layout::Contiguous, "rows6x40"), (vec![4, 24], Layout::HalfRows, "stacked_halves")]
+                .into_iter()
+                .map(|(shape, layout, sample)| {
+                    let r = ValueRange::normal(3.0);
+                    let dy = tensor(rng, dtype, &shape, Layout::Contiguous, ValueRange::normal(1.0));
+                    let (gate, up) = (tensor(rng, dtype, &shape, layout, r), tensor(rng, dtype, &shape, layout, r));
+                    let ((dgate, mag_gate), (dup, mag_up)) = swiglu_vjp(&dy.values, &gate.values, &up.values);
+                    let exp = vec![
+                        Some(Expected::accumulated(dtype, dgate, &mag_gate, 6, 2.0)),
+                        Some(Expected::accumulated(dtype, dup, &mag_up, 4, 2.0)),
+                    ];
+                    let outs = vec![Spec::out(dtype, &shape), Spec::out(dtype, &shape)];
+                    let inputs = vec![dy, gate, up];
+                    (
+                        sample.to_string(),
+                        Tier::Core,
+                        OpCase { op: Op::SwiGluBackward, inputs, outputs: outs, expected: exp },
+                    )
+                })
+                .collect()
         },
     ));
     let ceb = |label_smoothing| Op::CrossEntropyBackward { ignore_index: -100, label_smoothing };

@@ -1,10 +1,12 @@
-//! Suite `nn`: fused softmax, log-softmax, layer norm, RMS norm, cross-entropy, rotary and
-//! attention forward.
+//! Suite `nn`: fused softmax, log-softmax, layer norm, RMS norm, cross-entropy, rotary,
+//! SwiGLU and attention forward.
 
 use super::{no_deps, op_cases};
 use crate::case::{Case, OpCase, Tier};
 use crate::gen::{tensor, ValueRange};
-use crate::oracle::nn::{attention, cross_entropy, layer_norm, log_softmax, rms_norm, rotary, softmax, AttnShape};
+use crate::oracle::nn::{
+    attention, cross_entropy, layer_norm, log_softmax, rms_norm, rotary, softmax, swiglu, AttnShape,
+};
 use crate::target::{Layout, Spec, Target};
 use crate::tolerance::Expected;
 use crate::values::{quantize, Rng, FLOATS};
@@ -162,6 +164,30 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 .collect()
         },
     ));
+    cases.extend(op_cases(t, "nn", "swiglu", Op::SwiGlu.kind(), &FLOATS, &no_deps, &|dtype, rng| {
+        // Dense rows, the halves of one stacked projection (a row stride of 2d), and a
+        // transposed pair with an odd length (no packs).
+        [
+            (vec![6usize, 40], Layout::Contiguous, "rows6x40"),
+            (vec![4, 24], Layout::HalfRows, "stacked_halves"),
+            (vec![5, 33], Layout::Transposed, "transposed_odd"),
+        ]
+        .into_iter()
+        .map(|(shape, layout, sample)| {
+            let r = ValueRange::normal(3.0);
+            let (gate, up) = (tensor(rng, dtype, &shape, layout, r), tensor(rng, dtype, &shape, layout, r));
+            let (y, mag) = swiglu(&gate.values, &up.values);
+            let exp = Expected::accumulated(dtype, y, &mag, 4, 2.0);
+            let op = OpCase {
+                op: Op::SwiGlu,
+                inputs: vec![gate, up],
+                outputs: vec![Spec::out(dtype, &shape)],
+                expected: vec![Some(exp)],
+            };
+            (sample.to_string(), Tier::Core, op)
+        })
+        .collect()
+    }));
     cases.extend(op_cases(
         t,
         "nn",
