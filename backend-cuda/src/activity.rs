@@ -385,18 +385,24 @@ mod tests {
     /// The offsets of `cupti_activity.h` (CUDA 12 and 13) for the fields read.
     #[test]
     fn record_prefixes_match_cupti() {
-        assert_eq!(offset_of!(KernelRecord, start), 16);
-        assert_eq!(offset_of!(KernelRecord, end), 24);
-        assert_eq!(offset_of!(KernelRecord, device_id), 40);
-        assert_eq!(offset_of!(KernelRecord, stream_id), 48);
-        assert_eq!(offset_of!(KernelRecord, correlation_id), 92);
-        assert_eq!(offset_of!(KernelRecord, name), 104);
-        assert_eq!(offset_of!(TransferRecord, copy_kind), 4);
-        assert_eq!(offset_of!(TransferRecord, start), 16);
-        assert_eq!(offset_of!(TransferRecord, device_id), 32);
-        assert_eq!(offset_of!(TransferRecord, stream_id), 40);
-        assert_eq!(offset_of!(TransferRecord, correlation_id), 44);
-        assert_eq!(offset_of!(CorrelationRecord, external_id), 8);
-        assert_eq!(offset_of!(CorrelationRecord, correlation_id), 16);
+        let kernel = [
+            offset_of!(KernelRecord, start),
+            offset_of!(KernelRecord, end),
+            offset_of!(KernelRecord, device_id),
+            offset_of!(KernelRecord, stream_id),
+            offset_of!(KernelRecord, correlation_id),
+            offset_of!(KernelRecord, name),
+        ];
+        assert_eq!(kernel, [16, 24, 40, 48, 92, 104]);
+        let transfer = [
+            offset_of!(TransferRecord, copy_kind),
+            offset_of!(TransferRecord, start),
+            offset_of!(TransferRecord, device_id),
+            offset_of!(TransferRecord, stream_id),
+            offset_of!(TransferRecord, correlation_id),
+        ];
+        assert_eq!(transfer, [4, 16, 32, 40, 44]);
+        let link = [offset_of!(CorrelationRecord, external_id), offset_of!(CorrelationRecord, correlation_id)];
+        assert_eq!(link, [8, 16]);
     }
 }

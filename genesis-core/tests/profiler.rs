@@ -145,11 +145,10 @@ fn example() -> Device {
     Device::parse("example").expect("the example plugin is built with the workspace")
 }
 
-#[test]
-fn device_time_comes_from_activity_records_on_a_backend_that_keeps_them() {
-    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
-    let dev = example();
-    let a = Tensor::ones(&[64, 64], DType::F32, &dev).unwrap();
+/// Three steps of two ops each inside a `step` span on `dev`: six ops, each inside its host
+/// span on the device (the example plugin's work is done inside each call).
+fn three_steps(dev: &Device) -> genesis::profiler::Profile {
+    let a = Tensor::ones(&[64, 64], DType::F32, dev).unwrap();
     let (_, prof) = profile(ProfilerOptions::default(), || {
         let _step = record_function("step");
         for _ in 0..3 {
@@ -160,29 +159,45 @@ fn device_time_comes_from_activity_records_on_a_backend_that_keeps_them() {
     .unwrap();
     let ops: Vec<_> = prof.events_of(EventKind::Op).collect();
     assert_eq!(ops.len(), 6);
-    let kernels = prof.kernels();
-    assert_eq!(kernels.len(), 6, "{kernels:?}");
     for op in &ops {
         let (start, ns) = (op.device_start_ns.unwrap(), op.device_ns.unwrap());
-        let mine: Vec<_> = kernels.iter().filter(|k| k.op == Some(op.id)).collect();
-        assert_eq!(mine.len(), 1, "{op:?}");
-        assert_eq!(mine[0].name, op.name);
-        assert_eq!((mine[0].start_ns, mine[0].end_ns - mine[0].start_ns), (start, ns));
         // Both clocks are the host's here, aligned when the device is first seen.
         assert!(start + 50_000 >= op.start_ns && start + ns <= op.end_ns + 50_000, "{op:?}");
         assert!(ns <= op.duration_ns(), "{op:?}");
     }
-    assert_eq!(prof.device_timing()[0].device, "example:0");
-    assert_eq!(prof.device_timing()[0].unavailable, None);
-    assert_eq!(prof.device_timing()[0].source, Some(TimeSource::ActivityRecords));
     // A span's device total is the sum over its ops.
     let table = prof.table(&TableOptions { sort_by: SortBy::DeviceTotal, ..Default::default() });
     assert!(table.contains("Self device") && table.contains("Device total"), "{table}");
-    assert!(table.contains("Device time on example:0: the sum of each op's kernel times"), "{table}");
     let first_row = table.lines().nth(3).unwrap();
     assert!(first_row.starts_with("step"), "the span holds every op's device time:\n{table}");
-    // The trace: a device process with one complete event per kernel on its stream's track,
-    // and a flow arrow from each op to its kernel.
+    // The trace: a flow arrow from each op to its device work.
+    let trace: serde_json::Value = serde_json::from_str(&prof.chrome_trace()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    for phase in ["s", "f"] {
+        assert_eq!(events.iter().filter(|e| e["ph"] == phase && e["cat"] == "flow").count(), 6);
+    }
+    prof
+}
+
+#[test]
+fn device_time_comes_from_activity_records_on_a_backend_that_keeps_them() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let prof = three_steps(&example());
+    let kernels = prof.kernels();
+    assert_eq!(kernels.len(), 6, "{kernels:?}");
+    for op in prof.events_of(EventKind::Op) {
+        let mine: Vec<_> = kernels.iter().filter(|k| k.op == Some(op.id)).collect();
+        assert_eq!(mine.len(), 1, "{op:?}");
+        assert_eq!(mine[0].name, op.name);
+        let (start, ns) = (op.device_start_ns.unwrap(), op.device_ns.unwrap());
+        assert_eq!((mine[0].start_ns, mine[0].end_ns - mine[0].start_ns), (start, ns));
+    }
+    assert_eq!(prof.device_timing()[0].device, "example:0");
+    assert_eq!(prof.device_timing()[0].unavailable, None);
+    assert_eq!(prof.device_timing()[0].source, Some(TimeSource::ActivityRecords));
+    let table = prof.table(&TableOptions::default());
+    assert!(table.contains("Device time on example:0: the sum of each op's kernel times"), "{table}");
+    // The trace: a device process with one complete event per kernel on its stream's track.
     let trace: serde_json::Value = serde_json::from_str(&prof.chrome_trace()).unwrap();
     let events = trace["traceEvents"].as_array().unwrap();
     let device_pid = events
@@ -194,9 +209,25 @@ fn device_time_comes_from_activity_records_on_a_backend_that_keeps_them() {
     let device_work: Vec<_> = events.iter().filter(|e| e["ph"] == "X" && e["pid"] == device_pid).collect();
     assert_eq!(device_work.len(), 6);
     assert!(device_work.iter().all(|k| k["cat"] == "kernel" && k["args"]["op"] == k["name"]));
-    for phase in ["s", "f"] {
-        assert_eq!(events.iter().filter(|e| e["ph"] == phase && e["cat"] == "flow").count(), 6);
-    }
+}
+
+#[test]
+fn device_time_falls_back_to_timing_events() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    // The example plugin's switch for its activity records (CUDA without CUPTI is this
+    // case). Every test here holds the turn, so no other thread of this binary reads the
+    // environment meanwhile.
+    std::env::set_var("GENESIS_EXAMPLE_ACTIVITY", "off");
+    let prof = three_steps(&example());
+    std::env::remove_var("GENESIS_EXAMPLE_ACTIVITY");
+    let timing = &prof.device_timing()[0];
+    assert_eq!((timing.device.as_str(), timing.source), ("example:0", Some(TimeSource::TimingEvents)));
+    // One interval per op, named after it.
+    assert_eq!(prof.kernels().len(), 6);
+    let ops: Vec<_> = prof.events_of(EventKind::Op).collect();
+    assert!(prof.kernels().iter().all(|k| ops.iter().any(|o| k.op == Some(o.id) && k.name == o.name)));
+    let table = prof.table(&TableOptions::default());
+    assert!(table.contains("Device time on example:0: the backend's timing events around each op"), "{table}");
 }
 
 #[test]
