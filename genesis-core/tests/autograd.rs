@@ -190,3 +190,44 @@ fn a_leaf_used_three_times_is_accumulated_once_per_pass() -> genesis::Result<()>
     assert_eq!(z.grad().map(|g| g.to_vec::<f32>()).transpose()?, Some(vec![2.0]));
     Ok(())
 }
+
+/// Ops whose backward reads their own output (exp, sqrt, rsqrt, tanh, sigmoid, reciprocal,
+/// expm1, division, powers, product, softmax) give right gradients of gradients: with
+/// create_graph the saved output is used with its history. Before, it was used as a constant
+/// and, for example, the second derivative of exp came out half its value.
+#[test]
+fn second_order_gradients_through_ops_that_read_their_output() {
+    use genesis::testing::{gradcheck, GradcheckOptions};
+    use genesis::{Generator, Result};
+    type Op = fn(&Tensor) -> Result<Tensor>;
+    let ops: [(&str, Op); 13] = [
+        ("exp", |x| x.exp()),
+        ("sqrt", |x| x.sqrt()),
+        ("rsqrt", |x| x.rsqrt()),
+        ("tanh", |x| x.tanh()),
+        ("sigmoid", |x| x.sigmoid()),
+        ("reciprocal", |x| x.reciprocal()),
+        ("expm1", |x| x.expm1()),
+        ("div", |x| x.div(&x.mean_dims(&[-1], true)?)),
+        ("rdiv_scalar", |x| x.rdiv_scalar(2.0)),
+        ("pow", |x| x.pow(&x.mean_dims(&[-1], true)?)),
+        ("prod", |x| x.prod_dims(&[-1], true)),
+        ("softmax", |x| x.softmax(-1)),
+        ("log_softmax", |x| x.log_softmax(-1)),
+    ];
+    for (name, f) in ops {
+        let x = Generator::new(5).uniform(&[3, 4], 0.5, 1.5, DType::F64, &cpu()).unwrap().requires_grad_(true).unwrap();
+        // The gradient of sum(f(x)²), itself differentiated by gradcheck.
+        let checked = gradcheck(
+            |t| {
+                let _on = autograd::set_grad_enabled(true);
+                let x = if t[0].requires_grad() { t[0].clone() } else { t[0].detach().requires_grad_(true)? };
+                let y = f(&x)?;
+                Ok(grad(&[y.square()?.sum()?], &[x], None, true, true)?[0].clone().unwrap())
+            },
+            &[x],
+            GradcheckOptions::default(),
+        );
+        assert!(checked.is_ok(), "{name}: {:?}", checked.err());
+    }
+}

@@ -147,9 +147,13 @@ fn strict_load_errors_leave_the_module_untouched() {
     unexpected.insert("head.9.weight".into(), Tensor::zeros(&[1], DType::F32, &cpu()).unwrap());
     let mut wrong_shape = good.clone();
     wrong_shape.insert("embed.weight".into(), Tensor::zeros(&[11, 4], DType::F32, &cpu()).unwrap());
-    for (bad, needle) in [(missing, "head.2.weight"), (unexpected, "head.9.weight"), (wrong_shape, "embed.weight")] {
+    for (bad, needle, kind) in [
+        (missing, "head.2.weight", ErrorKind::LoadFailed),
+        (unexpected, "head.9.weight", ErrorKind::LoadFailed),
+        (wrong_shape, "embed.weight", ErrorKind::ShapeMismatch),
+    ] {
         let e = target.load_state_dict(&bad, true).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::LoadFailed);
+        assert_eq!(e.kind(), kind);
         assert!(e.message().contains(needle) && e.message().contains("nothing was loaded"), "{e}");
         assert_eq!(values(&target), original, "a failed strict load changed the module");
     }
@@ -162,15 +166,18 @@ fn non_strict_load_reports_and_loads_the_rest() {
     let source_head = sd["head.0.bias"].to_vec::<f32>().unwrap();
     sd.remove("blocks.1.fc.bias");
     sd.insert("extra".into(), Tensor::zeros(&[2], DType::F32, &cpu()).unwrap());
-    sd.insert("head.2.weight".into(), Tensor::zeros(&[2, 8], DType::F32, &cpu()).unwrap());
-    let before_head2 = target.state_dict()["head.2.weight"].to_vec::<f32>().unwrap();
     let report = target.load_state_dict(&sd, false).unwrap();
     assert_eq!(report.missing_keys, ["blocks.1.fc.bias"]);
     assert_eq!(report.unexpected_keys, ["extra"]);
-    assert_eq!(report.shape_mismatches, [("head.2.weight".to_string(), vec![3, 8], vec![2, 8])]);
-    let now = target.state_dict();
-    assert_eq!(now["head.0.bias"].to_vec::<f32>().unwrap(), source_head);
-    assert_eq!(now["head.2.weight"].to_vec::<f32>().unwrap(), before_head2);
+    assert_eq!(target.state_dict()["head.0.bias"].to_vec::<f32>().unwrap(), source_head);
+    // A wrong shape is an error even when not strict (as in PyTorch), and nothing is loaded.
+    let fresh = net();
+    let before = fresh.state_dict()["head.0.bias"].to_vec::<f32>().unwrap();
+    sd.insert("head.2.weight".into(), Tensor::zeros(&[2, 8], DType::F32, &cpu()).unwrap());
+    let e = fresh.load_state_dict(&sd, false).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ShapeMismatch);
+    assert!(e.message().contains("head.2.weight") && e.message().contains("[2, 8]"), "{e}");
+    assert_eq!(fresh.state_dict()["head.0.bias"].to_vec::<f32>().unwrap(), before);
 }
 
 #[test]

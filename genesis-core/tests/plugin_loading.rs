@@ -140,6 +140,28 @@ fn unknown_backend_lists_the_known_ones() {
     fixtures();
     let e = Device::parse("tpu").expect_err("no such backend");
     assert!(e.message().contains("unknown backend 'tpu'") && e.message().contains("cpu"), "{e}");
+    // Where plugins come from, and the file this one would need.
+    assert!(e.message().contains("GENESIS_BACKENDS") && e.message().contains(&plugin_file_name("tpu")), "{e}");
+}
+
+/// A file named for a backend in GENESIS_BACKENDS answers for it: when it fails to load,
+/// asking for the backend gives that failure, not the embedded CPU backend. Runs this test
+/// again in a child process, since discovery reads the variable once per process.
+#[test]
+fn a_failed_file_named_for_a_backend_is_the_answer_for_it() {
+    let missing = "/nonexistent/libgenesis_backend_cpu.so";
+    if std::env::var("GENESIS_BACKENDS").is_ok_and(|v| v.contains(missing)) {
+        let e = Device::parse("cpu").expect_err("the named file does not exist");
+        assert!(e.message().contains(missing) && e.kind() == ErrorKind::DeviceUnavailable, "{e}");
+        return;
+    }
+    let child = Command::new(std::env::current_exe().expect("the test binary"))
+        .args(["--exact", "a_failed_file_named_for_a_backend_is_the_answer_for_it", "--test-threads", "1"])
+        .env("GENESIS_BACKENDS", format!("cpu={missing}"))
+        .output()
+        .expect("run the child");
+    let out = String::from_utf8_lossy(&child.stdout);
+    assert!(child.status.success() && out.contains("1 passed"), "{out}{}", String::from_utf8_lossy(&child.stderr));
 }
 
 #[test]

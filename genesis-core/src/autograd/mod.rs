@@ -18,7 +18,7 @@ pub use mode::{is_grad_enabled, no_grad, set_grad_enabled, GradModeGuard};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::tensor::{Tensor, TensorInner};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// A gradient hook: sees the gradient, may replace it.
 pub type Hook = Box<dyn Fn(&Tensor) -> Result<Option<Tensor>> + Send + Sync>;
@@ -115,4 +115,42 @@ impl Saved {
         }
         Ok(&self.tensor)
     }
+}
+
+/// An op's output saved for its own backward (PyTorch saves outputs the same way): the plain
+/// tensor and a weak link to the node that made it. A backward that builds a graph
+/// (`create_graph`) gets the output with its history, so gradients of gradients through it
+/// are right; the node holds no strong reference to itself.
+#[derive(Clone)]
+pub(crate) struct SavedOutput {
+    saved: Saved,
+    node: Arc<OnceLock<Weak<Node>>>,
+}
+
+impl SavedOutput {
+    /// The output; with grad mode on (inside a `create_graph` backward), with its history.
+    pub fn get(&self, op: &str) -> Result<Tensor> {
+        let t = self.saved.get(op)?.clone();
+        match self.node.get().and_then(Weak::upgrade) {
+            Some(node) if is_grad_enabled() => Ok(t.with_grad_fn(node, 0)),
+            _ => Ok(t),
+        }
+    }
+}
+
+/// [`record1`] for an op whose backward reads its output: `backward` receives the output as
+/// a [`SavedOutput`].
+pub(crate) fn record1_reading_output(
+    name: &'static str,
+    inputs: &[&Tensor],
+    output: Tensor,
+    backward: impl FnOnce(SavedOutput) -> BackwardFn,
+) -> Tensor {
+    let saved = SavedOutput { saved: Saved::new(&output), node: Arc::new(OnceLock::new()) };
+    let link = saved.node.clone();
+    let y = record1(name, inputs, output, backward(saved));
+    if let Some(node) = y.grad_node() {
+        let _ = link.set(Arc::downgrade(node));
+    }
+    y
 }

@@ -285,16 +285,28 @@ pub fn backends() -> Vec<BackendStatus> {
 /// The active backend called `name`; the error explains a failed load or lists the names.
 pub(crate) fn find(name: &str) -> Result<Arc<Backend>> {
     let reg = registry().read().unwrap_or_else(|p| p.into_inner());
-    if let Some(backend) = reg.active.get(name) {
-        return Ok(backend.clone());
-    }
-    if let Some(failed) = reg.records.iter().find(|r| r.name == name && r.outcome.is_err()) {
-        let reason = failed.outcome.as_ref().err().map(|e| e.message().to_string()).unwrap_or_default();
+    let failed = |r: &&Record| r.name == name && r.outcome.is_err();
+    // A file the user named for this backend in GENESIS_BACKENDS answers for it even when it
+    // failed and another copy (the embedded CPU backend) loaded: the user asked for that file.
+    let named = reg.records.iter().filter(failed).find(|r| matches!(r.source, Source::BackendsVar));
+    let failure = match (named, reg.active.get(name)) {
+        (None, Some(backend)) => return Ok(backend.clone()),
+        (Some(named), _) => Some(named),
+        (None, None) => reg.records.iter().find(failed),
+    };
+    if let Some(record) = failure {
+        let reason = record.outcome.as_ref().err().map(|e| e.message().to_string()).unwrap_or_default();
         return Err(Error::new(ErrorKind::DeviceUnavailable, format!("backend '{name}' failed to load: {reason}")));
     }
     let mut names: Vec<&str> = reg.active.keys().map(String::as_str).collect();
     names.sort();
-    Err(Error::invalid(format!("unknown backend '{name}'; available backends: {}", names.join(", "))))
+    let available = if names.is_empty() { "none".to_string() } else { names.join(", ") };
+    Err(Error::invalid(format!(
+        "unknown backend '{name}'; available backends: {available}. Plugins are loaded from GENESIS_BACKENDS \
+         (name=path,...), the folders of GENESIS_PLUGIN_PATH, the running program's folder and \
+         ~/.local/lib/genesis/plugins; a plugin for '{name}' is a file named {}",
+        library_file_name(name)
+    )))
 }
 
 /// The file name a backend called `name` must have.

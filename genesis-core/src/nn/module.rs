@@ -5,7 +5,7 @@
 use crate::autograd::no_grad;
 use crate::device::Device;
 use crate::error::{Error, ErrorKind, Result};
-use crate::serialize::StateDict;
+use crate::serialize::{LoadReport, StateDict};
 use crate::tensor::Tensor;
 use genesis_backend_api::DType;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -78,24 +78,6 @@ pub enum Entry<'a> {
     Child(&'a dyn Module),
     /// The module's training flag (the name is ignored).
     Training(&'a TrainingFlag),
-}
-
-/// What [`Module::load_state_dict`] found.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LoadReport {
-    /// Keys of the module missing from the state dict (left unchanged).
-    pub missing_keys: Vec<String>,
-    /// Keys of the state dict the module does not have (ignored).
-    pub unexpected_keys: Vec<String>,
-    /// `(key, module shape, state dict shape)` of entries whose shapes differ (left unchanged).
-    pub shape_mismatches: Vec<(String, Vec<usize>, Vec<usize>)>,
-}
-
-impl LoadReport {
-    /// True when every key matched with its shape.
-    pub fn is_clean(&self) -> bool {
-        self.missing_keys.is_empty() && self.unexpected_keys.is_empty() && self.shape_mismatches.is_empty()
-    }
 }
 
 fn join(prefix: &str, name: &str) -> String {
@@ -190,52 +172,21 @@ pub trait Module: Send + Sync {
         out
     }
 
-    /// Copy `state` into the parameters and buffers (cast to their dtype and device). Every
-    /// key is checked before anything is written. With `strict`, any missing key, unexpected
-    /// key or shape mismatch is an error and nothing is loaded; without it, the matching
-    /// entries are loaded and the rest reported. (PyTorch raises on shape mismatches even when
-    /// not strict; here non-strict loading skips them, which allows replacing a head.)
+    /// Copy `state` into the parameters and buffers (cast to their dtype and device), as
+    /// PyTorch's `load_state_dict`: every key and shape is checked and every value converted
+    /// before the first write, so on an error nothing was loaded. A shape mismatch is always an
+    /// error; missing or unexpected keys are an error with `strict` and are listed in the
+    /// returned report otherwise. (To replace a layer of another shape, leave its entries out
+    /// of `state` and load with `strict` off.) The same rules as
+    /// [`crate::serialize::load_state_dict_into`], which this calls.
     fn load_state_dict(&self, state: &StateDict, strict: bool) -> Result<LoadReport> {
-        let mut own: Vec<(String, Tensor)> = Vec::new();
+        let mut own = StateDict::new();
         self.walk("", &mut |name, e| {
             if let Entry::Param(p) | Entry::Buffer(p) = e {
-                own.push((name, p.get()));
+                own.insert(name, p.get());
             }
         });
-        let mut report = LoadReport::default();
-        let mut plan: Vec<(Tensor, Tensor)> = Vec::new();
-        for (name, dst) in &own {
-            match state.get(name) {
-                None => report.missing_keys.push(name.clone()),
-                Some(src) if src.shape() != dst.shape() => {
-                    report.shape_mismatches.push((name.clone(), dst.shape().to_vec(), src.shape().to_vec()))
-                }
-                Some(src) => plan.push((dst.clone(), src.clone())),
-            }
-        }
-        report.unexpected_keys = state.keys().filter(|k| !own.iter().any(|(name, _)| name == *k)).cloned().collect();
-        if strict && !report.is_clean() {
-            return Err(Error::new(
-                ErrorKind::LoadFailed,
-                format!(
-                    "load_state_dict (strict): nothing was loaded; missing keys {:?}, unexpected keys {:?}, shape \
-                     mismatches (key, model, file) {:?}",
-                    report.missing_keys, report.unexpected_keys, report.shape_mismatches
-                ),
-            ));
-        }
-        no_grad(|| -> Result<()> {
-            // Convert everything first: a failing conversion then leaves the module untouched.
-            let converted = plan
-                .iter()
-                .map(|(dst, src)| src.to(dst.device())?.to_dtype(dst.dtype()))
-                .collect::<Result<Vec<_>>>()?;
-            for ((dst, _), src) in plan.iter().zip(converted) {
-                dst.copy_(&src)?;
-            }
-            Ok(())
-        })?;
-        Ok(report)
+        crate::serialize::load_state_dict_into(&own, state, strict)
     }
 
     /// Set training mode on this module and every descendant.

@@ -2,7 +2,7 @@
 //! arithmetic, comparisons, where, clamp, masked_fill, and their in-place forms.
 
 use super::{common_device, exec_views, promote_types, promote_with_scalar, sum_to};
-use crate::autograd::{is_grad_enabled, record1, Saved};
+use crate::autograd::{is_grad_enabled, record1, record1_reading_output, BackwardFn, Saved, SavedOutput};
 use crate::error::{Error, Result};
 use crate::tensor::layout::{broadcast_or_err, coalesce};
 use crate::tensor::{Layout, Tensor};
@@ -109,57 +109,63 @@ impl Tensor {
         if !x.requires_grad() || !is_grad_enabled() {
             return Ok(y);
         }
-        let (sx, sy) = (Saved::new(&x), Saved::new(&y));
-        let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
-            let g = opt(g)?;
-            let x = sx.get(op.name())?;
-            let y = || sy.get(op.name());
-            let dx = match op {
-                UnaryOp::Neg => g.neg()?,
-                UnaryOp::Abs => g.mul(&x.sign()?)?,
-                UnaryOp::Exp => g.mul(y()?)?,
-                UnaryOp::Log => g.div(x)?,
-                UnaryOp::Sqrt => g.div(&y()?.mul_scalar(2.0)?)?,
-                UnaryOp::Rsqrt => g.mul(&y()?.pow_scalar(3.0)?)?.mul_scalar(-0.5)?,
-                UnaryOp::Sin => g.mul(&x.cos()?)?,
-                UnaryOp::Cos => g.mul(&x.sin()?)?.neg()?,
-                UnaryOp::Tanh => g.mul(&y()?.square()?.rsub_scalar(1.0)?)?,
-                UnaryOp::Sigmoid => g.mul(&y()?.mul(&y()?.rsub_scalar(1.0)?)?)?,
-                UnaryOp::Relu => g.mul(&x.gt_scalar(0.0)?.to_dtype(g.dtype())?)?,
-                UnaryOp::Gelu => {
-                    // d/dx x·Φ(x) = Φ(x) + x·φ(x)
-                    let cdf = x.mul_scalar(std::f64::consts::FRAC_1_SQRT_2)?.erf()?.add_scalar(1.0)?.mul_scalar(0.5)?;
-                    let pdf =
-                        x.square()?.mul_scalar(-0.5)?.exp()?.mul_scalar(1.0 / (2.0 * std::f64::consts::PI).sqrt())?;
-                    g.mul(&cdf.add(&x.mul(&pdf)?)?)?
-                }
-                UnaryOp::GeluTanh => {
-                    let k = (2.0 / std::f64::consts::PI).sqrt();
-                    let inner = x.add(&x.pow_scalar(3.0)?.mul_scalar(0.044715)?)?.mul_scalar(k)?;
-                    let t = inner.tanh()?;
-                    let dinner = x.square()?.mul_scalar(3.0 * 0.044715)?.add_scalar(1.0)?.mul_scalar(k)?;
-                    let d = t
-                        .add_scalar(1.0)?
-                        .mul_scalar(0.5)?
-                        .add(&x.mul(&t.square()?.rsub_scalar(1.0)?)?.mul(&dinner)?.mul_scalar(0.5)?)?;
-                    g.mul(&d)?
-                }
-                UnaryOp::Silu => {
-                    let s = x.sigmoid()?;
-                    g.mul(&s.mul(&x.mul(&s.rsub_scalar(1.0)?)?.add_scalar(1.0)?)?)?
-                }
-                UnaryOp::Recip => g.mul(&y()?.square()?)?.neg()?,
-                UnaryOp::Square => g.mul(x)?.mul_scalar(2.0)?,
-                UnaryOp::Erf => g.mul(&x.square()?.neg()?.exp()?.mul_scalar(std::f64::consts::FRAC_2_SQRT_PI)?)?,
-                UnaryOp::Log1p => g.div(&x.add_scalar(1.0)?)?,
-                UnaryOp::Expm1 => g.mul(&y()?.add_scalar(1.0)?)?,
-                UnaryOp::Sign | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Not | UnaryOp::IsNan => {
-                    g.zeros_like()?
-                }
-            };
-            Ok(vec![Some(dx)])
-        });
-        Ok(record1(op.name(), &[&x], y, backward))
+        let sx = Saved::new(&x);
+        let backward = move |sy: SavedOutput| -> BackwardFn {
+            Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
+                let g = opt(g)?;
+                let x = sx.get(op.name())?;
+                let y = || sy.get(op.name());
+                let dx = match op {
+                    UnaryOp::Neg => g.neg()?,
+                    UnaryOp::Abs => g.mul(&x.sign()?)?,
+                    UnaryOp::Exp => g.mul(&y()?)?,
+                    UnaryOp::Log => g.div(x)?,
+                    UnaryOp::Sqrt => g.div(&y()?.mul_scalar(2.0)?)?,
+                    UnaryOp::Rsqrt => g.mul(&y()?.pow_scalar(3.0)?)?.mul_scalar(-0.5)?,
+                    UnaryOp::Sin => g.mul(&x.cos()?)?,
+                    UnaryOp::Cos => g.mul(&x.sin()?)?.neg()?,
+                    UnaryOp::Tanh => g.mul(&y()?.square()?.rsub_scalar(1.0)?)?,
+                    UnaryOp::Sigmoid => g.mul(&y()?.mul(&y()?.rsub_scalar(1.0)?)?)?,
+                    UnaryOp::Relu => g.mul(&x.gt_scalar(0.0)?.to_dtype(g.dtype())?)?,
+                    UnaryOp::Gelu => {
+                        // d/dx x·Φ(x) = Φ(x) + x·φ(x)
+                        let cdf =
+                            x.mul_scalar(std::f64::consts::FRAC_1_SQRT_2)?.erf()?.add_scalar(1.0)?.mul_scalar(0.5)?;
+                        let pdf = x
+                            .square()?
+                            .mul_scalar(-0.5)?
+                            .exp()?
+                            .mul_scalar(1.0 / (2.0 * std::f64::consts::PI).sqrt())?;
+                        g.mul(&cdf.add(&x.mul(&pdf)?)?)?
+                    }
+                    UnaryOp::GeluTanh => {
+                        let k = (2.0 / std::f64::consts::PI).sqrt();
+                        let inner = x.add(&x.pow_scalar(3.0)?.mul_scalar(0.044715)?)?.mul_scalar(k)?;
+                        let t = inner.tanh()?;
+                        let dinner = x.square()?.mul_scalar(3.0 * 0.044715)?.add_scalar(1.0)?.mul_scalar(k)?;
+                        let d = t
+                            .add_scalar(1.0)?
+                            .mul_scalar(0.5)?
+                            .add(&x.mul(&t.square()?.rsub_scalar(1.0)?)?.mul(&dinner)?.mul_scalar(0.5)?)?;
+                        g.mul(&d)?
+                    }
+                    UnaryOp::Silu => {
+                        let s = x.sigmoid()?;
+                        g.mul(&s.mul(&x.mul(&s.rsub_scalar(1.0)?)?.add_scalar(1.0)?)?)?
+                    }
+                    UnaryOp::Recip => g.mul(&y()?.square()?)?.neg()?,
+                    UnaryOp::Square => g.mul(x)?.mul_scalar(2.0)?,
+                    UnaryOp::Erf => g.mul(&x.square()?.neg()?.exp()?.mul_scalar(std::f64::consts::FRAC_2_SQRT_PI)?)?,
+                    UnaryOp::Log1p => g.div(&x.add_scalar(1.0)?)?,
+                    UnaryOp::Expm1 => g.mul(&y()?.add_scalar(1.0)?)?,
+                    UnaryOp::Sign | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Not | UnaryOp::IsNan => {
+                        g.zeros_like()?
+                    }
+                };
+                Ok(vec![Some(dx)])
+            })
+        };
+        Ok(record1_reading_output(op.name(), &[&x], y, backward))
     }
 
     /// `-x`
@@ -274,43 +280,45 @@ impl Tensor {
         if !(a.requires_grad() || b.requires_grad()) || !is_grad_enabled() {
             return Ok(y);
         }
-        let (sa, sb, sy) = (Saved::new(&a), Saved::new(&b), Saved::new(&y));
+        let (sa, sb) = (Saved::new(&a), Saved::new(&b));
         let (shape_a, shape_b) = (a.shape().to_vec(), b.shape().to_vec());
-        let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
-            let g = opt(g)?;
-            let name = op.name();
-            let (da, db) = match op {
-                BinaryOp::Add => (g.clone(), g.clone()),
-                BinaryOp::Sub => (g.clone(), g.neg()?),
-                BinaryOp::Mul => (g.mul(sb.get(name)?)?, g.mul(sa.get(name)?)?),
-                BinaryOp::Div => {
-                    let b = sb.get(name)?;
-                    let da = g.div(b)?;
-                    (da.clone(), da.mul(sy.get(name)?)?.neg()?)
-                }
-                BinaryOp::Pow => {
-                    let (a, b, y) = (sa.get(name)?, sb.get(name)?, sy.get(name)?);
-                    let da = g.mul(&b.mul(&a.pow(&b.sub_scalar(1.0)?)?)?)?;
-                    // d/db a^b = a^b ln a; define it as 0 where a == 0 (as PyTorch does).
-                    let ln_a = a.log()?.masked_fill(&a.eq_scalar(0.0)?, 0.0)?;
-                    (da, g.mul(&y.mul(&ln_a)?)?)
-                }
-                BinaryOp::Maximum | BinaryOp::Minimum => {
-                    let (a, b) = (sa.get(name)?, sb.get(name)?);
-                    let wins = if op == BinaryOp::Maximum { a.gt(b)? } else { a.lt(b)? };
-                    // Ties share the gradient equally, as PyTorch does.
-                    let share = wins.to_dtype(g.dtype())?.add(&a.eq(b)?.to_dtype(g.dtype())?.mul_scalar(0.5)?)?;
-                    (g.mul(&share)?, g.mul(&share.rsub_scalar(1.0)?)?)
-                }
-                BinaryOp::Remainder => {
-                    let (a, b) = (sa.get(name)?, sb.get(name)?);
-                    (g.clone(), g.mul(&a.div(b)?.floor()?)?.neg()?)
-                }
-                _ => return Err(Error::invalid(format!("{name} has no gradient"))),
-            };
-            Ok(vec![Some(sum_to(&da, &shape_a)?), Some(sum_to(&db, &shape_b)?)])
-        });
-        Ok(record1(op.name(), &[&a, &b], y, backward))
+        let backward = move |sy: SavedOutput| -> BackwardFn {
+            Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
+                let g = opt(g)?;
+                let name = op.name();
+                let (da, db) = match op {
+                    BinaryOp::Add => (g.clone(), g.clone()),
+                    BinaryOp::Sub => (g.clone(), g.neg()?),
+                    BinaryOp::Mul => (g.mul(sb.get(name)?)?, g.mul(sa.get(name)?)?),
+                    BinaryOp::Div => {
+                        let b = sb.get(name)?;
+                        let da = g.div(b)?;
+                        (da.clone(), da.mul(&sy.get(name)?)?.neg()?)
+                    }
+                    BinaryOp::Pow => {
+                        let (a, b, y) = (sa.get(name)?, sb.get(name)?, &sy.get(name)?);
+                        let da = g.mul(&b.mul(&a.pow(&b.sub_scalar(1.0)?)?)?)?;
+                        // d/db a^b = a^b ln a; define it as 0 where a == 0 (as PyTorch does).
+                        let ln_a = a.log()?.masked_fill(&a.eq_scalar(0.0)?, 0.0)?;
+                        (da, g.mul(&y.mul(&ln_a)?)?)
+                    }
+                    BinaryOp::Maximum | BinaryOp::Minimum => {
+                        let (a, b) = (sa.get(name)?, sb.get(name)?);
+                        let wins = if op == BinaryOp::Maximum { a.gt(b)? } else { a.lt(b)? };
+                        // Ties share the gradient equally, as PyTorch does.
+                        let share = wins.to_dtype(g.dtype())?.add(&a.eq(b)?.to_dtype(g.dtype())?.mul_scalar(0.5)?)?;
+                        (g.mul(&share)?, g.mul(&share.rsub_scalar(1.0)?)?)
+                    }
+                    BinaryOp::Remainder => {
+                        let (a, b) = (sa.get(name)?, sb.get(name)?);
+                        (g.clone(), g.mul(&a.div(b)?.floor()?)?.neg()?)
+                    }
+                    _ => return Err(Error::invalid(format!("{name} has no gradient"))),
+                };
+                Ok(vec![Some(sum_to(&da, &shape_a)?), Some(sum_to(&db, &shape_b)?)])
+            })
+        };
+        Ok(record1_reading_output(op.name(), &[&a, &b], y, backward))
     }
 
     fn binary_scalar(&self, scalar: Scalar, op: BinaryOp, scalar_first: bool) -> Result<Tensor> {
@@ -322,32 +330,34 @@ impl Tensor {
         if op.is_predicate() || !a.requires_grad() || !is_grad_enabled() {
             return Ok(y);
         }
-        let (sa, sy) = (Saved::new(&a), Saved::new(&y));
-        let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
-            let g = opt(g)?;
-            let name = op.name();
-            let da = match (op, scalar_first) {
-                (BinaryOp::Add, _) => g.clone(),
-                (BinaryOp::Sub, false) => g.clone(),
-                (BinaryOp::Sub, true) => g.neg()?,
-                (BinaryOp::Mul, _) => g.mul_scalar(s)?,
-                (BinaryOp::Div, false) => g.div_scalar(s)?,
-                (BinaryOp::Div, true) => g.mul(sy.get(name)?)?.div(sa.get(name)?)?.neg()?,
-                (BinaryOp::Pow, false) => g.mul(&sa.get(name)?.pow_scalar(s - 1.0)?.mul_scalar(s)?)?,
-                (BinaryOp::Pow, true) => g.mul(sy.get(name)?)?.mul_scalar(s.ln())?,
-                (BinaryOp::Maximum | BinaryOp::Minimum, _) => {
-                    let a = sa.get(name)?;
-                    let wins = if op == BinaryOp::Maximum { a.gt_scalar(s)? } else { a.lt_scalar(s)? };
-                    let share =
-                        wins.to_dtype(g.dtype())?.add(&a.eq_scalar(s)?.to_dtype(g.dtype())?.mul_scalar(0.5)?)?;
-                    g.mul(&share)?
-                }
-                (BinaryOp::Remainder, false) => g.clone(),
-                _ => return Err(Error::invalid(format!("{name} with a tensor divisor has no gradient here"))),
-            };
-            Ok(vec![Some(da)])
-        });
-        Ok(record1(op.name(), &[&a], y, backward))
+        let sa = Saved::new(&a);
+        let backward = move |sy: SavedOutput| -> BackwardFn {
+            Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
+                let g = opt(g)?;
+                let name = op.name();
+                let da = match (op, scalar_first) {
+                    (BinaryOp::Add, _) => g.clone(),
+                    (BinaryOp::Sub, false) => g.clone(),
+                    (BinaryOp::Sub, true) => g.neg()?,
+                    (BinaryOp::Mul, _) => g.mul_scalar(s)?,
+                    (BinaryOp::Div, false) => g.div_scalar(s)?,
+                    (BinaryOp::Div, true) => g.mul(&sy.get(name)?)?.div(sa.get(name)?)?.neg()?,
+                    (BinaryOp::Pow, false) => g.mul(&sa.get(name)?.pow_scalar(s - 1.0)?.mul_scalar(s)?)?,
+                    (BinaryOp::Pow, true) => g.mul(&sy.get(name)?)?.mul_scalar(s.ln())?,
+                    (BinaryOp::Maximum | BinaryOp::Minimum, _) => {
+                        let a = sa.get(name)?;
+                        let wins = if op == BinaryOp::Maximum { a.gt_scalar(s)? } else { a.lt_scalar(s)? };
+                        let share =
+                            wins.to_dtype(g.dtype())?.add(&a.eq_scalar(s)?.to_dtype(g.dtype())?.mul_scalar(0.5)?)?;
+                        g.mul(&share)?
+                    }
+                    (BinaryOp::Remainder, false) => g.clone(),
+                    _ => return Err(Error::invalid(format!("{name} with a tensor divisor has no gradient here"))),
+                };
+                Ok(vec![Some(da)])
+            })
+        };
+        Ok(record1_reading_output(op.name(), &[&a], y, backward))
     }
 
     /// `self + other` with broadcasting and type promotion.

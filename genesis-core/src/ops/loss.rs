@@ -193,7 +193,7 @@ pub fn cross_entropy(
     let c = rows.shape()[1];
     let valid = t.ne_scalar(ignore_index)?;
     let op = Op::CrossEntropy { ignore_index, label_smoothing };
-    let loss = if x.dtype() != DType::F64 && super::fused::use_fused(&op, &rows)? {
+    let loss = if super::fused::use_fused(&op, &rows)? {
         cross_entropy_fused(&rows, &t, ignore_index, label_smoothing)?.to_dtype(x.dtype())?
     } else {
         check_targets("cross_entropy", &t, c, ignore_index)?;
@@ -225,8 +225,7 @@ pub(crate) fn cross_entropy_sum_and_grad(
     let n = logits.shape()[0];
     let forward = Op::CrossEntropy { ignore_index, label_smoothing: 0.0 };
     let backward = Op::CrossEntropyBackward { ignore_index, label_smoothing: 0.0 };
-    let fused = logits.dtype() != DType::F64
-        && super::fused::use_fused(&forward, logits)?
+    let fused = super::fused::use_fused(&forward, logits)?
         && (grad_scale.is_none() || super::fused::use_fused(&backward, logits)?);
     let valid = target.ne_scalar(ignore_index)?;
     if fused {

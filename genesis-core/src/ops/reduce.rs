@@ -1,7 +1,7 @@
 //! Reductions over dims: sum, mean, var, std, max, min, prod, argmax, argmin, logsumexp.
 
 use super::exec;
-use crate::autograd::{record1, Saved};
+use crate::autograd::{record1, record1_reading_output, BackwardFn, Saved, SavedOutput};
 use crate::error::{Error, Result};
 use crate::tensor::layout::{reduced_shape, wrap_dim, wrap_dims};
 use crate::tensor::Tensor;
@@ -123,11 +123,13 @@ impl Tensor {
         let dtype = if self.dtype().is_float() { self.dtype() } else { DType::I64 };
         let x = self.to_dtype(dtype)?;
         let y = reduce_raw(ReduceOp::Prod, &x, &wrapped, dtype)?;
-        let (sx, sy) = (Saved::new(&x), Saved::new(&y));
-        let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
-            Ok(vec![Some(grad0(g)?.mul(sy.get("prod")?)?.div(sx.get("prod")?)?)])
-        });
-        let y = record1("prod", &[&x], y, backward);
+        let sx = Saved::new(&x);
+        let backward = move |sy: SavedOutput| -> BackwardFn {
+            Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
+                Ok(vec![Some(grad0(g)?.mul(&sy.get("prod")?)?.div(sx.get("prod")?)?)])
+            })
+        };
+        let y = record1_reading_output("prod", &[&x], y, backward);
         drop_dims(y, self.shape(), &wrapped, keepdim)
     }
 

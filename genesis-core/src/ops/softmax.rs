@@ -2,7 +2,7 @@
 //! fused kernel when the device claims it and a composition of primitives otherwise.
 
 use super::exec;
-use crate::autograd::{record1, Saved};
+use crate::autograd::{record1_reading_output, BackwardFn, SavedOutput};
 use crate::error::{Error, Result};
 use crate::tensor::layout::wrap_dim;
 use crate::tensor::Tensor;
@@ -37,25 +37,26 @@ impl Tensor {
         }
         let y = Tensor::empty(self.shape(), self.dtype(), self.device())?;
         exec(&forward, &[(self, self.layout())], &[&y])?;
-        let sy = Saved::new(&y);
-        let grad_fn = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
-            let g = g[0].as_ref().ok_or_else(|| Error::invalid("missing gradient"))?;
-            let y = sy.get(name)?;
-            // The fused backward is used for first-order gradients only: its own gradient is
-            // not defined, so with create_graph the composition is used instead.
-            if !crate::autograd::is_grad_enabled() && g.device().supports(&backward, g.dtype())? {
-                let dx = Tensor::empty(g.shape(), g.dtype(), g.device())?;
-                exec(&backward, &[(y, y.layout()), (g, g.layout())], &[&dx])?;
-                return Ok(vec![Some(dx)]);
-            }
-            let dx = if log {
-                g.sub(&y.exp()?.mul(&g.sum_dims(&[-1], true)?)?)?
-            } else {
-                y.mul(&g.sub(&g.mul(y)?.sum_dims(&[-1], true)?)?)?
-            };
-            Ok(vec![Some(dx)])
-        });
-        Ok(record1(name, &[self], y, grad_fn))
+        let grad_fn = move |sy: SavedOutput| -> BackwardFn {
+            Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
+                let g = g[0].as_ref().ok_or_else(|| Error::invalid("missing gradient"))?;
+                let y = &sy.get(name)?;
+                // The fused backward is used for first-order gradients only: its own gradient is
+                // not defined, so with create_graph the composition is used instead.
+                if !crate::autograd::is_grad_enabled() && g.device().supports(&backward, g.dtype())? {
+                    let dx = Tensor::empty(g.shape(), g.dtype(), g.device())?;
+                    exec(&backward, &[(y, y.layout()), (g, g.layout())], &[&dx])?;
+                    return Ok(vec![Some(dx)]);
+                }
+                let dx = if log {
+                    g.sub(&y.exp()?.mul(&g.sum_dims(&[-1], true)?)?)?
+                } else {
+                    y.mul(&g.sub(&g.mul(y)?.sum_dims(&[-1], true)?)?)?
+                };
+                Ok(vec![Some(dx)])
+            })
+        };
+        Ok(record1_reading_output(name, &[self], y, grad_fn))
     }
 
     fn softmax_composite(&self, log: bool) -> Result<Tensor> {

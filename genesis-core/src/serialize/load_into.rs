@@ -14,13 +14,22 @@ pub struct LoadReport {
     pub unexpected_keys: Vec<String>,
 }
 
+impl LoadReport {
+    /// True when every name matched.
+    pub fn is_clean(&self) -> bool {
+        self.missing_keys.is_empty() && self.unexpected_keys.is_empty()
+    }
+}
+
 /// Copy the tensors of `source` into the tensors of `target` with the same names, in place
 /// (values are cast to the target's dtype and moved to its device). `target` is a model's
 /// state dict of shared tensors (parameters and buffers), so the model sees the new values.
 ///
-/// Every name and shape is checked before the first copy, so on an error nothing was
-/// loaded: a shape mismatch is always an error; missing or unexpected names are an error when
-/// `strict` and are listed in the returned [`LoadReport`] otherwise.
+/// Every name and shape is checked and every value converted before the first copy, so on an
+/// error nothing was loaded: a shape mismatch is always an error (`ShapeMismatch`, as PyTorch
+/// raises in both modes); missing or unexpected names are an error (`LoadFailed`) when
+/// `strict` and are listed in the returned [`LoadReport`] otherwise. `Module::load_state_dict`
+/// is this function on the module's own state dict.
 pub fn load_state_dict_into(target: &StateDict, source: &StateDict, strict: bool) -> Result<LoadReport> {
     let report = LoadReport {
         missing_keys: target.keys().filter(|k| !source.contains_key(*k)).cloned().collect(),
@@ -39,17 +48,26 @@ pub fn load_state_dict_into(target: &StateDict, source: &StateDict, strict: bool
             format!("load_state_dict: size mismatch for {}; nothing was loaded", mismatched.join(", ")),
         ));
     }
-    if strict && (!report.missing_keys.is_empty() || !report.unexpected_keys.is_empty()) {
-        return Err(Error::invalid(format!(
-            "load_state_dict (strict): missing keys {:?}, unexpected keys {:?}; nothing was loaded",
-            report.missing_keys, report.unexpected_keys
-        )));
+    if strict && !report.is_clean() {
+        return Err(Error::new(
+            ErrorKind::LoadFailed,
+            format!(
+                "load_state_dict (strict): missing keys {:?}, unexpected keys {:?}; nothing was loaded",
+                report.missing_keys, report.unexpected_keys
+            ),
+        ));
     }
     no_grad(|| -> Result<()> {
+        // Convert everything first: a failing conversion then leaves the model untouched.
+        let mut plan = Vec::new();
         for (k, t) in target {
             if let Some(s) = source.get(k) {
-                t.copy_(s).map_err(|e| e.context(format_args!("load_state_dict: `{k}`")))?;
+                let converted = s.to(t.device())?.to_dtype(t.dtype());
+                plan.push((k, t, converted.map_err(|e| e.context(format_args!("load_state_dict: `{k}`")))?));
             }
+        }
+        for (k, t, s) in plan {
+            t.copy_(&s).map_err(|e| e.context(format_args!("load_state_dict: `{k}`")))?;
         }
         Ok(())
     })?;

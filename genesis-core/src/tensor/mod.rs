@@ -278,6 +278,11 @@ impl Tensor {
         Ok(())
     }
 
+    /// The node that produced this tensor (`None` for leaves).
+    pub(crate) fn grad_node(&self) -> Option<&Arc<Node>> {
+        self.inner.grad_fn.as_ref().map(|(n, _)| n)
+    }
+
     /// The name of the op that produced this tensor, for debugging (`None` for leaves).
     pub fn grad_fn_name(&self) -> Option<&'static str> {
         self.inner.grad_fn.as_ref().map(|(n, _)| n.name)
