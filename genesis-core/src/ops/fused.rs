@@ -36,7 +36,7 @@ fn keeps_f32_statistics(op: &Op) -> bool {
     )
 }
 
-/// Run `f` with the nn ops (norms, cross-entropy, attention, rotary, dropout, convolution,
+/// Run `f` with the nn ops (norms, cross-entropy, attention, rotary, SwiGLU, dropout, convolution,
 /// pooling) computed by their compositions of primitive ops instead of the backends' fused
 /// kernels, on this thread. For tests and debugging.
 pub fn composites_only<T>(f: impl FnOnce() -> T) -> T {
