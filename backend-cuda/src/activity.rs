@@ -22,7 +22,7 @@ use genesis_backend_api::{BackendError, DeviceActivity, ErrorKind, Result};
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{c_char, CStr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 /// `CUptiResult`; 0 is success.
@@ -182,6 +182,8 @@ struct Work {
 
 /// Set between `start` and `stop`; `tag` does nothing outside.
 static RECORDING: AtomicBool = AtomicBool::new(false);
+/// CUPTI's clock when the current session started.
+static SESSION_START: AtomicU64 = AtomicU64::new(0);
 static COLLECTED: Mutex<Collected> = Mutex::new(Collected { work: Vec::new(), tags: Vec::new() });
 
 thread_local! {
@@ -311,20 +313,53 @@ pub fn start() -> Result<u64> {
         return Err(BackendError::invalid("activity is already being recorded"));
     }
     *COLLECTED.lock().unwrap_or_else(PoisonError::into_inner) = Collected::default();
-    for (i, &kind) in KINDS.iter().enumerate() {
+    let mut now = 0u64;
+    let enabled = KINDS.iter().enumerate().try_for_each(|(i, &kind)| {
         // SAFETY: plain calls with valid kinds.
-        if let Err(e) = cupti.check(unsafe { (cupti.enable)(kind) }, "cuptiActivityEnable") {
-            for &enabled in &KINDS[..i] {
-                unsafe { (cupti.disable)(enabled) };
-            }
-            RECORDING.store(false, Ordering::Release);
-            return Err(e);
+        cupti.check(unsafe { (cupti.enable)(kind) }, "cuptiActivityEnable").inspect_err(|_| disable(&KINDS[..i]))
+    });
+    // SAFETY: CUPTI writes one u64.
+    let started = enabled.and_then(|()| {
+        cupti.check(unsafe { (cupti.timestamp)(&mut now) }, "cuptiGetTimestamp").inspect_err(|_| disable(&KINDS))
+    });
+    if let Err(e) = started {
+        RECORDING.store(false, Ordering::Release);
+        return Err(e);
+    }
+    // Records a previous session's flush missed may still arrive; they start before this.
+    SESSION_START.store(now, Ordering::Release);
+    Ok(now)
+}
+
+/// Stop recording `kinds` (best effort: on the way out of an error or a session).
+fn disable(kinds: &[u32]) {
+    if let Ok(cupti) = cupti() {
+        for &kind in kinds {
+            // SAFETY: plain calls with valid kinds.
+            unsafe { (cupti.disable)(kind) };
         }
     }
-    let mut now = 0u64;
-    // SAFETY: CUPTI writes one u64.
-    cupti.check(unsafe { (cupti.timestamp)(&mut now) }, "cuptiGetTimestamp")?;
-    Ok(now)
+}
+
+/// Pop the id this thread pushed, if any; returns it.
+fn pop_own(cupti: &Cupti) -> Result<Option<u64>> {
+    PUSHED.with(|pushed| {
+        if !pushed.replace(false) {
+            return Ok(None);
+        }
+        let mut last = 0u64;
+        // SAFETY: pops the id this thread pushed.
+        cupti.check(unsafe { (cupti.pop)(CUSTOM0, &mut last) }, "cuptiActivityPopExternalCorrelationId")?;
+        Ok(Some(last))
+    })
+}
+
+/// Push `id` on this thread.
+fn push(cupti: &Cupti, id: u64) -> Result<()> {
+    // SAFETY: plain call.
+    cupti.check(unsafe { (cupti.push)(CUSTOM0, id) }, "cuptiActivityPushExternalCorrelationId")?;
+    PUSHED.with(|pushed| pushed.set(true));
+    Ok(())
 }
 
 /// Tag this thread's work from now on with `tag` (0: none).
@@ -333,18 +368,15 @@ pub fn tag(tag: u64) -> Result<()> {
         return Ok(());
     }
     let cupti = cupti()?;
-    PUSHED.with(|pushed| {
-        if pushed.replace(false) {
-            let mut last = 0u64;
-            // SAFETY: pops the id this thread pushed.
-            cupti.check(unsafe { (cupti.pop)(CUSTOM0, &mut last) }, "cuptiActivityPopExternalCorrelationId")?;
+    let previous = pop_own(cupti)?;
+    if tag == 0 {
+        return Ok(());
+    }
+    push(cupti, tag).inspect_err(|_| {
+        // Keep the work tagged as it was rather than untagged.
+        if let Some(previous) = previous {
+            let _ = push(cupti, previous);
         }
-        if tag != 0 {
-            // SAFETY: plain call.
-            cupti.check(unsafe { (cupti.push)(CUSTOM0, tag) }, "cuptiActivityPushExternalCorrelationId")?;
-            pushed.set(true);
-        }
-        Ok(())
     })
 }
 
@@ -354,18 +386,19 @@ pub fn stop() -> Result<Vec<DeviceActivity>> {
         return Err(BackendError::invalid("activity is not being recorded"));
     }
     let cupti = cupti()?;
-    tag(0)?;
-    // SAFETY: plain calls; the flush calls `buffer_complete` for every buffer before it returns.
-    let flushed = cupti.check(unsafe { (cupti.flush_all)(FLUSH_FORCED) }, "cuptiActivityFlushAll");
-    for &kind in &KINDS {
-        unsafe { (cupti.disable)(kind) };
-    }
-    flushed?;
+    let popped = pop_own(cupti);
+    // Disable first, then flush: no record is made after the flush (as Kineto does).
+    disable(&KINDS);
+    // SAFETY: plain call; the flush calls `buffer_complete` for every buffer before it returns.
+    cupti.check(unsafe { (cupti.flush_all)(FLUSH_FORCED) }, "cuptiActivityFlushAll")?;
+    popped?;
     let collected = std::mem::take(&mut *COLLECTED.lock().unwrap_or_else(PoisonError::into_inner));
     let tags: HashMap<u32, u64> = collected.tags.into_iter().collect();
+    let session_start = SESSION_START.load(Ordering::Acquire);
     Ok(collected
         .work
         .into_iter()
+        .filter(|w| w.start >= session_start)
         .map(|w| DeviceActivity {
             device: w.device,
             tag: tags.get(&w.correlation_id).copied().unwrap_or(0),

@@ -286,12 +286,19 @@ pub fn backends() -> Vec<BackendStatus> {
 pub(crate) fn find(name: &str) -> Result<Arc<Backend>> {
     let reg = registry().read().unwrap_or_else(|p| p.into_inner());
     let failed = |r: &&Record| r.name == name && r.outcome.is_err();
+    let chosen_by_user = |source: Source| matches!(source, Source::BackendsVar | Source::Explicit);
     // A file the user named for this backend in GENESIS_BACKENDS answers for it even when it
-    // failed and another copy (the embedded CPU backend) loaded: the user asked for that file.
-    let named = reg.records.iter().filter(failed).find(|r| matches!(r.source, Source::BackendsVar));
-    let failure = match (named, reg.active.get(name)) {
-        (None, Some(backend)) => return Ok(backend.clone()),
-        (Some(named), _) => Some(named),
+    // failed and another copy (the embedded CPU backend, a discovered plugin) loaded: the user
+    // asked for that file. A copy the user chose too (another entry, `load_library`) wins.
+    let named = reg.records.iter().filter(failed).find(|r| r.source == Source::BackendsVar);
+    let active = reg.active.get(name).map(|backend| {
+        let source = reg.records.iter().find(|r| r.outcome.as_ref().is_ok_and(|b| Arc::ptr_eq(b, backend)));
+        (backend, source.map(|r| r.source))
+    });
+    let failure = match (named, active) {
+        (Some(named), Some((_, source))) if !source.is_some_and(chosen_by_user) => Some(named),
+        (Some(named), None) => Some(named),
+        (_, Some((backend, _))) => return Ok(backend.clone()),
         (None, None) => reg.records.iter().find(failed),
     };
     if let Some(record) = failure {

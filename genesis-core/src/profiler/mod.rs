@@ -113,6 +113,7 @@ impl Profiler {
         }
         *session = Some(Session {
             start: Instant::now(),
+            setup_ns: 0,
             record_shapes: options.record_shapes,
             profile_memory: options.profile_memory,
             device_time: options.device_time,
@@ -156,19 +157,22 @@ fn finish() -> Option<Profile> {
 fn resolve_device_times(session: &mut Session) -> (Vec<DeviceTiming>, Vec<Kernel>) {
     let mut kernels = Vec::new();
     let mut failed: Vec<(usize, String)> = Vec::new();
+    let names: std::collections::HashMap<u64, &str> = session.events.iter().map(|e| (e.id, e.name.as_str())).collect();
+    let records = |c: &DeviceClock| matches!(c.timing, Timing::Activity { .. });
     for (c, clock) in session.clocks.iter().enumerate() {
         let device = &clock.device;
         match &clock.timing {
             Timing::Activity { offset_ns } => {
-                // The first clock of each backend stops its recording for all its devices.
-                let first = session.clocks.iter().position(|o| o.device.same_backend(device)) == Some(c);
-                if !first {
+                // The first recording clock of each backend stops the recording of all its
+                // devices: always, so that a failed synchronization never leaves it running.
+                let mine = |o: &DeviceClock| records(o) && o.device.same_backend(device);
+                if session.clocks.iter().position(mine) != Some(c) {
                     continue;
                 }
-                let siblings: Vec<usize> =
-                    (0..session.clocks.len()).filter(|&i| session.clocks[i].device.same_backend(device)).collect();
-                let synced = siblings.iter().try_for_each(|&i| session.clocks[i].device.synchronize());
-                match synced.and_then(|()| device.activity_stop()) {
+                let siblings: Vec<usize> = (0..session.clocks.len()).filter(|&i| mine(&session.clocks[i])).collect();
+                let synced: Result<()> = siblings.iter().try_for_each(|&i| session.clocks[i].device.synchronize());
+                let stopped = device.activity_stop();
+                match synced.and(stopped) {
                     Ok(records) => kernels.extend(records.into_iter().map(|r| Kernel {
                         op: (r.tag != 0).then_some(r.tag),
                         device: device.sibling(r.device),
@@ -182,8 +186,6 @@ fn resolve_device_times(session: &mut Session) -> (Vec<DeviceTiming>, Vec<Kernel
             }
             Timing::Events { reference, host_ns } => {
                 let ops: Vec<&TimedOp> = session.timed.iter().filter(|t| t.clock == c).collect();
-                let names: std::collections::HashMap<u64, &str> =
-                    session.events.iter().map(|e| (e.id, e.name.as_str())).collect();
                 let read = device.synchronize().and_then(|()| {
                     ops.iter()
                         .map(|t| {

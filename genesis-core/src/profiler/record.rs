@@ -5,7 +5,7 @@
 
 use crate::device::Device;
 use genesis_backend_api::{DType, EventId};
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -131,6 +131,9 @@ pub(crate) struct TimedOp {
 
 pub(crate) struct Session {
     pub start: Instant,
+    /// Time spent starting device timing (CUPTI's start-up takes milliseconds), left out of
+    /// the session's clock so that no span is charged with it.
+    pub setup_ns: u64,
     pub record_shapes: bool,
     pub profile_memory: bool,
     pub device_time: bool,
@@ -141,7 +144,7 @@ pub(crate) struct Session {
 
 impl Session {
     fn now_ns(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
+        (self.start.elapsed().as_nanos() as u64).saturating_sub(self.setup_ns)
     }
 
     /// The index of `device`'s clock, starting one on first sight: activity records when its
@@ -154,15 +157,21 @@ impl Session {
             Timing::Activity { offset_ns } if c.device.same_backend(device) => Some(offset_ns),
             _ => None,
         });
-        let timing = match shared
-            .ok_or(())
-            .or_else(|()| device.activity_start().map(|backend_ns| self.now_ns() as i128 - backend_ns as i128))
-        {
-            Ok(offset_ns) => Timing::Activity { offset_ns },
-            Err(no_activity) => match device.synchronize().and_then(|()| device.record_event()) {
-                Ok(reference) => Timing::Events { reference, host_ns: self.now_ns() },
-                Err(no_events) => Timing::Unavailable(format!("{no_activity}; {no_events}")),
-            },
+        let setup = Instant::now();
+        let started = match shared {
+            Some(offset_ns) => Ok(Ok(offset_ns)),
+            None => device.activity_start().map(Err),
+        };
+        let fallback = started.as_ref().err().map(|_| device.synchronize().and_then(|()| device.record_event()));
+        // The session clock leaves the start-up out from here on; the host instant that
+        // matches the backend's reading (or the reference event) is its end.
+        self.setup_ns += setup.elapsed().as_nanos() as u64;
+        let timing = match (started, fallback) {
+            (Ok(Ok(offset_ns)), _) => Timing::Activity { offset_ns },
+            (Ok(Err(backend_ns)), _) => Timing::Activity { offset_ns: self.now_ns() as i128 - backend_ns as i128 },
+            (Err(_), Some(Ok(reference))) => Timing::Events { reference, host_ns: self.now_ns() },
+            (Err(no_activity), Some(Err(no_events))) => Timing::Unavailable(format!("{no_activity}; {no_events}")),
+            (Err(no_activity), None) => Timing::Unavailable(no_activity.to_string()),
         };
         self.clocks.push(DeviceClock { device: device.clone(), timing });
         self.clocks.len() - 1
@@ -178,8 +187,6 @@ thread_local! {
     static THREAD: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
     /// Ids of the spans open on this thread, innermost last.
     static OPEN: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
-    /// The activity tag in force on this thread (the open op's id, 0 for none).
-    static TAG: Cell<u64> = const { Cell::new(0) };
 }
 
 /// True while a profiler records: the one branch every op pays when profiling is off.
@@ -200,10 +207,9 @@ fn with_session<T>(f: impl FnOnce(&mut Session) -> T) -> Option<T> {
 #[derive(Clone, Copy)]
 enum OpTiming {
     None,
-    /// Its work is tagged with its id; `previous` is the tag to restore after it.
-    Tagged {
-        previous: u64,
-    },
+    /// Its work is tagged with its id (ops never nest: each is one backend call, so the tag
+    /// goes back to 0 after it).
+    Tagged,
     /// The timing event recorded before it, on clock `clock`.
     Event {
         clock: usize,
@@ -256,13 +262,10 @@ impl Span {
         let timing = match method {
             Method::None => OpTiming::None,
             Method::Tag => {
-                let previous = TAG.with(|t| t.replace(event.id));
-                match device.activity_tag(event.id) {
-                    Ok(()) => OpTiming::Tagged { previous },
-                    Err(_) => {
-                        TAG.with(|t| t.set(previous));
-                        OpTiming::None
-                    }
+                if device.activity_tag(event.id).is_ok() {
+                    OpTiming::Tagged
+                } else {
+                    OpTiming::None
                 }
             }
             Method::Event(clock) => {
@@ -310,9 +313,8 @@ impl Drop for Span {
         let Some(mut event) = self.event.take() else { return };
         let end = match (self.timing, &event.device) {
             (OpTiming::Event { .. }, Some(device)) => device.record_event().ok(),
-            (OpTiming::Tagged { previous }, Some(device)) => {
-                TAG.with(|t| t.set(previous));
-                let _ = device.activity_tag(previous);
+            (OpTiming::Tagged, Some(device)) => {
+                let _ = device.activity_tag(0);
                 None
             }
             _ => None,
@@ -340,7 +342,7 @@ pub(crate) fn memory(device: &Device, bytes: i64) {
         if !s.profile_memory {
             return;
         }
-        let now = s.start.elapsed().as_nanos() as u64;
+        let now = s.now_ns();
         let name = if bytes >= 0 { "[memory] allocate" } else { "[memory] free" };
         let parent = OPEN.with(|o| o.borrow().last().copied());
         let mut event =

@@ -25,8 +25,8 @@ impl LoadReport {
 /// (values are cast to the target's dtype and moved to its device). `target` is a model's
 /// state dict of shared tensors (parameters and buffers), so the model sees the new values.
 ///
-/// Every name and shape is checked and every value converted before the first copy, so on an
-/// error nothing was loaded: a shape mismatch is always an error (`ShapeMismatch`, as PyTorch
+/// Every name and shape is checked and every value cast to the model's dtype before the first
+/// copy, so on an error (other than running out of device memory midway) nothing was loaded: a shape mismatch is always an error (`ShapeMismatch`, as PyTorch
 /// raises in both modes); missing or unexpected names are an error (`LoadFailed`) when
 /// `strict` and are listed in the returned [`LoadReport`] otherwise. `Module::load_state_dict`
 /// is this function on the module's own state dict.
@@ -58,16 +58,20 @@ pub fn load_state_dict_into(target: &StateDict, source: &StateDict, strict: bool
         ));
     }
     no_grad(|| -> Result<()> {
-        // Convert everything first: a failing conversion then leaves the model untouched.
+        // Cast everything first, where the values are (a failing cast then leaves the model
+        // untouched); then move and copy one tensor at a time, so that loading a host state
+        // dict into a GPU model never holds a second copy of the whole model on the GPU.
+        fn context(k: &str) -> impl Fn(Error) -> Error + '_ {
+            move |e| e.context(format_args!("load_state_dict: `{k}`"))
+        }
         let mut plan = Vec::new();
         for (k, t) in target {
             if let Some(s) = source.get(k) {
-                let converted = s.to(t.device())?.to_dtype(t.dtype());
-                plan.push((k, t, converted.map_err(|e| e.context(format_args!("load_state_dict: `{k}`")))?));
+                plan.push((k, t, s.to_dtype(t.dtype()).map_err(context(k))?));
             }
         }
         for (k, t, s) in plan {
-            t.copy_(&s).map_err(|e| e.context(format_args!("load_state_dict: `{k}`")))?;
+            t.copy_(&s).map_err(context(k))?;
         }
         Ok(())
     })?;

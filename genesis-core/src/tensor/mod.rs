@@ -342,6 +342,11 @@ impl Tensor {
 
     /// Backpropagate with an explicit output gradient (required for non-scalars), keeping the
     /// graph (`retain_graph`) or recording the gradient computation (`create_graph`).
+    ///
+    /// With `create_graph`, a leaf's `.grad` holds a graph that leads back to the leaf, a
+    /// reference cycle that keeps both alive (as in PyTorch, which warns about it): clear the
+    /// gradients (`zero_grad`, or set them to `None`) when done, or use [`crate::grad`], which
+    /// returns the gradients instead of storing them.
     pub fn backward_with(&self, gradient: Option<&Tensor>, retain_graph: bool, create_graph: bool) -> Result<()> {
         let roots = seed_gradients(std::slice::from_ref(self), gradient.map(std::slice::from_ref))?;
         autograd::run_backward(&roots, retain_graph || create_graph, create_graph, None).map(|_| ())
