@@ -130,6 +130,15 @@ pub fn main(args: &[String]) -> i32 {
         }
         return EXIT_OK;
     }
+    if !args.cfg.filters.is_empty() && selected_cases(&target, &args.cfg).is_empty() {
+        // Zero cases would read as CONFORMANT; a filter that matches nothing is a mistake.
+        eprintln!(
+            "no case of this tier matches --filter {}: filters are globs on whole case ids (`nn/swiglu/*`, \
+             `*swiglu*`); --list shows the ids",
+            args.cfg.filters.join(", ")
+        );
+        return EXIT_USAGE;
+    }
     let start = Instant::now();
     let quiet = args.quiet;
     let results = run(&target, &args.cfg, |r| {
