@@ -1,13 +1,17 @@
 //! Decode benchmark of a Qwen2.5-0.5B-shaped model with random weights: a prefill of
-//! `--prompt` tokens, then `--new` greedy tokens at batch 1. Prints time to first token,
-//! decode tokens/s and peak device memory as one JSON line (`benches/qwen2/run.sh` runs it
-//! next to transformers on the same GPU).
+//! `--prompt` tokens, then `--new` greedy tokens for `--batch` rows. Prints time to first
+//! token, decode tokens/s (all rows) and peak device memory as one JSON line per mode:
+//! `--graph both` (the default) runs the decode step uncaptured, then replayed from a captured
+//! graph, and checks that both produce the same ids. `--profile N` adds, per mode, the device
+//! time and kernel count per token over N profiled tokens. (`benches/qwen2/gpu_run.sh` runs
+//! it next to transformers on the same GPU.)
 //!
-//! `cargo run --release --example qwen2_bench -- --device cuda --dtype bf16 [--prompt 512 --new 256]`
+//! `cargo run --release --example qwen2_bench -- --device cuda --dtype bf16 [--prompt 512 --new 256 --batch 1]`
 
 use genesis::generation::{Generation, GenerationConfig};
 use genesis::models::hf::parse_dtype;
 use genesis::models::qwen2::{Qwen2Config, Qwen2ForCausalLM};
+use genesis::profiler::{profile, ProfilerOptions};
 use genesis::{Device, Error, Result};
 use std::time::Instant;
 
@@ -16,11 +20,23 @@ struct Args {
     dtype: String,
     prompt: usize,
     new: usize,
+    batch: usize,
     layers: Option<usize>,
+    graph: Vec<bool>,
+    profile: usize,
 }
 
 fn parse_args() -> Result<Args> {
-    let mut args = Args { device: "cuda".into(), dtype: "bf16".into(), prompt: 512, new: 256, layers: None };
+    let mut args = Args {
+        device: "cuda".into(),
+        dtype: "bf16".into(),
+        prompt: 512,
+        new: 256,
+        batch: 1,
+        layers: None,
+        graph: vec![false, true],
+        profile: 0,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| Error::invalid(format!("{flag} needs a value")));
@@ -31,30 +47,88 @@ fn parse_args() -> Result<Args> {
             "--prompt" => args.prompt = number(value()?)?,
             "--new" => args.new = number(value()?)?,
             "--layers" => args.layers = Some(number(value()?)?),
+            "--batch" => args.batch = number(value()?)?.max(1),
+            "--profile" => args.profile = number(value()?)?,
+            "--graph" => {
+                args.graph = match value()?.as_str() {
+                    "on" => vec![true],
+                    "off" => vec![false],
+                    "both" => vec![false, true],
+                    other => return Err(Error::invalid(format!("--graph: on, off or both, not {other}"))),
+                }
+            }
             other => return Err(Error::invalid(format!("unknown flag {other}"))),
         }
     }
     Ok(args)
 }
 
-/// Time to first token (prefill and one sampled id on the host) and the seconds of the
-/// remaining `new - 1` steps.
-fn run(model: &Qwen2ForCausalLM, prompt: &[u32], new: usize) -> Result<(f64, f64)> {
-    let config = GenerationConfig { max_new_tokens: new, ..Default::default() };
+/// What one generation measured.
+struct Run {
+    /// Prefill and one sampled id per row on the host, seconds.
+    ttft: f64,
+    /// Seconds of the remaining `new - 1` steps.
+    decode: f64,
+    ids: Vec<Vec<Option<u32>>>,
+    graph: bool,
+}
+
+fn run(model: &Qwen2ForCausalLM, prompts: &[Vec<u32>], new: usize, use_graph: bool) -> Result<Run> {
+    let config = GenerationConfig { max_new_tokens: new, use_graph, ..Default::default() };
     let start = Instant::now();
-    let mut generation = Generation::new(model, &[prompt.to_vec()], &config)?;
-    generation.step()?;
+    let mut generation = Generation::new(model, prompts, &config)?;
+    let mut ids = vec![generation.step()?];
     let ttft = start.elapsed().as_secs_f64();
     let decode_start = Instant::now();
-    let mut steps = 0;
     while !generation.is_done() {
-        generation.step()?;
-        steps += 1;
+        ids.push(generation.step()?);
     }
-    if steps + 1 != new {
-        return Err(Error::invalid(format!("expected {new} tokens, generated {}", steps + 1)));
+    if ids.len() != new {
+        return Err(Error::invalid(format!("expected {new} tokens, generated {}", ids.len())));
     }
-    Ok((ttft, decode_start.elapsed().as_secs_f64()))
+    Ok(Run { ttft, decode: decode_start.elapsed().as_secs_f64(), ids, graph: generation.uses_graph() })
+}
+
+/// Device time and kernels per token over `tokens` profiled decode steps (after the prompt
+/// and the capture, which are not profiled).
+fn profile_tokens(model: &Qwen2ForCausalLM, prompts: &[Vec<u32>], tokens: usize, use_graph: bool) -> Result<String> {
+    let config = GenerationConfig { max_new_tokens: tokens + 2, use_graph, ..Default::default() };
+    let mut generation = Generation::new(model, prompts, &config)?;
+    generation.step()?;
+    generation.step()?;
+    let options = ProfilerOptions { record_shapes: false, profile_memory: false, device_time: true };
+    let start = Instant::now();
+    let (_, prof) = profile(options, || (0..tokens).try_for_each(|_| generation.step().map(|_| ())))?;
+    let wall = start.elapsed().as_secs_f64();
+    let busy: u64 = prof.kernels().iter().map(|k| k.end_ns - k.start_ns).sum();
+    let mut by_name: std::collections::BTreeMap<&str, (usize, u64)> = Default::default();
+    for k in prof.kernels() {
+        let e = by_name.entry(k.name.as_str()).or_default();
+        *e = (e.0 + 1, e.1 + (k.end_ns - k.start_ns));
+    }
+    let mut top: Vec<_> = by_name.into_iter().collect();
+    top.sort_by_key(|(_, (_, ns))| std::cmp::Reverse(*ns));
+    let top: Vec<String> = top
+        .iter()
+        .take(8)
+        .map(|(name, (n, ns))| {
+            let short: String = name.chars().take(48).collect();
+            format!(
+                "{{\"kernel\": \"{short}\", \"per_token\": {:.1}, \"us_per_token\": {:.1}}}",
+                *n as f64 / tokens as f64,
+                *ns as f64 / 1e3 / tokens as f64
+            )
+        })
+        .collect();
+    Ok(format!(
+        "{{\"profile\": \"{}\", \"tokens\": {tokens}, \"kernels_per_token\": {:.1}, \"device_busy_ms_per_token\": {:.3}, \
+         \"wall_ms_per_token_profiled\": {:.3}, \"top\": [{}]}}",
+        if generation.uses_graph() { "graph" } else { "plain" },
+        prof.kernels().len() as f64 / tokens as f64,
+        busy as f64 / 1e6 / tokens as f64,
+        wall * 1e3 / tokens as f64,
+        top.join(", ")
+    ))
 }
 
 fn main() -> Result<()> {
@@ -67,24 +141,43 @@ fn main() -> Result<()> {
     }
     genesis::manual_seed(0);
     let model = Qwen2ForCausalLM::new(config.clone(), &device, dtype)?;
-    let prompt: Vec<u32> = (0..args.prompt).map(|i| ((i * 7919 + 13) % config.vocab_size) as u32).collect();
-    // Warm-up: kernel compilation, library handles and the allocator stay out of the numbers.
-    run(&model, &prompt[..args.prompt.min(64)], 8)?;
-    device.synchronize()?;
-    device.reset_peak_memory_stats()?;
-    let (ttft, decode) = run(&model, &prompt, args.new)?;
-    let peak = device.max_memory_allocated()? as f64 / (1u64 << 30) as f64;
-    let tokens_per_s = (args.new - 1) as f64 / decode;
-    println!(
-        "{{\"engine\": \"genesis\", \"device\": \"{}\", \"dtype\": \"{}\", \"prompt\": {}, \"new\": {}, \"ttft_ms\": {:.2}, \
-         \"decode_tokens_per_s\": {:.1}, \"peak_memory_gib\": {:.3}}}",
-        device.properties()?.name,
-        args.dtype,
-        args.prompt,
-        args.new,
-        ttft * 1e3,
-        tokens_per_s,
-        peak
-    );
+    let prompts: Vec<Vec<u32>> = (0..args.batch)
+        .map(|row| (0..args.prompt).map(|i| ((i * 7919 + row * 104_729 + 13) % config.vocab_size) as u32).collect())
+        .collect();
+    let warm: Vec<Vec<u32>> = prompts.iter().map(|p| p[..args.prompt.min(64)].to_vec()).collect();
+    let mut reference: Option<Vec<Vec<Option<u32>>>> = None;
+    for &use_graph in &args.graph {
+        // Warm-up: kernel compilation, library handles and the allocator stay out of the numbers.
+        run(&model, &warm, 8, use_graph)?;
+        device.synchronize()?;
+        device.reset_peak_memory_stats()?;
+        let r = run(&model, &prompts, args.new, use_graph)?;
+        let peak = device.max_memory_allocated()? as f64 / (1u64 << 30) as f64;
+        let tokens_per_s = ((args.new - 1) * args.batch) as f64 / r.decode;
+        let same = match &reference {
+            None => {
+                reference = Some(r.ids.clone());
+                "null".to_string()
+            }
+            Some(ids) => (ids == &r.ids).to_string(),
+        };
+        println!(
+            "{{\"engine\": \"genesis\", \"device\": \"{}\", \"dtype\": \"{}\", \"prompt\": {}, \"new\": {}, \
+             \"batch\": {}, \"graph\": {}, \"ttft_ms\": {:.2}, \"decode_tokens_per_s\": {:.1}, \"peak_memory_gib\": {:.3}, \
+             \"same_ids_as_first_mode\": {same}}}",
+            device.properties()?.name,
+            args.dtype,
+            args.prompt,
+            args.new,
+            args.batch,
+            r.graph,
+            r.ttft * 1e3,
+            tokens_per_s,
+            peak
+        );
+        if args.profile > 0 {
+            println!("{}", profile_tokens(&model, &prompts, args.profile, use_graph)?);
+        }
+    }
     Ok(())
 }

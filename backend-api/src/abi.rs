@@ -11,7 +11,7 @@ use crate::info::{MemoryStats, RawBackendInfo, RawDeviceProperties, RawProbe};
 use crate::op::{Capability, RawOp};
 use crate::tensor::{BufferId, TensorDesc};
 #[cfg(not(feature = "fixture-api-1-0"))]
-use crate::traits::{CollectiveArg, CommId, DeviceActivity, EventId};
+use crate::traits::{CollectiveArg, CommId, DeviceActivity, EventId, GraphId};
 use abi_stable::library::RootModule;
 use abi_stable::sabi_types::VersionStrings;
 use abi_stable::std_types::{RResult, RSlice, RSliceMut, RVec};
@@ -166,6 +166,18 @@ pub struct PluginModule {
     /// Stop recording and return the activity. Since 1.4.
     #[cfg(not(feature = "fixture-api-1-0"))]
     pub activity_stop: extern "C" fn() -> RawResult<RVec<DeviceActivity>>,
+    /// Start capturing a device's work into a graph. Since 1.5.
+    #[cfg(not(feature = "fixture-api-1-0"))]
+    pub capture_begin: extern "C" fn(u32) -> RawResult<()>,
+    /// Stop capturing and return the graph. Since 1.5.
+    #[cfg(not(feature = "fixture-api-1-0"))]
+    pub capture_end: extern "C" fn(u32) -> RawResult<GraphId>,
+    /// Run a captured graph again. Since 1.5.
+    #[cfg(not(feature = "fixture-api-1-0"))]
+    pub graph_replay: extern "C" fn(u32, GraphId) -> RawResult<()>,
+    /// Release a captured graph. Since 1.5.
+    #[cfg(not(feature = "fixture-api-1-0"))]
+    pub graph_release: extern "C" fn(u32, GraphId) -> RawResult<()>,
 }
 
 impl RootModule for PluginModuleRef {

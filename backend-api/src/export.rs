@@ -10,7 +10,7 @@ use crate::error::{BackendError, ErrorKind, RawError, Result};
 use crate::info::{MemoryStats, RawBackendInfo, RawDeviceProperties, RawProbe};
 use crate::op::{Capability, CollectiveOp, Op, RawOp};
 use crate::tensor::{BufferId, TensorDesc};
-use crate::traits::{Backend, CollectiveArg, CommId, Device, DeviceActivity, EventId, Rank};
+use crate::traits::{Backend, CollectiveArg, CommId, Device, DeviceActivity, EventId, GraphId, Rank};
 use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::std_types::{RErr, ROk, RSlice, RSliceMut, RVec};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -208,6 +208,26 @@ extern "C" fn release_events<E: Exported>(index: u32, events: RSlice<'_, EventId
 }
 
 #[cfg(not(feature = "fixture-api-1-0"))]
+extern "C" fn capture_begin<E: Exported>(index: u32) -> RawResult<()> {
+    guard("capture_begin", || E::instance().device(index)?.capture_begin())
+}
+
+#[cfg(not(feature = "fixture-api-1-0"))]
+extern "C" fn capture_end<E: Exported>(index: u32) -> RawResult<GraphId> {
+    guard("capture_end", || E::instance().device(index)?.capture_end())
+}
+
+#[cfg(not(feature = "fixture-api-1-0"))]
+extern "C" fn graph_replay<E: Exported>(index: u32, graph: GraphId) -> RawResult<()> {
+    guard("graph_replay", || E::instance().device(index)?.graph_replay(graph))
+}
+
+#[cfg(not(feature = "fixture-api-1-0"))]
+extern "C" fn graph_release<E: Exported>(index: u32, graph: GraphId) -> RawResult<()> {
+    guard("graph_release", || E::instance().device(index)?.graph_release(graph))
+}
+
+#[cfg(not(feature = "fixture-api-1-0"))]
 extern "C" fn comm_unique_id<E: Exported>() -> RawResult<RVec<u8>> {
     guard("comm_unique_id", || E::instance().backend.comm_unique_id().map(RVec::from))
 }
@@ -340,13 +360,21 @@ pub fn module<E: Exported>() -> PluginModuleRef {
         activity_tag: activity_tag::<E>,
         #[cfg(not(feature = "fixture-api-1-0"))]
         activity_stop: activity_stop::<E>,
+        #[cfg(not(feature = "fixture-api-1-0"))]
+        capture_begin: capture_begin::<E>,
+        #[cfg(not(feature = "fixture-api-1-0"))]
+        capture_end: capture_end::<E>,
+        #[cfg(not(feature = "fixture-api-1-0"))]
+        graph_replay: graph_replay::<E>,
+        #[cfg(not(feature = "fixture-api-1-0"))]
+        graph_release: graph_release::<E>,
     }
     .leak_into_prefix()
 }
 
 // Keep the unused-import lint quiet when the optional tail is compiled out.
 #[cfg(feature = "fixture-api-1-0")]
-const _: Option<(CollectiveOp, CollectiveArg, Rank<()>, EventId, CommId, DeviceActivity)> = None;
+const _: Option<(CollectiveOp, CollectiveArg, Rank<()>, EventId, CommId, DeviceActivity, GraphId)> = None;
 
 /// Export a backend from a plugin crate.
 ///

@@ -44,7 +44,7 @@ pub use error::{BackendError, ErrorKind, RawError, Result};
 pub use info::{BackendInfo, DeviceProperties, MemoryStats, Probe, RawBackendInfo, RawDeviceProperties, RawProbe};
 pub use op::{BinaryOp, Capability, CollectiveOp, Domain, Op, OpAttrs, OpKind, RawOp, ReduceOp, UnaryOp, Window2d};
 pub use tensor::{contiguous_strides, is_contiguous, BufferId, TensorDesc, MAX_DIMS};
-pub use traits::{Backend, CollectiveArg, CommId, Device, DeviceActivity, EventId, Rank};
+pub use traits::{Backend, CollectiveArg, CommId, Device, DeviceActivity, EventId, GraphId, Rank};
 
 /// An interface version, `major.minor`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -63,4 +63,4 @@ impl std::fmt::Display for ApiVersion {
 
 /// The interface version this crate defines (see `CHANGELOG.md` for what each minor added).
 pub const API_VERSION: ApiVersion =
-    ApiVersion { major: 1, minor: if cfg!(feature = "fixture-api-1-0") { 0 } else { 4 } };
+    ApiVersion { major: 1, minor: if cfg!(feature = "fixture-api-1-0") { 0 } else { 5 } };

@@ -4,6 +4,7 @@
 pub mod checks;
 pub mod collective;
 pub mod domain;
+pub mod graph;
 pub mod philox;
 pub mod window;
 

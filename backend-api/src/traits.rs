@@ -24,6 +24,12 @@ pub struct CollectiveArg {
 #[derive(abi_stable::StableAbi, Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct EventId(pub u64);
 
+/// A captured graph of device work ([`Device::capture_end`]): an opaque handle the host only
+/// passes back to the device that captured it.
+#[repr(transparent)]
+#[derive(abi_stable::StableAbi, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GraphId(pub u64);
+
 /// One piece of work a device ran while activity was recorded
 /// ([`Backend::activity_start`]): a kernel, a copy or a fill, with its device times.
 #[repr(C)]
@@ -253,5 +259,41 @@ pub trait Device: Send + Sync + 'static {
     fn release_events(&self, events: &[EventId]) -> Result<()> {
         let _ = events;
         Err(BackendError::unsupported("timing events are not implemented by this backend"))
+    }
+
+    /// Start capturing: until [`Device::capture_end`], the work issued to this device is
+    /// recorded into a graph instead of run (CUDA's stream capture). While capturing, reading
+    /// from or writing to a buffer from the host is an error; allocating and freeing are not.
+    /// The host keeps every buffer a captured op touches alive until the graph is released,
+    /// and issues work to a capturing device from one thread only.
+    ///
+    /// Optional (since 1.5), like the three functions after it: the default returns
+    /// `Unsupported`, and the host then runs the same work uncaptured each time.
+    /// [`crate::sdk::graph::Recorder`] implements them by recording [`Device::execute`] calls,
+    /// for a backend without a graph facility of its own. Beginning while capturing is an
+    /// `InvalidArgument` error.
+    fn capture_begin(&self) -> Result<()> {
+        Err(BackendError::unsupported("graph capture is not implemented by this backend"))
+    }
+
+    /// Stop capturing and return the graph. Always leaves the device out of capture mode; if
+    /// the captured work could not be made a graph (an op failed while capturing, say), the
+    /// error says why and no graph exists.
+    fn capture_end(&self) -> Result<GraphId> {
+        Err(BackendError::unsupported("graph capture is not implemented by this backend"))
+    }
+
+    /// Run the captured work again, in issue order after the work issued so far, on the same
+    /// buffers (what they hold now). Errors of the replayed work surface like those of any
+    /// asynchronous work.
+    fn graph_replay(&self, graph: GraphId) -> Result<()> {
+        let _ = graph;
+        Err(BackendError::unsupported("graph capture is not implemented by this backend"))
+    }
+
+    /// Release a graph; its handle becomes invalid.
+    fn graph_release(&self, graph: GraphId) -> Result<()> {
+        let _ = graph;
+        Err(BackendError::unsupported("graph capture is not implemented by this backend"))
     }
 }

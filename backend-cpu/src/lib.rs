@@ -15,9 +15,10 @@ mod math;
 
 use allocator::CachingAllocator;
 use genesis_backend_api::sdk::expect_no_overlap;
+use genesis_backend_api::sdk::graph::Recorder;
 use genesis_backend_api::{
-    Backend, BackendError, BackendInfo, BufferId, Capability, Device, DeviceProperties, MemoryStats, Op, Probe, Result,
-    TensorDesc,
+    Backend, BackendError, BackendInfo, BufferId, Capability, Device, DeviceProperties, GraphId, MemoryStats, Op,
+    Probe, Result, TensorDesc,
 };
 use kernels::View;
 
@@ -59,13 +60,15 @@ impl Backend for CpuBackend {
     }
 
     fn open_device(&self, _index: usize) -> Result<CpuDevice> {
-        Ok(CpuDevice { allocator: CachingAllocator::default() })
+        Ok(CpuDevice { allocator: CachingAllocator::default(), graphs: Recorder::default() })
     }
 }
 
 /// The host as a device.
 pub struct CpuDevice {
     allocator: CachingAllocator,
+    /// Graphs are recorded ops (the host's work is all there is to save on a CPU).
+    graphs: Recorder,
 }
 
 impl CpuDevice {
@@ -94,6 +97,7 @@ impl Device for CpuDevice {
     }
 
     fn write(&self, dst: BufferId, offset: usize, src: &[u8]) -> Result<()> {
+        self.graphs.refuse_while_capturing("cpu: write")?;
         let ptr = self.range(dst, offset, src.len())?;
         // SAFETY: the destination range is inside the buffer; host memory never aliases it.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), ptr, src.len()) };
@@ -101,6 +105,7 @@ impl Device for CpuDevice {
     }
 
     fn read(&self, src: BufferId, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.graphs.refuse_while_capturing("cpu: read")?;
         let ptr = self.range(src, offset, dst.len())?;
         // SAFETY: as in `write`.
         unsafe { std::ptr::copy_nonoverlapping(ptr, dst.as_mut_ptr(), dst.len()) };
@@ -141,7 +146,27 @@ impl Device for CpuDevice {
         }
         let resolve =
             |descs: &[TensorDesc]| descs.iter().map(|d| View::resolve(d, &self.allocator)).collect::<Result<Vec<_>>>();
-        (kernel.run)(op, &resolve(inputs)?, &resolve(outputs)?)
+        let (ins, outs) = (resolve(inputs)?, resolve(outputs)?);
+        if self.graphs.record(op, inputs, outputs) {
+            return Ok(());
+        }
+        (kernel.run)(op, &ins, &outs)
+    }
+
+    fn capture_begin(&self) -> Result<()> {
+        self.graphs.begin()
+    }
+
+    fn capture_end(&self) -> Result<GraphId> {
+        self.graphs.end()
+    }
+
+    fn graph_replay(&self, graph: GraphId) -> Result<()> {
+        self.graphs.replay(graph, |op, inputs, outputs| self.execute(op, inputs, outputs))
+    }
+
+    fn graph_release(&self, graph: GraphId) -> Result<()> {
+        self.graphs.release(graph)
     }
 }
 

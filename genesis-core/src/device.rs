@@ -4,8 +4,8 @@ use crate::backend::{self, Backend};
 use crate::error::{Error, ErrorKind, Result};
 use abi_stable::std_types::RSlice;
 use genesis_backend_api::{
-    BufferId, Capability, CollectiveArg, CollectiveOp, CommId, DeviceActivity, DeviceProperties, EventId, MemoryStats,
-    Op, RawOp, TensorDesc,
+    BufferId, Capability, CollectiveArg, CollectiveOp, CommId, DeviceActivity, DeviceProperties, EventId, GraphId,
+    MemoryStats, Op, RawOp, TensorDesc,
 };
 use std::fmt;
 use std::sync::Arc;
@@ -222,6 +222,31 @@ impl Device {
     pub fn activity_stop(&self) -> Result<Vec<DeviceActivity>> {
         let function = self.module().activity_stop().ok_or_else(|| self.lacks("activity_stop"))?;
         self.check(function(), "activity_stop").map(|records| records.into_vec())
+    }
+
+    /// Low level ([`crate::graph::Graph`]): start capturing this device's work into a graph.
+    /// `Unsupported` when the backend has no graphs (interface 1.5, optional).
+    pub fn capture_begin(&self) -> Result<()> {
+        let function = self.module().capture_begin().ok_or_else(|| self.lacks("capture_begin"))?;
+        self.check(function(self.index), "capture_begin")
+    }
+
+    /// Low level: stop capturing and return the graph.
+    pub fn capture_end(&self) -> Result<GraphId> {
+        let function = self.module().capture_end().ok_or_else(|| self.lacks("capture_end"))?;
+        self.check(function(self.index), "capture_end")
+    }
+
+    /// Low level: run a captured graph again.
+    pub fn graph_replay(&self, graph: GraphId) -> Result<()> {
+        let function = self.module().graph_replay().ok_or_else(|| self.lacks("graph_replay"))?;
+        self.check(function(self.index, graph), "graph_replay")
+    }
+
+    /// Low level: release a captured graph.
+    pub fn graph_release(&self, graph: GraphId) -> Result<()> {
+        let function = self.module().graph_release().ok_or_else(|| self.lacks("graph_release"))?;
+        self.check(function(self.index, graph), "graph_release")
     }
 
     /// Device `index` of the same backend, without opening it (the profiler names devices

@@ -277,3 +277,22 @@ fn bad_inputs_are_clear_errors() {
     let c = Tensor::zeros(&[2, 3], DType::F32, &cpu()).unwrap();
     assert_eq!(kind(F::rotary_embedding(&q, &c, &c)), ErrorKind::ShapeMismatch);
 }
+
+/// Grouped-query attention with a mask per batch, query head and position (and a float mask)
+/// equals attention over keys and values repeated to every query head.
+#[test]
+fn grouped_masked_attention_equals_repeated_heads() {
+    let (q, k, v) = (rand(&[2, 6, 3, 4], 40), rand(&[2, 2, 5, 4], 41), rand(&[2, 2, 5, 4], 42));
+    let heads = Tensor::from_vec(vec![0i64, 0, 0, 1, 1, 1], &[6], &cpu()).unwrap();
+    let (kr, vr) = (k.index_select(1, &heads).unwrap(), v.index_select(1, &heads).unwrap());
+    // Every query sees key 0, so no row is empty.
+    let keep: Vec<bool> = (0..2 * 6 * 3 * 5).map(|i| i % 5 == 0 || (i * 7919) % 3 != 0).collect();
+    let keep = Tensor::from_vec(keep, &[2, 6, 3, 5], &cpu()).unwrap();
+    let bias = Generator::new(43).uniform(&[2, 1, 3, 5], -2.0, 2.0, DType::F64, &cpu()).unwrap();
+    for mask in [keep, bias] {
+        let a = F::scaled_dot_product_attention(&q, &k, &v, Some(&mask), false, None).unwrap();
+        let b = F::scaled_dot_product_attention(&q, &kr, &vr, Some(&mask), false, None).unwrap();
+        let (a, b) = (a.to_vec::<f64>().unwrap(), b.to_vec::<f64>().unwrap());
+        assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 1e-12));
+    }
+}

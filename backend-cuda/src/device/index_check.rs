@@ -8,6 +8,7 @@ use genesis_backend_api::{BackendError, Result};
 
 /// An index bounds check queued on the stream (see `ops::rows::check_indices`): what the
 /// error names if the device finds a bad index.
+#[derive(Clone)]
 pub struct IndexCheck {
     /// Device address of the checking module's `index_fault` word pair.
     pub fault: u64,

@@ -6,6 +6,7 @@
 //! issued since the last synchronization, and `GENESIS_CUDA_SYNC=1` synchronizes after every
 //! op to name the exact one.
 
+mod graphs;
 mod index_check;
 mod modules;
 
@@ -18,7 +19,7 @@ use crate::kernels::{Args, Operand};
 use crate::ops;
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 use genesis_backend_api::{
-    BackendError, BufferId, Capability, DType, Device, ErrorKind, EventId, MemoryStats, Op, Result, TensorDesc,
+    BackendError, BufferId, Capability, DType, Device, ErrorKind, EventId, GraphId, MemoryStats, Op, Result, TensorDesc,
 };
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
@@ -115,6 +116,8 @@ pub struct CudaDevice {
     plant_fault: Option<String>,
     /// cuBLAS, opened on the first matrix product.
     pub(crate) blas: OnceLock<Result<crate::blas::Blas>>,
+    /// Captured graphs and the capture in progress.
+    graphs: graphs::Graphs,
 }
 
 // SAFETY: the raw CUDA handles are used under locks or are immutable after creation; the
@@ -168,6 +171,7 @@ impl CudaDevice {
             sync_each_op: std::env::var_os("GENESIS_CUDA_SYNC").is_some_and(|v| v != "0"),
             plant_fault: std::env::var("GENESIS_CUDA_PLANT_FAULT").ok().filter(|v| !v.is_empty()),
             blas: OnceLock::new(),
+            graphs: graphs::Graphs::default(),
         })
     }
 
@@ -210,6 +214,9 @@ impl CudaDevice {
 
     /// Return a scratch buffer; stream order makes this safe while the op is still queued.
     pub fn free_scratch(&self, id: BufferId) -> Result<()> {
+        if self.graphs.hold_scratch(id) {
+            return Ok(());
+        }
         self.memory().free(id)
     }
 
@@ -300,6 +307,7 @@ impl Device for CudaDevice {
     }
 
     fn write(&self, dst: BufferId, offset: usize, src: &[u8]) -> Result<()> {
+        self.graphs.refuse_while_capturing("write")?;
         let ptr = self.range(dst, offset, src.len())?;
         if src.is_empty() {
             return Ok(());
@@ -312,6 +320,7 @@ impl Device for CudaDevice {
     }
 
     fn read(&self, src: BufferId, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.graphs.refuse_while_capturing("read")?;
         let ptr = self.range(src, offset, dst.len())?;
         self.bind()?;
         crate::groups::wait_for_collectives(self.ctx.ordinal())?;
@@ -324,6 +333,7 @@ impl Device for CudaDevice {
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.graphs.refuse_while_capturing("synchronize")?;
         self.bind()?;
         self.wait("synchronize")
     }
@@ -338,6 +348,7 @@ impl Device for CudaDevice {
     }
 
     fn empty_cache(&self) -> Result<()> {
+        self.graphs.refuse_while_capturing("empty_cache")?;
         self.bind()?;
         self.memory().empty_cache()
     }
@@ -369,6 +380,22 @@ impl Device for CudaDevice {
 
     fn release_events(&self, events: &[EventId]) -> Result<()> {
         Self::lock(&self.events).release(events)
+    }
+
+    fn capture_begin(&self) -> Result<()> {
+        CudaDevice::capture_begin(self)
+    }
+
+    fn capture_end(&self) -> Result<GraphId> {
+        CudaDevice::capture_end(self)
+    }
+
+    fn graph_replay(&self, graph: GraphId) -> Result<()> {
+        CudaDevice::graph_replay(self, graph)
+    }
+
+    fn graph_release(&self, graph: GraphId) -> Result<()> {
+        CudaDevice::graph_release(self, graph)
     }
 }
 

@@ -33,6 +33,10 @@ pub struct GenerationConfig {
     pub stop_strings: Vec<String>,
     /// Id used for left padding and for rows that have finished.
     pub pad_token_id: Option<u32>,
+    /// Decode by replaying a captured device graph of the model's step where the model and
+    /// the backend allow it (one launch per token instead of hundreds; the ids are the same
+    /// either way). Genesis's own setting, not read from `generation_config.json`.
+    pub use_graph: bool,
 }
 
 impl Default for GenerationConfig {
@@ -49,6 +53,7 @@ impl Default for GenerationConfig {
             eos_token_ids: vec![],
             stop_strings: vec![],
             pad_token_id: None,
+            use_graph: true,
         }
     }
 }

@@ -20,7 +20,8 @@ pub use sampling::{min_p_filter, repetition_penalty, sample, top_k_filter, top_p
 
 use crate::autograd::no_grad;
 use crate::device::Device;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
+use crate::graph::Graph;
 use crate::models::KvCache;
 use crate::random::Generator;
 use crate::tensor::Tensor;
@@ -32,6 +33,22 @@ pub trait CausalLM {
     /// `cache.len()` positions already in `cache` (and are appended to it). `key_valid (b,
     /// cache.len() + s)` marks real tokens (1) and left padding (0) when rows differ in length.
     fn forward_step(&self, ids: &Tensor, key_valid: Option<&Tensor>, cache: &mut KvCache) -> Result<Tensor>;
+    /// The logits `(b, vocab)` of one new token per row, `ids (b, 1)`, at the position held by
+    /// the device tensor `position (1,)` (i64), written into `cache`'s full-capacity buffers
+    /// (see [`KvCache::write_at`]) and attending to the keys `key_mask (b, 1, 1,
+    /// cache.capacity())` keeps; `cache.len()` is not advanced. Such a step can be captured
+    /// as a graph and replayed for every token. `None` (the default) when the model has none;
+    /// generation then calls [`forward_step`](CausalLM::forward_step) for every token.
+    fn forward_step_at(
+        &self,
+        ids: &Tensor,
+        position: &Tensor,
+        key_mask: &Tensor,
+        cache: &mut KvCache,
+    ) -> Option<Result<Tensor>> {
+        let _ = (ids, position, key_mask, cache);
+        None
+    }
     /// An empty cache that holds `capacity` positions before growing.
     fn new_cache(&self, capacity: usize) -> KvCache;
     /// Size of the output vocabulary.
@@ -52,6 +69,8 @@ pub struct Generation<'m, M: CausalLM + ?Sized> {
     device: Device,
     /// The ids to feed next: the left-padded prompts first, then the last tokens.
     next_input: Tensor,
+    /// The last tokens fed, on the host.
+    feed: Vec<i64>,
     /// `(b, positions)` 1 for real tokens, 0 for padding; `None` when no row is padded.
     key_valid: Option<Tensor>,
     /// `(b, vocab)` count of each token per row, for the repetition penalty.
@@ -59,6 +78,18 @@ pub struct Generation<'m, M: CausalLM + ?Sized> {
     finished: Vec<bool>,
     produced: usize,
     pad: u32,
+    /// The decode step as a captured graph, once made.
+    replay: Replay,
+}
+
+/// The decode step captured as a graph, with the tensors it reads and writes.
+enum Replay {
+    /// Not tried yet (the prompt has not been run).
+    Untried,
+    /// Off: disabled by the config, or the model or backend cannot capture.
+    Off,
+    /// Every token replays `graph` after writing `ids` and `position`; it writes `logits`.
+    On { graph: Graph, ids: Tensor, position: Tensor, logits: Tensor },
 }
 
 impl<'m, M: CausalLM + ?Sized> Generation<'m, M> {
@@ -111,6 +142,7 @@ impl<'m, M: CausalLM + ?Sized> Generation<'m, M> {
             None => Generator::default_for(&device),
         };
         let cache = model.new_cache(len + config.max_new_tokens);
+        let replay = if config.use_graph { Replay::Untried } else { Replay::Off };
         Ok(Generation {
             model,
             config,
@@ -118,17 +150,25 @@ impl<'m, M: CausalLM + ?Sized> Generation<'m, M> {
             cache,
             device,
             next_input,
+            feed: Vec::new(),
             key_valid,
             seen,
             finished: vec![false; b],
             produced: 0,
             pad,
+            replay,
         })
     }
 
     /// True when every row has stopped or `max_new_tokens` are out.
     pub fn is_done(&self) -> bool {
         self.produced >= self.config.max_new_tokens || self.finished.iter().all(|&f| f)
+    }
+
+    /// Whether the tokens after the first come from replaying a captured graph of the decode
+    /// step ([`GenerationConfig::use_graph`]); false until the first token has been produced.
+    pub fn uses_graph(&self) -> bool {
+        matches!(self.replay, Replay::On { .. })
     }
 
     /// Mark `row` as finished (for instance on a stop string found by the caller).
@@ -146,8 +186,25 @@ impl<'m, M: CausalLM + ?Sized> Generation<'m, M> {
             return Ok(vec![]);
         }
         let b = self.finished.len();
+        if self.produced > 0 && matches!(self.replay, Replay::Untried) {
+            self.replay = self.capture()?;
+        }
         let next = no_grad(|| -> Result<Vec<i64>> {
-            let logits = self.model.forward_step(&self.next_input, self.key_valid.as_ref(), &mut self.cache)?;
+            let logits = match &self.replay {
+                Replay::On { graph, ids, position, logits } => {
+                    if b == 1 {
+                        // A fill is a kernel: no host copy to stage.
+                        ids.fill_(self.feed[0] as f64)?;
+                    } else {
+                        ids.copy_(&self.next_input)?;
+                    }
+                    position.fill_(self.cache.len() as f64)?;
+                    graph.replay()?;
+                    self.cache.advance(1);
+                    logits.clone()
+                }
+                _ => self.model.forward_step(&self.next_input, self.key_valid.as_ref(), &mut self.cache)?,
+            };
             let ids = sample(&logits, self.seen.as_ref(), &self.config, &self.rng)?;
             ids.to_vec::<i64>()
         })?;
@@ -165,8 +222,13 @@ impl<'m, M: CausalLM + ?Sized> Generation<'m, M> {
             }
         }
         self.produced += 1;
-        self.next_input = Tensor::from_vec(feed.clone(), &[b, 1], &self.device)?;
-        if let Some(valid) = &self.key_valid {
+        self.feed = feed.clone();
+        if b > 1 || self.seen.is_some() || !matches!(self.replay, Replay::On { .. }) {
+            self.next_input = Tensor::from_vec(feed.clone(), &[b, 1], &self.device)?;
+        }
+        if matches!(self.replay, Replay::On { .. }) {
+            // The captured step reads its key mask from the prompt's padding alone.
+        } else if let Some(valid) = &self.key_valid {
             let ones = Tensor::ones(&[b, 1], valid.dtype(), &self.device)?;
             self.key_valid = Some(Tensor::cat(&[valid.clone(), ones], 1)?);
         }
@@ -175,6 +237,48 @@ impl<'m, M: CausalLM + ?Sized> Generation<'m, M> {
             self.seen = Some(no_grad(|| seen.scatter_add(1, &self.next_input, &add))?);
         }
         Ok(out)
+    }
+}
+
+impl<'m, M: CausalLM + ?Sized> Generation<'m, M> {
+    /// Capture the model's positioned decode step as a graph, after the prompt has filled the
+    /// cache: `Off` when the model has no such step or the backend cannot capture.
+    fn capture(&mut self) -> Result<Replay> {
+        let (b, len, capacity) = (self.finished.len(), self.cache.len(), self.cache.capacity());
+        if capacity < len + self.config.max_new_tokens - self.produced {
+            return Ok(Replay::Off);
+        }
+        let device = self.device.clone();
+        no_grad(|| -> Result<Replay> {
+            self.cache.zero_from(len)?;
+            let ids = Tensor::zeros(&[b, 1], DType::I64, &device)?;
+            let position = Tensor::zeros(&[1], DType::I64, &device)?;
+            // Keys the step may see: those before and at its position that are not padding.
+            let keys = Tensor::arange(0.0, capacity as f64, 1.0, DType::I64, &device)?;
+            let valid = match &self.key_valid {
+                Some(v) => {
+                    // `v` also covers the token about to be fed; later positions are all real.
+                    let generated = Tensor::ones(&[b, capacity - v.shape()[1]], v.dtype(), &device)?;
+                    Some(Tensor::cat(&[v.clone(), generated], 1)?.ne_scalar(0)?.reshape(&[b as isize, 1, 1, -1])?)
+                }
+                None => None,
+            };
+            let (model, cache) = (self.model, &mut self.cache);
+            let captured = Graph::capture(&device, || -> Result<Option<Tensor>> {
+                let seen = keys.le(&position)?;
+                let mask = match &valid {
+                    Some(v) => seen.logical_and(v)?,
+                    None => seen.reshape(&[1, 1, 1, -1])?,
+                };
+                model.forward_step_at(&ids, &position, &mask, cache).transpose()
+            });
+            Ok(match captured {
+                Ok((graph, Some(logits))) => Replay::On { graph, ids, position, logits },
+                Ok((_, None)) => Replay::Off,
+                Err(e) if e.kind() == ErrorKind::Unsupported => Replay::Off,
+                Err(e) => return Err(e),
+            })
+        })
     }
 }
 

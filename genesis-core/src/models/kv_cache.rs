@@ -114,6 +114,40 @@ impl KvCache {
         })
     }
 
+    /// Write `k, v (batch, kv_heads, 1, head_dim)` of `layer` at the position held by the
+    /// device tensor `position (1,)` (i64) and return the layer's whole buffers, all
+    /// [`capacity`](KvCache::capacity) positions: the step of a captured decode graph, whose
+    /// position changes between replays without the host rewriting the graph. The buffers
+    /// must exist and their positions from `position` on must be zero
+    /// ([`zero_from`](KvCache::zero_from)): the write adds into them.
+    pub fn write_at(&mut self, layer: usize, position: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let n = self.layers.len();
+        let (kb, vb) = self
+            .layers
+            .get(layer)
+            .ok_or_else(|| Error::invalid(format!("kv cache: layer {layer} of {n}")))?
+            .as_ref()
+            .ok_or_else(|| Error::invalid(format!("kv cache: layer {layer} has no buffers to write into")))?;
+        no_grad(|| -> Result<()> {
+            kb.index_add_(2, position, k)?;
+            vb.index_add_(2, position, v)
+        })?;
+        Ok((kb.clone(), vb.clone()))
+    }
+
+    /// Set every layer's positions from `start` to the capacity to zero (before
+    /// [`write_at`](KvCache::write_at) fills them).
+    pub fn zero_from(&mut self, start: usize) -> Result<()> {
+        for (kb, vb) in self.layers.iter().flatten() {
+            let rest = kb.shape()[2].saturating_sub(start);
+            if rest > 0 {
+                kb.narrow(2, start, rest)?.zero_()?;
+                vb.narrow(2, start, rest)?.zero_()?;
+            }
+        }
+        Ok(())
+    }
+
     /// Count `s` more filled positions (after every layer has appended them).
     pub fn advance(&mut self, s: usize) {
         self.len += s;

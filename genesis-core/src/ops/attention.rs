@@ -56,6 +56,45 @@ fn probabilities(q: &Tensor, k: &Tensor, mask: Option<&Tensor>, causal: Option<C
     scores.softmax(-1)
 }
 
+/// The composition `softmax(scale·q kᵀ + mask) v` for `q (b, hq, s, d)` and `k, v (b, hk, t,
+/// d)`: each kv head's `group` query heads are stacked into one matrix of `group·s` rows (a
+/// reshape), so `k` and `v` are read in place, never repeated per query head.
+fn grouped(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    causal: Option<Causal>,
+    scale: f64,
+    group: usize,
+) -> Result<Tensor> {
+    let (qs, t) = (q.shape(), k.shape()[2]);
+    let (b, hq, s, d) = (qs[0] as isize, qs[1] as isize, qs[2] as isize, qs[3] as isize);
+    let (hk, g) = (k.shape()[1] as isize, group as isize);
+    let rows = q.reshape(&[b, hk, g * s, d])?;
+    let mut scores = rows.matmul(&k.transpose(-1, -2)?)?.mul_scalar(scale)?.reshape(&[b, hk, g, s, t as isize])?;
+    if let Some(causal) = causal {
+        let keep = causal_keep(qs[2], t, causal, q)?;
+        scores = scores.masked_fill(&keep.logical_not()?, f64::NEG_INFINITY)?;
+    }
+    if let Some(m) = mask {
+        // (.., heads, s, t) with heads 1 or hq: split the heads like the queries.
+        let mut m = m.clone();
+        while m.rank() < 4 {
+            m = m.unsqueeze(0)?;
+        }
+        let ms: Vec<isize> = m.shape().iter().map(|&n| n as isize).collect();
+        let m = if ms[1] == 1 { m.unsqueeze(1)? } else { m.reshape(&[ms[0], hk, g, ms[2], ms[3]])? };
+        scores = if m.dtype() == DType::Bool {
+            scores.masked_fill(&m.logical_not()?, f64::NEG_INFINITY)?
+        } else {
+            scores.add(&m.to_dtype(scores.dtype())?)?
+        };
+    }
+    let p = scores.softmax(-1)?.reshape(&[b, hk, g * s, t as isize])?;
+    p.matmul(v)?.reshape(&[b, hq, s, d])
+}
+
 /// Scaled dot-product attention (`F.scaled_dot_product_attention`) of `q (b, hq, s, d)` with
 /// `k, v (b, hk, t, d)`, `hq` a multiple of `hk` (grouped-query attention). `attn_mask`
 /// broadcasts to `(b, hq, s, t)`: a bool mask keeps the `true` positions, a float mask is
@@ -137,8 +176,7 @@ fn attention(
                     ))
                 })?;
         }
-        let p = probabilities(&q, &repeat_kv(&k, group)?, attn_mask, causal, scale)?;
-        return p.matmul(&repeat_kv(&v, group)?);
+        return grouped(&q, &k, &v, attn_mask, causal, scale, group);
     }
     let o = Tensor::empty(qs, q.dtype(), q.device())?;
     let lse = Tensor::empty(&qs[..3], DType::F32, q.device())?;

@@ -546,7 +546,7 @@ impl Tensor {
     // ---- in place ----
 
     /// Refuse in-place writes that would corrupt the autograd graph.
-    fn check_in_place(&self, op: &str, others: &[&Tensor]) -> Result<()> {
+    pub(crate) fn check_in_place(&self, op: &str, others: &[&Tensor]) -> Result<()> {
         if is_grad_enabled() && (self.requires_grad() || others.iter().any(|t| t.requires_grad())) {
             return Err(Error::invalid(format!(
                 "{op}: in-place operations on tensors that take part in autograd are not supported \

@@ -69,6 +69,42 @@ impl Tensor {
         Ok(record1("index_select", &[self], out, backward))
     }
 
+    /// Add `src`'s slices along `dim` into this tensor at the positions `index` (1-D) names,
+    /// in place (`Tensor.index_add_`): `self.select(dim, index[i]) += src.select(dim, i)`.
+    /// Not differentiable (like every in-place op here, it refuses tensors that take part in
+    /// autograd); the index stays on the device, so it works inside a captured graph.
+    pub fn index_add_(&self, dim: isize, index: &Tensor, src: &Tensor) -> Result<()> {
+        self.check_in_place("index_add_", &[src])?;
+        let d = wrap_dim("index_add_", dim, self.rank())?;
+        let index = index_i64("index_add_", index)?;
+        let mut expected = self.shape().to_vec();
+        expected[d] = index.numel();
+        if index.rank() != 1 || src.shape() != expected.as_slice() {
+            return Err(super::shape_err(format!(
+                "index_add_: index must be 1-D and source {expected:?} for {:?} along dim {d}, got index {:?} and \
+                 source {:?}",
+                self.shape(),
+                index.shape(),
+                src.shape()
+            )));
+        }
+        if src.dtype() != self.dtype() {
+            return Err(super::dtype_err(format!(
+                "index_add_: source dtype {} differs from the tensor's {}",
+                src.dtype(),
+                self.dtype()
+            )));
+        }
+        common_device("index_add_", &[self, &index, src])?;
+        exec_views(
+            &Op::IndexAdd { dim: d as u32 },
+            &[(src, src.layout()), (&index, index.layout())],
+            &[(self, self.layout())],
+        )?;
+        self.storage().bump_version();
+        Ok(())
+    }
+
     /// Rows of the `(num, dim)` table `self` for integer `ids` of any shape
     /// (`F.embedding`): the result has shape `ids.shape + [dim]`.
     pub fn embedding(&self, ids: &Tensor) -> Result<Tensor> {

@@ -54,6 +54,9 @@ pub(crate) fn exec_views(op: &Op, inputs: &[(&Tensor, &Layout)], outputs: &[(&Te
     let ins = inputs.iter().map(|(t, l)| t.desc_with(l)).collect::<Result<Vec<_>>>()?;
     let outs = outputs.iter().map(|(t, l)| t.desc_with(l)).collect::<Result<Vec<_>>>()?;
     let _trace = tracing::trace_span!("genesis::op", name = op.name()).entered();
+    if crate::graph::capturing() {
+        crate::graph::keep_alive(inputs.iter().map(|(t, _)| *t).chain(outputs.iter().map(|(t, _)| *t)));
+    }
     if !crate::profiler::active() {
         return device.execute(op, &ins, &outs);
     }

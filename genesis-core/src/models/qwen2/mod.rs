@@ -66,6 +66,15 @@ impl CausalLM for Qwen2ForCausalLM {
     fn forward_step(&self, ids: &Tensor, key_valid: Option<&Tensor>, cache: &mut KvCache) -> Result<Tensor> {
         Qwen2ForCausalLM::forward_step(self, ids, key_valid, cache)
     }
+    fn forward_step_at(
+        &self,
+        ids: &Tensor,
+        position: &Tensor,
+        key_mask: &Tensor,
+        cache: &mut KvCache,
+    ) -> Option<Result<Tensor>> {
+        Some(Qwen2ForCausalLM::forward_step_at(self, ids, position, key_mask, cache))
+    }
     fn new_cache(&self, capacity: usize) -> KvCache {
         Qwen2ForCausalLM::new_cache(self, capacity)
     }

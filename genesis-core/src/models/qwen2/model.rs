@@ -96,9 +96,21 @@ pub(crate) struct Context<'a> {
     /// `(b, 1, s, t)` bool mask of the keys each query may see, when padding makes the plain
     /// causal mask wrong.
     pub mask: Option<&'a Tensor>,
+    /// For a decode step whose position lives on the device (a captured graph): that
+    /// position and its rotary rows; `start` is then unused.
+    pub at: Option<&'a DevicePosition>,
 }
 
-const FULL_SEQUENCE: Context<'static> = Context { start: 0, mask: None };
+/// The position of a one-token decode step as a device tensor, and its rotary rows.
+pub(crate) struct DevicePosition {
+    /// `(1,)` i64.
+    pub position: Tensor,
+    /// `(1, head_dim / 2)` cosines and sines of the position's angles.
+    pub cos: Tensor,
+    pub sin: Tensor,
+}
+
+const FULL_SEQUENCE: Context<'static> = Context { start: 0, mask: None, at: None };
 
 /// Grouped-query self-attention: q/k/v projections with bias, rotary positions, causal
 /// attention over the cache, output projection without bias.
@@ -152,11 +164,15 @@ impl Qwen2Attention {
             self.split_heads(&k, self.kv_heads)?,
             self.split_heads(&v, self.kv_heads)?,
         );
-        let (cos, sin) = self.rope.get(ctx.start, s, q.dtype())?;
+        let (cos, sin) = match ctx.at {
+            Some(at) => (at.cos.clone(), at.sin.clone()),
+            None => self.rope.get(ctx.start, s, q.dtype())?,
+        };
         let (q, k) = (rotary_embedding(&q, &cos, &sin)?, rotary_embedding(&k, &cos, &sin)?);
-        let (k, v) = match cache {
-            Some((cache, layer)) => cache.append(layer, &k, &v)?,
-            None => (k, v),
+        let (k, v) = match (cache, ctx.at) {
+            (Some((cache, layer)), Some(at)) => cache.write_at(layer, &at.position, &k, &v)?,
+            (Some((cache, layer)), None) => cache.append(layer, &k, &v)?,
+            (None, _) => (k, v),
         };
         // Without a mask, causal over the cache: the queries are the last `s` key positions.
         let o = match ctx.mask {
@@ -269,6 +285,8 @@ pub struct Qwen2Model {
     pub layers: ModuleList<Qwen2DecoderLayer>,
     /// The final RMSNorm.
     pub norm: RMSNorm,
+    /// The rotary tables every layer shares.
+    rope: Arc<RotaryTables>,
 }
 
 impl Qwen2Model {
@@ -282,6 +300,7 @@ impl Qwen2Model {
             embed_tokens: Embedding { weight: embed },
             layers: ModuleList::new(layers),
             norm: rms_norm(source, "model.norm", c)?,
+            rope,
         })
     }
 
@@ -294,13 +313,18 @@ impl Qwen2Model {
         mask: Option<&Tensor>,
         mut cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
-        let ctx = Context { start, mask };
-        let mut x = self.embed_tokens.forward(ids)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            x = layer.forward_ctx(&x, &ctx, cache.as_deref_mut().map(|c| (c, i)))?;
-        }
+        let ctx = Context { start, mask, at: None };
+        let x = self.layers_forward(ids, &ctx, cache.as_deref_mut())?;
         if let Some(cache) = cache {
             cache.advance(ids.shape()[1]);
+        }
+        Ok(x)
+    }
+
+    fn layers_forward(&self, ids: &Tensor, ctx: &Context<'_>, mut cache: Option<&mut KvCache>) -> Result<Tensor> {
+        let mut x = self.embed_tokens.forward(ids)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = layer.forward_ctx(&x, ctx, cache.as_deref_mut().map(|c| (c, i)))?;
         }
         Ok(x)
     }
@@ -429,6 +453,41 @@ impl Qwen2ForCausalLM {
         let h = self.model.forward_from(ids, start, mask.as_ref(), Some(cache))?;
         let last = h.narrow(1, s - 1, 1)?.squeeze(Some(1))?;
         self.logits(&self.model.norm.forward(&last)?)
+    }
+
+    /// One decode step whose position is the device tensor `position (1,)` (i64) instead of
+    /// `cache.len()`: the logits `(b, vocab)` of `ids (b, 1)`, their keys and values written at
+    /// that position of `cache`'s full-capacity buffers (see [`KvCache::write_at`]), attending
+    /// to the keys `key_mask (b, 1, 1, cache.capacity())` (bool) keeps. Nothing in it depends
+    /// on host values that change from token to token, so it can be captured once as a graph
+    /// ([`crate::graph::Graph`]) and replayed for every token, with `ids` and `position`
+    /// rewritten in between. `cache.len()` is not advanced.
+    pub fn forward_step_at(
+        &self,
+        ids: &Tensor,
+        position: &Tensor,
+        key_mask: &Tensor,
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
+        if token_count(ids)? != 1 || position.shape() != [1] {
+            return Err(Error::invalid(format!(
+                "Qwen2: a positioned step takes ids (batch, 1) and position (1,), got {:?} and {:?}",
+                ids.shape(),
+                position.shape()
+            )));
+        }
+        let dtype = self.model.embed_tokens.weight.get().dtype();
+        // The cache may hold more positions than the model has; the step never reaches them.
+        let rows = cache.capacity().min(self.config.max_position_embeddings);
+        let (cos, sin) = self.model.rope.get(0, rows, dtype)?;
+        let at = DevicePosition {
+            position: position.clone(),
+            cos: cos.index_select(0, position)?,
+            sin: sin.index_select(0, position)?,
+        };
+        let ctx = Context { start: 0, mask: Some(key_mask), at: Some(&at) };
+        let h = self.model.layers_forward(ids, &ctx, Some(cache))?;
+        self.logits(&self.model.norm.forward(&h.squeeze(Some(1))?)?)
     }
 
     /// A cache for this model holding `capacity` positions before it grows (in blocks of 256).
