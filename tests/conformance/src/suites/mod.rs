@@ -8,6 +8,7 @@ mod conv;
 mod data;
 mod elementwise;
 mod errors;
+mod graph;
 mod interface;
 mod linalg;
 mod memory;
@@ -34,6 +35,7 @@ pub const SUITES: &[&str] = &[
     "backward",
     "rng",
     "collective",
+    "graph",
     "errors",
     "accounting",
     "threads",
@@ -52,6 +54,7 @@ pub fn all_cases(target: &Target) -> Vec<Case> {
     cases.extend(backward::cases(target));
     cases.extend(rng::cases(target));
     cases.extend(collective::cases(target));
+    cases.extend(graph::cases(target));
     cases.extend(errors::cases(target));
     cases.extend(accounting::cases(target));
     cases.extend(threads::cases(target));
