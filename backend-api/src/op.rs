@@ -665,6 +665,16 @@ declare_ops! {
     /// `[dy, gate, up] -> [dgate, dup]`, all of gate's shape and dtype, with
     /// `s = sigmoid(gate)`: `dgate = dy · up · s · (1 + gate · (1 - s))`, `dup = dy · gate · s`.
     SwiGluBackward = 37 => "swiglu_backward" in Floats,
+    /// `[q (b, hq, s, d), k (b, hk, t, d), v (b, hk, t, d), keep (bool, b, s, t)] -> [o]` (o
+    /// like q), `hq` a multiple of `hk` (query head `h` reads kv head `h / (hq/hk)`):
+    /// attention in which query `i` of batch row `b` sees exactly the keys `j` with
+    /// `keep[b, i, j]`, `o = Σ_j softmax_j(scale · q·k_j) v_j` over those keys, in the compute
+    /// type. A query that keeps no key gets NaN. Forward only: the attention of inference with
+    /// padding, or of a decode step whose position lives on the device.
+    MaskedAttention {
+        /// Multiplies `q·k`; usually `1/sqrt(d)`.
+        scale: f64 => float[0],
+    } = 38 => "masked_attention" in Floats,
 }
 
 /// An op kind: the wire code of an [`Op`] without its attributes. Used in capability lists.
@@ -905,6 +915,7 @@ mod tests {
             Op::AvgPool2dBackward { window: w },
             Op::SwiGlu,
             Op::SwiGluBackward,
+            Op::MaskedAttention { scale: 0.125 },
         ]
     }
 
@@ -966,5 +977,6 @@ mod tests {
         avg_pool2d 0x522 [] [3, 2, 2, 1, 1, 0, 1, 2]\n\
         avg_pool2d_backward 0x523 [] [3, 2, 2, 1, 1, 0, 1, 2]\n\
         swiglu 0x524 [] []\n\
-        swiglu_backward 0x525 [] []\n";
+        swiglu_backward 0x525 [] []\n\
+        masked_attention 0x526 [0.125] []\n";
 }

@@ -296,3 +296,30 @@ fn grouped_masked_attention_equals_repeated_heads() {
         assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 1e-12));
     }
 }
+
+/// Without gradients, a bool mask shared by the heads takes the backend's masked attention
+/// kernel, which equals the composition (a query that keeps no key gives NaN in both).
+#[test]
+fn masked_attention_kernel_matches_composite() {
+    let f32 = |t: Tensor| t.to_dtype(DType::F32).unwrap().detach();
+    let (q, k, v) = (f32(rand(&[2, 6, 3, 4], 50)), f32(rand(&[2, 2, 5, 4], 51)), f32(rand(&[2, 2, 5, 4], 52)));
+    let mut keep: Vec<bool> = (0..2 * 3 * 5).map(|i| (i * 7) % 3 != 1).collect();
+    keep[5..10].fill(false); // batch 0, query 1 keeps nothing
+    let per_batch = Tensor::from_vec(keep.clone(), &[2, 1, 3, 5], &cpu()).unwrap();
+    let shared = Tensor::from_vec(keep[..15].to_vec(), &[3, 5], &cpu()).unwrap();
+    for mask in [per_batch, shared] {
+        let run = || {
+            genesis::no_grad(|| F::scaled_dot_product_attention(&q, &k, &v, Some(&mask), false, Some(0.7)))
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap()
+        };
+        let (fused, profile) = genesis::profiler::profile(Default::default(), || Ok(run())).unwrap();
+        assert!(profile.events().iter().any(|e| e.name == "masked_attention"), "the kernel ran");
+        let composite = composites_only(run);
+        assert_eq!(fused.iter().filter(|x| x.is_nan()).count(), 6 * 4 * if mask.rank() == 4 { 1 } else { 2 });
+        for (a, b) in fused.iter().zip(&composite) {
+            assert!((a.is_nan() && b.is_nan()) || (a - b).abs() < 1e-6, "{a} vs {b}");
+        }
+    }
+}

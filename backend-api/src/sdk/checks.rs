@@ -160,7 +160,7 @@ fn expect_self_disjoint(op: &Op, y: &impl Meta) -> Result<()> {
 
 /// A plain operand for tests: dtype and dense shape.
 #[cfg(test)]
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Fake(pub DType, pub Vec<usize>, pub Vec<isize>);
 
 #[cfg(test)]

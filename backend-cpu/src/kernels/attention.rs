@@ -7,14 +7,18 @@
 
 use super::fused::{dense, dense_compute, row_max, split_mut, with_float, Dense, Float, Real, C, PAR_MIN_ELEMS};
 use super::{unsupported, Kernel, View};
-use crate::element::Arith;
+use crate::element::{Arith, Bool};
 use genesis_backend_api::sdk::checks::{self, AttentionDims as Dims};
 use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{DType, Op, OpKind, Result};
 use rayon::prelude::*;
 
 fn claims() -> Vec<(OpKind, DType)> {
-    domain::claims(&[Op::Attention { causal: false, scale: 1.0 }, Op::AttentionBackward { causal: false, scale: 1.0 }])
+    domain::claims(&[
+        Op::Attention { causal: false, scale: 1.0 },
+        Op::AttentionBackward { causal: false, scale: 1.0 },
+        Op::MaskedAttention { scale: 1.0 },
+    ])
 }
 
 /// Queries per parallel task so that a task has enough work to be worth scheduling.
@@ -31,6 +35,10 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
         Op::AttentionBackward { causal, scale } => {
             let (dm, [q, k, v, o, lse, d_o], [dq, dk, dv]) = checks::attention_backward(op, inputs, outputs)?;
             with_float!(op, q.dtype, T => backward::<T>(op, dm, causal, scale, [q, k, v, o, lse, d_o], [dq, dk, dv]))
+        }
+        Op::MaskedAttention { scale } => {
+            let (dm, [q, k, v, keep], [o]) = checks::masked_attention(op, inputs, outputs)?;
+            with_float!(op, q.dtype, T => masked::<T>(op, dm, scale, [q, k, v, keep], o))
         }
         _ => Err(unsupported(op, inputs.first().map_or(DType::F32, |v| v.dtype))),
     }
@@ -89,6 +97,45 @@ fn forward<T: Float>(
     });
     os.finish();
     lses.finish();
+    Ok(())
+}
+
+/// `MaskedAttention`: as [`forward`], with the keys of each query given by `keep (b, s, t)`.
+fn masked<T: Float>(op: &Op, dm: Dims, scale: f64, [q, k, v, keep]: [&View; 4], o: &View) -> Result<()> {
+    let (qs, ks, vs) = (dense_compute::<T>(op, q)?, dense_compute::<T>(op, k)?, dense_compute::<T>(op, v)?);
+    let keep = dense::<Bool>(op, keep)?;
+    let mut os = Dense::<T>::output(op, o)?;
+    let Dims { hq, hk, s, t, d, .. } = dm;
+    let (group, scale) = (dm.group(), C::<T>::from_f64(scale));
+    let tasks = split_mut(os.slice(), dm.b * hq, s * d);
+    tasks.into_par_iter().enumerate().with_min_len(min_tasks(&dm, s)).for_each(|(bh, o_head)| {
+        let kv = (bh / hq * hk + bh % hq / group) * t * d;
+        let (q_head, k_head, v_head) = (&qs[bh * s * d..][..s * d], &ks[kv..][..t * d], &vs[kv..][..t * d]);
+        let mut scores = vec![C::<T>::ZERO; t];
+        let mut acc = vec![C::<T>::ZERO; d];
+        for i in 0..s {
+            let kept = &keep[(bh / hq * s + i) * t..][..t];
+            let q_row = &q_head[i * d..][..d];
+            for (j, sc) in scores.iter_mut().enumerate() {
+                *sc = if kept[j].0 != 0 { scale * dot(q_row, &k_head[j * d..][..d]) } else { C::<T>::NEG_INFINITY };
+            }
+            // No kept key: the max is -inf and every term below is NaN, as the op says.
+            let m = row_max(scores.iter().copied());
+            let mut sum = C::<T>::ZERO;
+            acc.fill(C::<T>::ZERO);
+            for (j, &sc) in scores.iter().enumerate().filter(|&(j, _)| kept[j].0 != 0) {
+                let p = (sc - m).exp();
+                sum += p;
+                for (a, &vv) in acc.iter_mut().zip(&v_head[j * d..][..d]) {
+                    *a += p * vv;
+                }
+            }
+            for (out, &a) in o_head[i * d..][..d].iter_mut().zip(&acc) {
+                *out = T::store(a / sum);
+            }
+        }
+    });
+    os.finish();
     Ok(())
 }
 

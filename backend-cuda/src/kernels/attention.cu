@@ -1285,3 +1285,119 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dq_tc_128(cons
     attn_bwd_dq_tc<128, 2>(a, (T*)smem_raw);
 }
 #endif
+
+// ---- masked attention (inference) ---------------------------------------------------------
+// `MaskedAttention`: one block per query row (b, h, i), whose kept keys are `keep[b, i, :]`
+// (slot 4, bool bytes, strides (b, s, t)). Keys are taken MA_CHUNK at a time: a thread per key
+// computes its score into shared memory, the block finds the chunk's max and sum (online
+// softmax across chunks), then MA_GROUPS groups of 64 threads add p·v over interleaved keys,
+// a thread per output dim (up to MA_NR · 64 dims). Decoding reads one query per row, so this
+// has no tiles to fill: its cost is reading the kept keys and values once per query head.
+
+#define MA_THREADS 256
+#define MA_CHUNK 1024
+#define MA_GROUPS (MA_THREADS / 64)
+#define MA_NR 4
+
+__device__ __forceinline__ C ma_block_max(C x, C* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    x = warp_max(x);
+    if (lane == 0) red[warp] = x;
+    __syncthreads();
+    C y = lane < (MA_THREADS >> 5) ? red[lane] : NEG_INF;
+    y = warp_max(y);
+    __syncthreads();
+    return y;
+}
+
+__device__ __forceinline__ C ma_block_sum(C x, C* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    x = warp_sum(x);
+    if (lane == 0) red[warp] = x;
+    __syncthreads();
+    C y = lane < (MA_THREADS >> 5) ? red[lane] : (C)0;
+    y = warp_sum(y);
+    __syncthreads();
+    return y;
+}
+
+extern "C" __global__ void __launch_bounds__(MA_THREADS) attn_masked(const AttnArgs a) {
+    extern __shared__ __align__(16) unsigned char ma_smem[];
+    C* qs = (C*)ma_smem;         // the query row, d
+    C* sc = qs + a.d;            // a chunk's scores, then its probabilities
+    C* red = sc + MA_CHUNK;      // block reductions, 32
+    C* accs = red + 32;          // per-group partial outputs, MA_GROUPS · d
+    const int tid = threadIdx.x, g = tid >> 6, dl = tid & 63;
+    const int d = (int)a.d;
+    const T* q = (const T*)a.p[0];
+    const T* k = (const T*)a.p[1];
+    const T* v = (const T*)a.p[2];
+    T* o = (T*)a.p[3];
+    const unsigned char* keep = (const unsigned char*)a.p[4];
+    const i64 rows = a.b * a.hq * a.s, group = a.hq / a.hk;
+    for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+        const i64 i = row % a.s, h = (row / a.s) % a.hq, b = row / (a.s * a.hq), kh = h / group;
+        const i64 qb = b * a.st[0][0] + h * a.st[0][1] + i * a.st[0][2];
+        const i64 kb = b * a.st[1][0] + kh * a.st[1][1], vb = b * a.st[2][0] + kh * a.st[2][1];
+        const i64 keepb = b * a.st[4][0] + i * a.st[4][1];
+        for (int c = tid; c < d; c += MA_THREADS) qs[c] = TT::load(q[qb + c * a.st[0][3]]);
+        __syncthreads();
+        C m = NEG_INF, l = 0;
+        C acc[MA_NR];
+#pragma unroll
+        for (int r = 0; r < MA_NR; ++r) acc[r] = 0;
+        for (i64 c0 = 0; c0 < a.t; c0 += MA_CHUNK) {
+            const int n = (int)((a.t - c0) < MA_CHUNK ? (a.t - c0) : MA_CHUNK);
+            C mx = NEG_INF;
+            for (int j = tid; j < n; j += MA_THREADS) {
+                const i64 key = c0 + j;
+                C s = NEG_INF;
+                if (keep[keepb + key * a.st[4][2]]) {
+                    const T* kr = k + kb + key * a.st[1][2];
+                    C dot = 0;
+                    for (int c = 0; c < d; ++c) dot += qs[c] * TT::load(kr[c * a.st[1][3]]);
+                    s = dot * (C)a.scale;
+                }
+                sc[j] = s;
+                mx = cmax(mx, s);
+            }
+            const C mnew = cmax(m, ma_block_max(mx, red));
+            if (mnew == NEG_INF) continue;  // no key kept so far (uniform across the block)
+            const C corr = cexp(m - mnew);  // 0 while m is still -inf
+            C psum = 0;
+            for (int j = tid; j < n; j += MA_THREADS) {
+                const C p = sc[j] == NEG_INF ? (C)0 : cexp(sc[j] - mnew);
+                sc[j] = p;
+                psum += p;
+            }
+            l = l * corr + ma_block_sum(psum, red);  // its barrier also publishes sc
+#pragma unroll
+            for (int r = 0; r < MA_NR; ++r) acc[r] *= corr;
+            for (int j = g; j < n; j += MA_GROUPS) {
+                const C p = sc[j];
+                if (p == (C)0) continue;
+                const T* vr = v + vb + (c0 + j) * a.st[2][2];
+#pragma unroll
+                for (int r = 0; r < MA_NR; ++r) {
+                    const int c = dl + 64 * r;
+                    if (c < d) acc[r] += p * TT::load(vr[c * a.st[2][3]]);
+                }
+            }
+            m = mnew;
+            __syncthreads();  // sc is rewritten by the next chunk
+        }
+#pragma unroll
+        for (int r = 0; r < MA_NR; ++r) {
+            const int c = dl + 64 * r;
+            if (c < d) accs[g * d + c] = acc[r];
+        }
+        __syncthreads();
+        const i64 ob = b * a.st[3][0] + h * a.st[3][1] + i * a.st[3][2];
+        for (int c = tid; c < d; c += MA_THREADS) {
+            C x = 0;
+            for (int gg = 0; gg < MA_GROUPS; ++gg) x += accs[gg * d + c];
+            o[ob + c * a.st[3][3]] = TT::store(x / l);  // no kept key: 0 / 0 = NaN
+        }
+        __syncthreads();  // qs and accs are reused by the next row
+    }
+}

@@ -11,7 +11,7 @@ use super::resolve;
 use super::Family;
 use crate::device::CudaDevice;
 use crate::kernels::Operand;
-use genesis_backend_api::sdk::checks::{attention, attention_backward, AttentionDims as Dims};
+use genesis_backend_api::sdk::checks::{attention, attention_backward, masked_attention, AttentionDims as Dims};
 use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
@@ -30,7 +30,11 @@ const BC: usize = 32;
 
 /// What this family runs.
 fn claims() -> Vec<(OpKind, DType)> {
-    let ops = [Op::Attention { causal: false, scale: 1.0 }, Op::AttentionBackward { causal: false, scale: 1.0 }];
+    let ops = [
+        Op::Attention { causal: false, scale: 1.0 },
+        Op::AttentionBackward { causal: false, scale: 1.0 },
+        Op::MaskedAttention { scale: 1.0 },
+    ];
     domain::claims(&ops)
 }
 
@@ -76,6 +80,12 @@ fn variant(op: &Op, d: usize, dtype: DType) -> Result<usize> {
         ))),
     }
 }
+
+/// `attn_masked`: keys per chunk (`MA_CHUNK`), groups of 64 threads (`MA_GROUPS`) and the
+/// largest head dim (`MA_NR` · 64).
+const MA_CHUNK: usize = 1024;
+const MA_GROUPS: usize = 4;
+const MA_MAX_D: usize = 256;
 
 /// Tensor-core kernels (`attn_*_tc_*`): threads per block (4 warps), rows of a 64-row tile.
 const TC_THREADS: u32 = 128;
@@ -223,6 +233,33 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
             };
             let freed = scratch.free(device);
             result.and(freed)
+        }
+        Op::MaskedAttention { scale } => {
+            let (ins, outs) = resolve(device, inputs, outputs)?;
+            let (dm, [q, k, v, keep], [o]) = masked_attention(op, &ins, &outs)?;
+            if dm.d > MA_MAX_D {
+                return Err(BackendError::unsupported(format!(
+                    "cuda: {} supports head dims up to {MA_MAX_D}, got {}",
+                    op.name(),
+                    dm.d
+                )));
+            }
+            let mut a = args(&dm, false, scale);
+            for (slot, x) in [q, k, v, o, keep].into_iter().enumerate() {
+                a.set(slot, x);
+            }
+            let work = (dm.b * dm.hq * dm.s) as u64;
+            // Shared: the query, a chunk of scores, the reduction slots, the groups' outputs.
+            let smem = ((dm.d + MA_CHUNK + 32 + MA_GROUPS * dm.d) * compute_dtype(q.dtype).size_in_bytes()) as u32;
+            launch_1d(
+                device,
+                op.name(),
+                &MODULE,
+                q.dtype,
+                "attn_masked",
+                &mut a,
+                (grid(device, work, 8), THREADS, smem),
+            )
         }
         _ => Err(BackendError::unsupported(format!("cuda: {} is not an attention op", op.name()))),
     }

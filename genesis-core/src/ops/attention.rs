@@ -56,6 +56,36 @@ fn probabilities(q: &Tensor, k: &Tensor, mask: Option<&Tensor>, causal: Option<C
     scores.softmax(-1)
 }
 
+/// The backend's `MaskedAttention` kernel, when it applies: a bool mask shared by the heads
+/// (`(b, 1, s, t)` or broadcastable to it), no causal flag, nothing to differentiate (the op
+/// has no backward), and the op claimed. `None` otherwise.
+fn masked_fused(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    causal: Option<Causal>,
+    scale: f64,
+) -> Result<Option<Tensor>> {
+    let Some(mask) = mask.filter(|m| m.dtype() == DType::Bool && m.rank() <= 4) else { return Ok(None) };
+    let heads_shared = mask.rank() < 3 || mask.shape()[mask.rank() - 3] == 1;
+    let differentiable = is_grad_enabled() && [q, k, v].iter().any(|t| t.requires_grad());
+    let op = Op::MaskedAttention { scale };
+    if causal.is_some() || !heads_shared || differentiable || !super::fused::use_fused(&op, q)? {
+        return Ok(None);
+    }
+    let (qs, t) = (q.shape(), k.shape()[2]);
+    // (.., 1, s, t) → (b, s, t), a broadcast view.
+    let mut keep = mask.clone();
+    while keep.rank() < 4 {
+        keep = keep.unsqueeze(0)?;
+    }
+    let keep = keep.squeeze(Some(1))?.expand(&[qs[0] as isize, qs[2] as isize, t as isize])?;
+    let o = Tensor::empty(qs, q.dtype(), q.device())?;
+    exec(&op, &[(q, q.layout()), (k, k.layout()), (v, v.layout()), (&keep, keep.layout())], &[&o])?;
+    Ok(Some(o))
+}
+
 /// The composition `softmax(scale·q kᵀ + mask) v` for `q (b, hq, s, d)` and `k, v (b, hk, t,
 /// d)`: each kv head's `group` query heads are stacked into one matrix of `group·s` rows (a
 /// reshape), so `k` and `v` are read in place, never repeated per query head.
@@ -175,6 +205,9 @@ fn attention(
                         [qs[0], qs[1], qs[2], ks[2]]
                     ))
                 })?;
+        }
+        if let Some(o) = masked_fused(&q, &k, &v, attn_mask, causal, scale)? {
+            return Ok(o);
         }
         return grouped(&q, &k, &v, attn_mask, causal, scale, group);
     }

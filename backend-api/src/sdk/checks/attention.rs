@@ -106,10 +106,41 @@ pub fn attention_backward<'a, T: Meta>(
     Ok((dims, ins, outs))
 }
 
+/// Operands of `MaskedAttention`, `[q, k, v, keep] -> [o]`: q, k, v as for `Attention`, keep
+/// bool `(b, s, t)`, o like q.
+#[allow(clippy::type_complexity)]
+pub fn masked_attention<'a, T: Meta>(
+    op: &Op,
+    inputs: &'a [T],
+    outputs: &'a [T],
+) -> Result<(AttentionDims, &'a [T; 4], &'a [T; 1])> {
+    let (ins @ [q, k, v, keep], outs @ [o]) = operands(op, inputs, outputs)?;
+    let dims = expect_qkv(op, q, k, v)?;
+    expect_shape(op, "keep", keep, &[dims.b, dims.s, dims.t])?;
+    expect_dtype(op, "keep", keep, DType::Bool)?;
+    expect_shape(op, "o", o, q.shape())?;
+    expect_dtype(op, "o", o, q.dtype())?;
+    Ok((dims, ins, outs))
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::Fake;
     use super::*;
+
+    #[test]
+    fn masked_attention_takes_a_bool_mask_per_batch_query_and_key() {
+        let op = Op::MaskedAttention { scale: 1.0 };
+        let f = |shape: &[usize]| Fake::new(DType::F32, shape);
+        let qkv = [f(&[2, 4, 1, 8]), f(&[2, 2, 5, 8]), f(&[2, 2, 5, 8])];
+        let with = |keep: Fake| [qkv[0].clone(), qkv[1].clone(), qkv[2].clone(), keep];
+        let (dm, _, _) = masked_attention(&op, &with(Fake::new(DType::Bool, &[2, 1, 5])), &[f(&[2, 4, 1, 8])]).unwrap();
+        assert_eq!((dm.s, dm.t, dm.group()), (1, 5, 2));
+        let err = masked_attention(&op, &with(Fake::new(DType::Bool, &[2, 5])), &[f(&[2, 4, 1, 8])]).unwrap_err();
+        assert!(err.message.contains("keep"), "{}", err.message);
+        let err = masked_attention(&op, &with(f(&[2, 1, 5])), &[f(&[2, 4, 1, 8])]).unwrap_err();
+        assert!(err.message.contains("keep"), "{}", err.message);
+    }
 
     #[test]
     fn grouped_heads_and_causal_visibility() {

@@ -241,6 +241,37 @@ pub fn attention(q: &[f64], k: &[f64], v: &[f64], g: AttnShape, causal: bool, sc
     (o, lse)
 }
 
+/// Attention in which query `i` of batch row `b` sees the keys `j` with
+/// `keep[(b * s + i) * t + j] != 0` (`MaskedAttention`): the output, NaN for a query that
+/// keeps no key.
+pub fn masked_attention(q: &[f64], k: &[f64], v: &[f64], keep: &[f64], g: AttnShape, scale: f64) -> Vec<f64> {
+    let AttnShape { b, hq, hk, s, t, d } = g;
+    let mut o = vec![0.0; b * hq * s * d];
+    for bi in 0..b {
+        for h in 0..hq {
+            let kh = h / (hq / hk);
+            for i in 0..s {
+                let kept: Vec<usize> = (0..t).filter(|&j| keep[(bi * s + i) * t + j] != 0.0).collect();
+                let qi = &q[((bi * hq + h) * s + i) * d..][..d];
+                let scores: Vec<f64> = kept
+                    .iter()
+                    .map(|&j| {
+                        let kj = &k[((bi * hk + kh) * t + j) * d..][..d];
+                        scale * sum(&qi.iter().zip(kj).map(|(a, b)| a * b).collect::<Vec<_>>())
+                    })
+                    .collect();
+                let p = softmax(&scores, kept.len().max(1));
+                for c in 0..d {
+                    let terms: Vec<f64> =
+                        kept.iter().enumerate().map(|(n, &j)| p[n] * v[((bi * hk + kh) * t + j) * d + c]).collect();
+                    o[((bi * hq + h) * s + i) * d + c] = if kept.is_empty() { f64::NAN } else { sum(&terms) };
+                }
+            }
+        }
+    }
+    o
+}
+
 /// Keys visible to query `i` (bottom-right aligned causal mask): `j < visible`.
 fn visible(g: AttnShape, causal: bool, i: usize) -> usize {
     if causal {

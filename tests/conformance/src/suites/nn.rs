@@ -1,11 +1,11 @@
 //! Suite `nn`: fused softmax, log-softmax, layer norm, RMS norm, cross-entropy, rotary,
-//! SwiGLU and attention forward.
+//! SwiGLU, attention forward and masked attention.
 
 use super::{no_deps, op_cases};
 use crate::case::{Case, OpCase, Tier};
 use crate::gen::{tensor, ValueRange};
 use crate::oracle::nn::{
-    attention, cross_entropy, layer_norm, log_softmax, rms_norm, rotary, softmax, swiglu, AttnShape,
+    attention, cross_entropy, layer_norm, log_softmax, masked_attention, rms_norm, rotary, softmax, swiglu, AttnShape,
 };
 use crate::target::{Layout, Spec, Target};
 use crate::tolerance::Expected;
@@ -224,6 +224,56 @@ pub fn cases(t: &Target) -> Vec<Case> {
                     sample.to_string(),
                     tier,
                     OpCase { op: Op::Attention { causal, scale }, inputs: vec![q, k, v], outputs: outs, expected: exp },
+                )
+            })
+            .collect()
+        },
+    ));
+    cases.extend(op_cases(
+        t,
+        "nn",
+        "masked_attention",
+        Op::MaskedAttention { scale: 1.0 }.kind(),
+        &FLOATS,
+        &no_deps,
+        &|dtype, rng| {
+            // Decode-shaped rows (one query), several queries sharing one mask across the batch
+            // (a stride-0 operand), and more keys than one chunk of a blocked kernel. Key 0 is
+            // always kept: the NaN of an empty row is checked by the core's tests.
+            let g = |b, hq, hk, s, t, d| AttnShape { b, hq, hk, s, t, d };
+            [
+                (g(2, 4, 2, 1, 9, 8), Layout::Contiguous, "decode_gqa", Tier::Core),
+                (g(2, 6, 3, 3, 7, 16), Layout::Broadcast(0), "queries_keep_shared_by_batch", Tier::Core),
+                (g(1, 2, 1, 1, 1500, 64), Layout::Contiguous, "long_keys_d64", Tier::Full),
+            ]
+            .into_iter()
+            .map(|(g, keep_layout, sample, tier)| {
+                let r = ValueRange::normal(1.0);
+                let q = tensor(rng, dtype, &[g.b, g.hq, g.s, g.d], Layout::Contiguous, r);
+                let k = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], Layout::Contiguous, r);
+                let v = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], Layout::Contiguous, r);
+                let row: Vec<Vec<f64>> = (0..g.b * g.s)
+                    .map(|_| (0..g.t).map(|j| if j == 0 || rng.below(3) != 0 { 1.0 } else { 0.0 }).collect())
+                    .collect();
+                let keep: Vec<f64> = (0..g.b * g.s)
+                    .flat_map(|bi| {
+                        // A mask shared by the batch repeats the first row's queries.
+                        let src = if keep_layout == Layout::Contiguous { bi } else { bi % g.s };
+                        row[src].clone()
+                    })
+                    .collect();
+                let keep = Spec { dtype: DType::Bool, shape: vec![g.b, g.s, g.t], layout: keep_layout, values: keep };
+                let scale = 1.0 / (g.d as f64).sqrt();
+                let o = masked_attention(&q.values, &k.values, &v.values, &keep.values, g, scale);
+                (
+                    sample.to_string(),
+                    tier,
+                    OpCase {
+                        op: Op::MaskedAttention { scale },
+                        inputs: vec![q, k, v, keep],
+                        outputs: vec![Spec::out(dtype, &[g.b, g.hq, g.s, g.d])],
+                        expected: vec![Some(Expected::normalized(dtype, o, g.t, 2.0))],
+                    },
                 )
             })
             .collect()
