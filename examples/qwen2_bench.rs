@@ -8,7 +8,7 @@
 //!
 //! `cargo run --release --example qwen2_bench -- --device cuda --dtype bf16 [--prompt 512 --new 256 --batch 1]`
 
-use genesis::generation::{Generation, GenerationConfig};
+use genesis::generation::{Generation, GenerationConfig, GraphUse};
 use genesis::models::hf::parse_dtype;
 use genesis::models::qwen2::{Qwen2Config, Qwen2ForCausalLM};
 use genesis::profiler::{profile, ProfilerOptions};
@@ -63,6 +63,14 @@ fn parse_args() -> Result<Args> {
     Ok(args)
 }
 
+fn graph_use(on: bool) -> GraphUse {
+    if on {
+        GraphUse::Always
+    } else {
+        GraphUse::Never
+    }
+}
+
 /// What one generation measured.
 struct Run {
     /// Prefill and one sampled id per row on the host, seconds.
@@ -74,7 +82,7 @@ struct Run {
 }
 
 fn run(model: &Qwen2ForCausalLM, prompts: &[Vec<u32>], new: usize, use_graph: bool) -> Result<Run> {
-    let config = GenerationConfig { max_new_tokens: new, use_graph, ..Default::default() };
+    let config = GenerationConfig { max_new_tokens: new, graph: graph_use(use_graph), ..Default::default() };
     let start = Instant::now();
     let mut generation = Generation::new(model, prompts, &config)?;
     let mut ids = vec![generation.step()?];
@@ -92,7 +100,7 @@ fn run(model: &Qwen2ForCausalLM, prompts: &[Vec<u32>], new: usize, use_graph: bo
 /// Device time and kernels per token over `tokens` profiled decode steps (after the prompt
 /// and the capture, which are not profiled).
 fn profile_tokens(model: &Qwen2ForCausalLM, prompts: &[Vec<u32>], tokens: usize, use_graph: bool) -> Result<String> {
-    let config = GenerationConfig { max_new_tokens: tokens + 2, use_graph, ..Default::default() };
+    let config = GenerationConfig { max_new_tokens: tokens + 2, graph: graph_use(use_graph), ..Default::default() };
     let mut generation = Generation::new(model, prompts, &config)?;
     generation.step()?;
     generation.step()?;
@@ -110,7 +118,7 @@ fn profile_tokens(model: &Qwen2ForCausalLM, prompts: &[Vec<u32>], tokens: usize,
     top.sort_by_key(|(_, (_, ns))| std::cmp::Reverse(*ns));
     let top: Vec<String> = top
         .iter()
-        .take(8)
+        .take(14)
         .map(|(name, (n, ns))| {
             let short: String = name.chars().take(48).collect();
             format!(

@@ -1,7 +1,7 @@
 //! Qwen2 on random weights: incremental decoding against full recomputation, batching with
 //! left padding, configs, saving and loading, and sampling.
 
-use genesis::generation::{generate, GenerationConfig};
+use genesis::generation::{generate, GenerationConfig, GraphUse};
 use genesis::models::qwen2::{Qwen2Config, Qwen2ForCausalLM};
 use genesis::nn::Module;
 use genesis::{no_grad, DType, Device, Tensor};
@@ -232,7 +232,8 @@ fn decoding_through_a_captured_graph_gives_the_same_ids() {
     ];
     for (prompts, config) in cases {
         let run = |use_graph: bool| {
-            let config = GenerationConfig { use_graph, ..config.clone() };
+            let graph = if use_graph { GraphUse::Always } else { GraphUse::Never };
+            let config = GenerationConfig { graph, ..config.clone() };
             let mut generation = genesis::generation::Generation::new(&m, &prompts, &config).unwrap();
             let mut out = Vec::new();
             while !generation.is_done() {

@@ -28,6 +28,9 @@ struct AttnArgs {
     i64 b, hq, hk, s, t, d;
     double scale;
     i64 causal;
+    i64 split;      // masked attention: keys per block
+    char* partial;  // masked attention over several splits: per (row, split) the output sums,
+                    // max and sum of weights, (d + 2) values of type C
 };
 
 #define WARPS 8
@@ -1287,24 +1290,37 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dq_tc_128(cons
 #endif
 
 // ---- masked attention (inference) ---------------------------------------------------------
-// `MaskedAttention`: one block per query row (b, h, i), whose kept keys are `keep[b, i, :]`
-// (slot 4, bool bytes, strides (b, s, t)). Keys are taken MA_CHUNK at a time: a thread per key
-// computes its score into shared memory, the block finds the chunk's max and sum (online
-// softmax across chunks), then MA_GROUPS groups of 64 threads add p·v over interleaved keys,
-// a thread per output dim (up to MA_NR · 64 dims). Decoding reads one query per row, so this
-// has no tiles to fill: its cost is reading the kept keys and values once per query head.
+// `MaskedAttention`: query row (b, h, i) keeps the keys `keep[b, i, :]` (slot 4, bool bytes,
+// strides (b, s, t)). The keys of a row are split into ranges of `split` keys, a block per
+// (row, range), so that a decode step (one query per head) still fills the GPU: a block alone
+// on an SM cannot keep enough loads in flight to read its keys fast. With one range the block
+// writes the output; with several it writes its sums, max and weight total to `partial`, and
+// `attn_masked_combine` merges them. Within a block keys are taken MA_CHUNK at a time with an
+// online softmax across chunks. A decode step has one query per row, so the work is latency-bound
+// reading keys and values, and the layout is chosen for coalesced loads with many in flight:
+// - scores: each warp takes MA_KPW consecutive keys at a time, lanes along the head dim (lane
+//   `l` owns dims `l, l+32, ..`, DMAX/32 of them, with the scaled query in registers); the
+//   rows are read whether or not a key is kept (the mask only selects), and the MA_KPW dot
+//   products are reduced across the warp together;
+// - weighted values: MA_KG key groups of 8 threads, each thread owning the dims
+//   `dl, dl + 8, ..` (DMAX/8 of them) and its group every MA_KG-th key, unrolled by 4;
+//   a weight of 0 selects 0, so the value of a masked (possibly uninitialized) row never
+//   reaches the sum.
+// The groups' partial outputs are summed with shuffles, then across warps in shared memory.
+// Compiled per head-dim bound DMAX (32, 64, 128, 256), so no lane works on absent dims.
 
 #define MA_THREADS 256
+#define MA_WARPS (MA_THREADS / 32)
 #define MA_CHUNK 1024
-#define MA_GROUPS (MA_THREADS / 64)
-#define MA_NR 4
+#define MA_KPW 8
+#define MA_KG (MA_THREADS / 8)
 
 __device__ __forceinline__ C ma_block_max(C x, C* red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     x = warp_max(x);
     if (lane == 0) red[warp] = x;
     __syncthreads();
-    C y = lane < (MA_THREADS >> 5) ? red[lane] : NEG_INF;
+    C y = lane < MA_WARPS ? red[lane] : NEG_INF;
     y = warp_max(y);
     __syncthreads();
     return y;
@@ -1315,19 +1331,21 @@ __device__ __forceinline__ C ma_block_sum(C x, C* red) {
     x = warp_sum(x);
     if (lane == 0) red[warp] = x;
     __syncthreads();
-    C y = lane < (MA_THREADS >> 5) ? red[lane] : (C)0;
+    C y = lane < MA_WARPS ? red[lane] : (C)0;
     y = warp_sum(y);
     __syncthreads();
     return y;
 }
 
-extern "C" __global__ void __launch_bounds__(MA_THREADS) attn_masked(const AttnArgs a) {
+template <int DMAX>
+__device__ __forceinline__ void attn_masked(const AttnArgs& a) {
+    constexpr int MA_NR = DMAX / 32, MA_DPT = DMAX / 8;
     extern __shared__ __align__(16) unsigned char ma_smem[];
-    C* qs = (C*)ma_smem;         // the query row, d
-    C* sc = qs + a.d;            // a chunk's scores, then its probabilities
+    C* sc = (C*)ma_smem;         // a chunk's scores, then its weights
     C* red = sc + MA_CHUNK;      // block reductions, 32
-    C* accs = red + 32;          // per-group partial outputs, MA_GROUPS · d
-    const int tid = threadIdx.x, g = tid >> 6, dl = tid & 63;
+    C* accs = red + 32;          // per-warp partial outputs, MA_WARPS · d
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int kg = threadIdx.x >> 3, dl = threadIdx.x & 7;
     const int d = (int)a.d;
     const T* q = (const T*)a.p[0];
     const T* k = (const T*)a.p[1];
@@ -1335,69 +1353,140 @@ extern "C" __global__ void __launch_bounds__(MA_THREADS) attn_masked(const AttnA
     T* o = (T*)a.p[3];
     const unsigned char* keep = (const unsigned char*)a.p[4];
     const i64 rows = a.b * a.hq * a.s, group = a.hq / a.hk;
-    for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    const i64 ks = a.st[1][3], vs = a.st[2][3];
+    const i64 splits = a.t > a.split ? (a.t + a.split - 1) / a.split : 1;
+    for (i64 work = blockIdx.x; work < rows * splits; work += gridDim.x) {
+        const i64 row = work / splits, k_lo = (work % splits) * a.split;
+        const i64 k_hi = k_lo + a.split < a.t ? k_lo + a.split : a.t;
         const i64 i = row % a.s, h = (row / a.s) % a.hq, b = row / (a.s * a.hq), kh = h / group;
         const i64 qb = b * a.st[0][0] + h * a.st[0][1] + i * a.st[0][2];
         const i64 kb = b * a.st[1][0] + kh * a.st[1][1], vb = b * a.st[2][0] + kh * a.st[2][1];
         const i64 keepb = b * a.st[4][0] + i * a.st[4][1];
-        for (int c = tid; c < d; c += MA_THREADS) qs[c] = TT::load(q[qb + c * a.st[0][3]]);
-        __syncthreads();
-        C m = NEG_INF, l = 0;
-        C acc[MA_NR];
+        C qr[MA_NR];
 #pragma unroll
-        for (int r = 0; r < MA_NR; ++r) acc[r] = 0;
-        for (i64 c0 = 0; c0 < a.t; c0 += MA_CHUNK) {
-            const int n = (int)((a.t - c0) < MA_CHUNK ? (a.t - c0) : MA_CHUNK);
+        for (int r = 0; r < MA_NR; ++r) {
+            const int c = lane + 32 * r;
+            qr[r] = c < d ? TT::load(q[qb + c * a.st[0][3]]) * (C)a.scale : (C)0;
+        }
+        C acc[MA_DPT];
+#pragma unroll
+        for (int r = 0; r < MA_DPT; ++r) acc[r] = 0;
+        C m = NEG_INF, l = 0;
+        for (i64 c0 = k_lo; c0 < k_hi; c0 += MA_CHUNK) {
+            const int n = (int)((k_hi - c0) < MA_CHUNK ? (k_hi - c0) : MA_CHUNK);
             C mx = NEG_INF;
-            for (int j = tid; j < n; j += MA_THREADS) {
-                const i64 key = c0 + j;
-                C s = NEG_INF;
-                if (keep[keepb + key * a.st[4][2]]) {
-                    const T* kr = k + kb + key * a.st[1][2];
-                    C dot = 0;
-                    for (int c = 0; c < d; ++c) dot += qs[c] * TT::load(kr[c * a.st[1][3]]);
-                    s = dot * (C)a.scale;
+            for (int j0 = warp * MA_KPW; j0 < n; j0 += MA_WARPS * MA_KPW) {
+                C dot[MA_KPW];
+#pragma unroll
+                for (int u = 0; u < MA_KPW; ++u) {
+                    dot[u] = 0;
+                    if (j0 + u < n) {
+                        const T* kr = k + kb + (c0 + j0 + u) * a.st[1][2];
+#pragma unroll
+                        for (int r = 0; r < MA_NR; ++r) {
+                            const int c = lane + 32 * r;
+                            if (c < d) dot[u] += qr[r] * TT::load(kr[c * ks]);
+                        }
+                    }
                 }
-                sc[j] = s;
-                mx = cmax(mx, s);
+#pragma unroll
+                for (int u = 0; u < MA_KPW; ++u) {
+                    const int j = j0 + u;
+                    const C total = warp_sum(dot[u]);
+                    if (j < n) {
+                        const C s = keep[keepb + (c0 + j) * a.st[4][2]] ? total : NEG_INF;
+                        if (lane == 0) sc[j] = s;
+                        mx = cmax(mx, s);
+                    }
+                }
             }
-            const C mnew = cmax(m, ma_block_max(mx, red));
+            const C mnew = cmax(m, ma_block_max(mx, red));  // its barrier also publishes sc
             if (mnew == NEG_INF) continue;  // no key kept so far (uniform across the block)
             const C corr = cexp(m - mnew);  // 0 while m is still -inf
             C psum = 0;
-            for (int j = tid; j < n; j += MA_THREADS) {
+            for (int j = threadIdx.x; j < n; j += MA_THREADS) {
                 const C p = sc[j] == NEG_INF ? (C)0 : cexp(sc[j] - mnew);
                 sc[j] = p;
                 psum += p;
             }
-            l = l * corr + ma_block_sum(psum, red);  // its barrier also publishes sc
+            l = l * corr + ma_block_sum(psum, red);  // its barrier also publishes the weights
 #pragma unroll
-            for (int r = 0; r < MA_NR; ++r) acc[r] *= corr;
-            for (int j = g; j < n; j += MA_GROUPS) {
+            for (int r = 0; r < MA_DPT; ++r) acc[r] *= corr;
+#pragma unroll 4
+            for (int j = kg; j < n; j += MA_KG) {
                 const C p = sc[j];
-                if (p == (C)0) continue;
                 const T* vr = v + vb + (c0 + j) * a.st[2][2];
 #pragma unroll
-                for (int r = 0; r < MA_NR; ++r) {
-                    const int c = dl + 64 * r;
-                    if (c < d) acc[r] += p * TT::load(vr[c * a.st[2][3]]);
+                for (int r = 0; r < MA_DPT; ++r) {
+                    const int c = dl + 8 * r;
+                    if (c < d) {
+                        const C w = p * TT::load(vr[c * vs]);
+                        acc[r] += p != (C)0 ? w : (C)0;
+                    }
                 }
             }
             m = mnew;
             __syncthreads();  // sc is rewritten by the next chunk
         }
+        // The 4 key groups of a warp (lane bits 3 and 4), then the warps.
 #pragma unroll
-        for (int r = 0; r < MA_NR; ++r) {
-            const int c = dl + 64 * r;
-            if (c < d) accs[g * d + c] = acc[r];
+        for (int r = 0; r < MA_DPT; ++r) {
+            acc[r] += __shfl_xor_sync(FULL, acc[r], 8);
+            acc[r] += __shfl_xor_sync(FULL, acc[r], 16);
+            const int c = dl + 8 * r;
+            if (lane < 8 && c < d) accs[warp * d + c] = acc[r];
         }
         __syncthreads();
         const i64 ob = b * a.st[3][0] + h * a.st[3][1] + i * a.st[3][2];
-        for (int c = tid; c < d; c += MA_THREADS) {
+        C* part = (C*)a.partial + work * (d + 2);
+        for (int c = threadIdx.x; c < d; c += MA_THREADS) {
             C x = 0;
-            for (int gg = 0; gg < MA_GROUPS; ++gg) x += accs[gg * d + c];
-            o[ob + c * a.st[3][3]] = TT::store(x / l);  // no kept key: 0 / 0 = NaN
+            for (int w = 0; w < MA_WARPS; ++w) x += accs[w * d + c];
+            if (splits == 1) {
+                o[ob + c * a.st[3][3]] = TT::store(x / l);  // no kept key: 0 / 0 = NaN
+            } else {
+                part[c] = x;
+            }
         }
-        __syncthreads();  // qs and accs are reused by the next row
+        if (splits > 1 && threadIdx.x == 0) {
+            part[d] = m;
+            part[d + 1] = l;
+        }
+        __syncthreads();  // accs is reused by the next row
+    }
+}
+
+#define ATTN_MASKED(DMAX)                                                                          \
+    extern "C" __global__ void __launch_bounds__(MA_THREADS) attn_masked_##DMAX(const AttnArgs a) { \
+        attn_masked<DMAX>(a);                                                                      \
+    }
+ATTN_MASKED(32)
+ATTN_MASKED(64)
+ATTN_MASKED(128)
+ATTN_MASKED(256)
+
+// The splits of each row merged: weights rescaled to the row's largest max.
+extern "C" __global__ void attn_masked_combine(const AttnArgs a) {
+    const int d = (int)a.d;
+    const i64 rows = a.b * a.hq * a.s, splits = (a.t + a.split - 1) / a.split;
+    T* o = (T*)a.p[3];
+    for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+        const C* pr = (const C*)a.partial + row * splits * (d + 2);
+        C mx = NEG_INF, l = 0;
+        for (i64 sp = 0; sp < splits; ++sp) mx = cmax(mx, pr[sp * (d + 2) + d]);
+        for (i64 sp = 0; sp < splits; ++sp) {
+            const C ms = pr[sp * (d + 2) + d];
+            if (ms != NEG_INF) l += pr[sp * (d + 2) + d + 1] * cexp(ms - mx);
+        }
+        const i64 i = row % a.s, h = (row / a.s) % a.hq, b = row / (a.s * a.hq);
+        const i64 ob = b * a.st[3][0] + h * a.st[3][1] + i * a.st[3][2];
+        for (int c = threadIdx.x; c < d; c += blockDim.x) {
+            C x = 0;
+            for (i64 sp = 0; sp < splits; ++sp) {
+                const C ms = pr[sp * (d + 2) + d];
+                if (ms != NEG_INF) x += pr[sp * (d + 2) + c] * cexp(ms - mx);
+            }
+            o[ob + c * a.st[3][3]] = TT::store(x / l);  // no kept key in any split: NaN
+        }
     }
 }

@@ -57,6 +57,10 @@ struct AttnArgs {
     d: i64,
     scale: f64,
     causal: i64,
+    /// Masked attention: keys per block.
+    split: i64,
+    /// Masked attention over several splits: the partial results (scratch).
+    partial: u64,
 }
 
 impl AttnArgs {
@@ -81,11 +85,11 @@ fn variant(op: &Op, d: usize, dtype: DType) -> Result<usize> {
     }
 }
 
-/// `attn_masked`: keys per chunk (`MA_CHUNK`), groups of 64 threads (`MA_GROUPS`) and the
-/// largest head dim (`MA_NR` · 64).
+/// `attn_masked_{dmax}`: keys per chunk (`MA_CHUNK`) and warps (`MA_WARPS`).
 const MA_CHUNK: usize = 1024;
-const MA_GROUPS: usize = 4;
-const MA_MAX_D: usize = 256;
+const MA_WARPS: usize = 8;
+/// The fewest keys a block of `attn_masked` takes when a row's keys are split.
+const MA_MIN_SPLIT: usize = 64;
 
 /// Tensor-core kernels (`attn_*_tc_*`): threads per block (4 warps), rows of a 64-row tile.
 const TC_THREADS: u32 = 128;
@@ -237,29 +241,35 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
         Op::MaskedAttention { scale } => {
             let (ins, outs) = resolve(device, inputs, outputs)?;
             let (dm, [q, k, v, keep], [o]) = masked_attention(op, &ins, &outs)?;
-            if dm.d > MA_MAX_D {
-                return Err(BackendError::unsupported(format!(
-                    "cuda: {} supports head dims up to {MA_MAX_D}, got {}",
-                    op.name(),
-                    dm.d
-                )));
-            }
+            let dmax = variant(op, dm.d, q.dtype)?;
             let mut a = args(&dm, false, scale);
             for (slot, x) in [q, k, v, o, keep].into_iter().enumerate() {
                 a.set(slot, x);
             }
-            let work = (dm.b * dm.hq * dm.s) as u64;
-            // Shared: the query, a chunk of scores, the reduction slots, the groups' outputs.
-            let smem = ((dm.d + MA_CHUNK + 32 + MA_GROUPS * dm.d) * compute_dtype(q.dtype).size_in_bytes()) as u32;
-            launch_1d(
-                device,
-                op.name(),
-                &MODULE,
-                q.dtype,
-                "attn_masked",
-                &mut a,
-                (grid(device, work, 8), THREADS, smem),
-            )
+            // Enough (row, key range) blocks for 4 per SM, ranges of at least MA_MIN_SPLIT keys.
+            let rows = dm.b * dm.hq * dm.s;
+            let target = 4 * device.facts.sm_count as usize;
+            let splits = target.div_ceil(rows.max(1)).clamp(1, dm.t.div_ceil(MA_MIN_SPLIT).max(1));
+            a.split = dm.t.div_ceil(splits).max(1) as i64;
+            let splits = dm.t.div_ceil(a.split as usize).max(1);
+            let elem = compute_dtype(q.dtype).size_in_bytes();
+            let mut scratch = Scratch::default();
+            let result = (|| {
+                if splits > 1 {
+                    a.partial = scratch.dense(device, compute_dtype(q.dtype), &[rows * splits, dm.d + 2])?.ptr;
+                }
+                // Shared: a chunk of scores, the reduction slots, the warps' outputs.
+                let smem = ((MA_CHUNK + 32 + MA_WARPS * dm.d) * elem) as u32;
+                let work = (rows * splits) as u64;
+                let shape = (grid(device, work, 8), THREADS, smem);
+                launch_1d(device, op.name(), &MODULE, q.dtype, &format!("attn_masked_{dmax}"), &mut a, shape)?;
+                if splits > 1 {
+                    let shape = (grid(device, rows as u64, 8), 128, 0);
+                    launch_1d(device, op.name(), &MODULE, q.dtype, "attn_masked_combine", &mut a, shape)?;
+                }
+                Ok(())
+            })();
+            result.and(scratch.free(device))
         }
         _ => Err(BackendError::unsupported(format!("cuda: {} is not an attention op", op.name()))),
     }
@@ -341,7 +351,11 @@ mod tests {
     #[test]
     fn the_argument_block_has_the_c_layout() {
         use crate::kernels::layout::assert_c_layout;
-        assert_c_layout!(AttnArgs { p, delta, st, b, hq, hk, s, t, d, scale, causal }, MODULE.source(), "AttnArgs");
+        assert_c_layout!(
+            AttnArgs { p, delta, st, b, hq, hk, s, t, d, scale, causal, split, partial },
+            MODULE.source(),
+            "AttnArgs"
+        );
     }
 
     #[test]

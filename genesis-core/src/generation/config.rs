@@ -33,10 +33,27 @@ pub struct GenerationConfig {
     pub stop_strings: Vec<String>,
     /// Id used for left padding and for rows that have finished.
     pub pad_token_id: Option<u32>,
-    /// Decode by replaying a captured device graph of the model's step where the model and
-    /// the backend allow it (one launch per token instead of hundreds; the ids are the same
-    /// either way). Genesis's own setting, not read from `generation_config.json`.
-    pub use_graph: bool,
+    /// When to decode by replaying a captured device graph of the model's step (one launch
+    /// per token instead of hundreds) where the model and the backend allow it. Genesis's own
+    /// setting, not read from `generation_config.json`.
+    pub graph: GraphUse,
+}
+
+/// When generation captures its decode step as a graph ([`GenerationConfig::graph`]). The
+/// generated ids are the same either way (in low precision up to ties: the captured step
+/// attends with a masked kernel over the whole preallocated cache, which rounds differently).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GraphUse {
+    /// Never: every token runs the step op by op.
+    Never,
+    /// For a single sequence (the default): there the step is bound by launching its few
+    /// hundred small kernels. With many rows the captured step's attention over the whole
+    /// cache costs more than the launches it saves (on an H100 at batch 32: 4,644 tokens/s
+    /// captured against 6,364 uncaptured, benches/qwen2/RESULTS.md).
+    #[default]
+    SingleSequence,
+    /// Whenever the model and backend can.
+    Always,
 }
 
 impl Default for GenerationConfig {
@@ -53,7 +70,7 @@ impl Default for GenerationConfig {
             eos_token_ids: vec![],
             stop_strings: vec![],
             pad_token_id: None,
-            use_graph: true,
+            graph: GraphUse::SingleSequence,
         }
     }
 }

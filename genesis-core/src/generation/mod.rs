@@ -15,7 +15,7 @@
 mod config;
 mod sampling;
 
-pub use config::GenerationConfig;
+pub use config::{GenerationConfig, GraphUse};
 pub use sampling::{min_p_filter, repetition_penalty, sample, top_k_filter, top_p_filter};
 
 use crate::autograd::no_grad;
@@ -142,7 +142,11 @@ impl<'m, M: CausalLM + ?Sized> Generation<'m, M> {
             None => Generator::default_for(&device),
         };
         let cache = model.new_cache(len + config.max_new_tokens);
-        let replay = if config.use_graph { Replay::Untried } else { Replay::Off };
+        let replay = match config.graph {
+            GraphUse::Always => Replay::Untried,
+            GraphUse::SingleSequence if b == 1 => Replay::Untried,
+            _ => Replay::Off,
+        };
         Ok(Generation {
             model,
             config,
@@ -166,7 +170,7 @@ impl<'m, M: CausalLM + ?Sized> Generation<'m, M> {
     }
 
     /// Whether the tokens after the first come from replaying a captured graph of the decode
-    /// step ([`GenerationConfig::use_graph`]); false until the first token has been produced.
+    /// step ([`GenerationConfig::graph`]); false until the first token has been produced.
     pub fn uses_graph(&self) -> bool {
         matches!(self.replay, Replay::On { .. })
     }
