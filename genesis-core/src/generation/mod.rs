@@ -230,9 +230,9 @@ impl<'m, M: CausalLM + ?Sized> Generation<'m, M> {
         if b > 1 || self.seen.is_some() || !matches!(self.replay, Replay::On { .. }) {
             self.next_input = Tensor::from_vec(feed.clone(), &[b, 1], &self.device)?;
         }
-        if matches!(self.replay, Replay::On { .. }) {
-            // The captured step reads its key mask from the prompt's padding alone.
-        } else if let Some(valid) = &self.key_valid {
+        // The captured step builds its key mask from the prompt's padding alone.
+        let captured = matches!(self.replay, Replay::On { .. });
+        if let Some(valid) = self.key_valid.as_ref().filter(|_| !captured) {
             let ones = Tensor::ones(&[b, 1], valid.dtype(), &self.device)?;
             self.key_valid = Some(Tensor::cat(&[valid.clone(), ones], 1)?);
         }

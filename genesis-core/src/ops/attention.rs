@@ -56,6 +56,15 @@ fn probabilities(q: &Tensor, k: &Tensor, mask: Option<&Tensor>, causal: Option<C
     scores.softmax(-1)
 }
 
+/// A mask of rank up to 4 with leading dims of size 1 added to make it `(b, h, s, t)`-shaped.
+fn rank4(mask: &Tensor) -> Result<Tensor> {
+    let mut m = mask.clone();
+    while m.rank() < 4 {
+        m = m.unsqueeze(0)?;
+    }
+    Ok(m)
+}
+
 /// The backend's `MaskedAttention` kernel, when it applies: a bool mask shared by the heads
 /// (`(b, 1, s, t)` or broadcastable to it), no causal flag, nothing to differentiate (the op
 /// has no backward), and the op claimed. `None` otherwise.
@@ -76,11 +85,7 @@ fn masked_fused(
     }
     let (qs, t) = (q.shape(), k.shape()[2]);
     // (.., 1, s, t) → (b, s, t), a broadcast view.
-    let mut keep = mask.clone();
-    while keep.rank() < 4 {
-        keep = keep.unsqueeze(0)?;
-    }
-    let keep = keep.squeeze(Some(1))?.expand(&[qs[0] as isize, qs[2] as isize, t as isize])?;
+    let keep = rank4(mask)?.squeeze(Some(1))?.expand(&[qs[0] as isize, qs[2] as isize, t as isize])?;
     let o = Tensor::empty(qs, q.dtype(), q.device())?;
     exec(&op, &[(q, q.layout()), (k, k.layout()), (v, v.layout()), (&keep, keep.layout())], &[&o])?;
     Ok(Some(o))
@@ -109,10 +114,7 @@ fn grouped(
     }
     if let Some(m) = mask {
         // (.., heads, s, t) with heads 1 or hq: split the heads like the queries.
-        let mut m = m.clone();
-        while m.rank() < 4 {
-            m = m.unsqueeze(0)?;
-        }
+        let m = rank4(m)?;
         let ms: Vec<isize> = m.shape().iter().map(|&n| n as isize).collect();
         let m = if ms[1] == 1 { m.unsqueeze(1)? } else { m.reshape(&[ms[0], hk, g, ms[2], ms[3]])? };
         scores = if m.dtype() == DType::Bool {

@@ -31,17 +31,25 @@ fn write(t: &Target, buffer: BufferId, values: [f32; N]) -> Result<(), String> {
     t.device.write(buffer, 0, &bytes(values)).map_err(|e| format!("write: {e}"))
 }
 
+/// Begin capturing; `Some(not_supported)` (after freeing the scope) when the backend has no
+/// graphs.
+fn begin<'t>(t: &'t Target, scope: &mut Scope<'t>) -> Result<Option<Outcome>, String> {
+    match t.device.capture_begin() {
+        Err(e) if e.kind() == ErrorKind::Unsupported => {
+            std::mem::replace(scope, Scope::new(t)).finish()?;
+            Ok(Some(Outcome::with(Status::NotSupported, e.to_string())))
+        }
+        other => other.map(|()| None).map_err(|e| format!("capture_begin: {e}")),
+    }
+}
+
 fn replay(t: &Target) -> Result<Outcome, String> {
     let mut scope = Scope::new(t);
     let (x, y) = (scope.alloc(N * 4)?, scope.alloc(N * 4)?);
     write(t, x, [1.0, 2.0, 3.0, 4.0])?;
     write(t, y, [9.0; N])?;
-    match t.device.capture_begin() {
-        Err(e) if e.kind() == ErrorKind::Unsupported => {
-            scope.finish()?;
-            return Ok(Outcome::with(Status::NotSupported, e.to_string()));
-        }
-        other => other.map_err(|e| format!("capture_begin: {e}"))?,
+    if let Some(skip) = begin(t, &mut scope)? {
+        return Ok(skip);
     }
     let issued = t.device.execute(&Op::Copy, &[desc(x)?], &[desc(y)?]);
     let graph = t.device.capture_end().map_err(|e| format!("capture_end: {e}"))?;
@@ -71,12 +79,8 @@ fn host_access(t: &Target) -> Result<Outcome, String> {
     let mut scope = Scope::new(t);
     let x = scope.alloc(N * 4)?;
     write(t, x, [1.0; N])?;
-    match t.device.capture_begin() {
-        Err(e) if e.kind() == ErrorKind::Unsupported => {
-            scope.finish()?;
-            return Ok(Outcome::with(Status::NotSupported, e.to_string()));
-        }
-        other => other.map_err(|e| format!("capture_begin: {e}"))?,
+    if let Some(skip) = begin(t, &mut scope)? {
+        return Ok(skip);
     }
     let read_inside = read(t, x);
     let write_inside = write(t, x, [2.0; N]);
