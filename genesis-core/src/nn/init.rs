@@ -61,6 +61,31 @@ pub fn kaiming_uniform_(t: &Tensor, a: f64) -> Result<()> {
     uniform_(t, -bound, bound)
 }
 
+/// Which fan the He initializations scale by: `FanIn` keeps the variance of the forward
+/// activations, `FanOut` that of the backward gradients (torchvision's ResNets use `FanOut`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FanMode {
+    /// Scale by the number of inputs of each output unit.
+    FanIn,
+    /// Scale by the number of outputs each input unit feeds.
+    FanOut,
+}
+
+/// He (Kaiming) normal for a leaky ReLU of negative slope `a` (`a = 0`: ReLU, PyTorch's
+/// `nonlinearity="relu"`): `N(0, std²)` with `std = sqrt(2 / (1 + a²)) / sqrt(fan)`.
+pub fn kaiming_normal_(t: &Tensor, a: f64, mode: FanMode) -> Result<()> {
+    let (fan_in, fan_out) = fan_in_and_fan_out(t)?;
+    let fan = match mode {
+        FanMode::FanIn => fan_in,
+        FanMode::FanOut => fan_out,
+    };
+    if fan == 0 {
+        return Ok(()); // an empty tensor: nothing to draw (PyTorch warns and skips)
+    }
+    let gain = (2.0 / (1.0 + a * a)).sqrt();
+    normal_(t, 0.0, gain / (fan as f64).sqrt())
+}
+
 /// Glorot (Xavier) uniform: `U(-b, b)` with `b = gain · sqrt(6 / (fan_in + fan_out))`.
 pub fn xavier_uniform_(t: &Tensor, gain: f64) -> Result<()> {
     let (fan_in, fan_out) = fan_in_and_fan_out(t)?;
