@@ -42,6 +42,8 @@ mod tensor;
 pub mod testing;
 #[cfg(feature = "text")]
 pub mod text;
+#[cfg(feature = "vision")]
+pub mod vision;
 
 pub use autograd::{grad, no_grad};
 pub use backend::{backends, BackendStatus};

@@ -89,7 +89,7 @@ impl Generator {
     }
 }
 
-fn default_generator() -> Generator {
+pub(crate) fn default_generator() -> Generator {
     static DEFAULT: OnceLock<Generator> = OnceLock::new();
     DEFAULT.get_or_init(|| Generator::new(DEFAULT_SEED)).clone()
 }
