@@ -121,6 +121,7 @@ def main():
     ap.add_argument("--out", default=here)
     ap.add_argument("--resnet50", help="also write the full-size resnet50 fixture to this file")
     args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
     torch.use_deterministic_algorithms(True)
     for name, cfg in SMALL.items():
         torch.manual_seed(0)
