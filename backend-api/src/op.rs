@@ -675,6 +675,20 @@ declare_ops! {
         /// Multiplies `q·k`; usually `1/sqrt(d)`.
         scale: f64 => float[0],
     } = 38 => "masked_attention" in Floats,
+    /// `[x (n, c, s), weight (c, f32), bias (c, f32)] -> [y (like x), mean (c, f32), rstd (c,
+    /// f32)]`: batch normalization with the batch's statistics, per channel over the `n · s`
+    /// values of the batch and spatial dims: `mean` and the biased variance `var` of channel
+    /// `ch`, `rstd = 1/sqrt(var + eps)`, `y = (x - mean) · rstd · weight + bias`, in the compute
+    /// type. A channel with no values gets NaN statistics.
+    BatchNorm {
+        /// Added to the variance.
+        eps: f64 => float[0],
+    } = 39 => "batch_norm" in Floats,
+    /// `[dy (n, c, s), x, weight (c, f32), mean (c, f32), rstd (c, f32)] -> [dx (like x),
+    /// dweight (c, f32), dbias (c, f32)]`, with `x̂ = (x - mean) · rstd` and `m = n · s`:
+    /// `dbias = Σ dy`, `dweight = Σ dy · x̂` (sums per channel), `dx = weight · rstd · (dy -
+    /// dbias/m - x̂ · dweight/m)`.
+    BatchNormBackward = 40 => "batch_norm_backward" in Floats,
 }
 
 /// An op kind: the wire code of an [`Op`] without its attributes. Used in capability lists.
@@ -916,6 +930,8 @@ mod tests {
             Op::SwiGlu,
             Op::SwiGluBackward,
             Op::MaskedAttention { scale: 0.125 },
+            Op::BatchNorm { eps: 1e-5 },
+            Op::BatchNormBackward,
         ]
     }
 
@@ -978,5 +994,7 @@ mod tests {
         avg_pool2d_backward 0x523 [] [3, 2, 2, 1, 1, 0, 1, 2]\n\
         swiglu 0x524 [] []\n\
         swiglu_backward 0x525 [] []\n\
-        masked_attention 0x526 [0.125] []\n";
+        masked_attention 0x526 [0.125] []\n\
+        batch_norm 0x527 [1e-5] []\n\
+        batch_norm_backward 0x528 [] []\n";
 }

@@ -237,6 +237,57 @@ fn norms_fused_match_composite() {
 }
 
 #[test]
+fn batch_norm_fused_matches_composite() {
+    // f32 (f64 always takes the composition); a strided 4-D input and a 2-D one; weight, bias,
+    // running statistics, first and second-order gradients.
+    let f32 = |t: Tensor| t.to_dtype(DType::F32).unwrap().detach().requires_grad_(true).unwrap();
+    for shape in [&[3, 4, 2, 5][..], &[6, 3]] {
+        let x = f32(rand(shape, 40));
+        let c = shape[1];
+        let (w, b) = (f32(rand(&[c], 41)), f32(rand(&[c], 42)));
+        let run = |composite: bool| -> Vec<Vec<f64>> {
+            let go = || -> Result<Vec<Vec<f64>>> {
+                let (rm, rv) = (Tensor::zeros(&[c], DType::F32, &cpu())?, Tensor::ones(&[c], DType::F32, &cpu())?);
+                let input = if shape.len() == 4 { x.permute(&[0, 1, 3, 2])? } else { x.clone() };
+                let y = F::batch_norm(&input, Some(&rm), Some(&rv), Some(&w), Some(&b), true, 0.1, 1e-5)?;
+                let loss = y.square()?.mul(&y)?.sum()?;
+                // First order as training runs it (the backward op), then with create_graph
+                // (the composition) for a second-order gradient.
+                let g = genesis::grad(&[loss.clone()], &[x.clone(), w.clone(), b.clone()], None, true, false)?;
+                let gx = genesis::grad(&[loss], &[x.clone()], None, false, true)?[0].clone().unwrap();
+                let second = genesis::grad(&[gx.square()?.sum()?], &[w.clone()], None, false, false)?;
+                let mut out = vec![y.to_vec::<f64>()?, rm.to_vec::<f64>()?, rv.to_vec::<f64>()?];
+                out.extend(g.iter().map(|t| t.as_ref().unwrap().to_vec::<f64>().unwrap()));
+                out.push(second[0].as_ref().unwrap().to_vec::<f64>()?);
+                out.push(vec![y.grad_fn_name().map_or(0.0, |n| n.len() as f64)]);
+                Ok(out)
+            };
+            if composite {
+                genesis::testing::composites_only(go).unwrap()
+            } else {
+                go().unwrap()
+            }
+        };
+        let (fused, composite) = (run(false), run(true));
+        assert_ne!(fused.last(), composite.last(), "both runs took one path");
+        let names = ["y", "running_mean", "running_var", "dx", "dweight", "dbias", "second order"];
+        for (name, (a, b)) in names.iter().zip(fused.iter().zip(&composite)) {
+            for (x, y) in a.iter().zip(b) {
+                assert!((x - y).abs() < 1e-4 * (1.0 + y.abs()), "{shape:?} {name}: {x} vs {y}");
+            }
+        }
+    }
+    // bf16 in, bf16 out (the statistics in f32), close to the f32 result.
+    let x = rand(&[4, 3, 6], 43).detach();
+    let y32 = F::batch_norm(&x.to_dtype(DType::F32).unwrap(), None, None, None, None, true, 0.1, 1e-5).unwrap();
+    let y16 = F::batch_norm(&x.to_dtype(DType::BF16).unwrap(), None, None, None, None, true, 0.1, 1e-5).unwrap();
+    assert_eq!(y16.dtype(), DType::BF16);
+    let diff =
+        y16.to_dtype(DType::F32).unwrap().sub(&y32).unwrap().abs().unwrap().max().unwrap().item::<f32>().unwrap();
+    assert!(diff < 0.03, "{diff}");
+}
+
+#[test]
 fn swiglu_gradcheck_fused_and_second_order() {
     // The halves of one stacked projection (row-strided views), as Qwen2's MLP passes them.
     let stacked = rand(&[4, 6], 30);

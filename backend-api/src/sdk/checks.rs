@@ -10,6 +10,7 @@
 
 mod adamw;
 mod attention;
+mod batch_norm;
 mod index;
 mod rows;
 mod shape;
@@ -18,6 +19,7 @@ mod shape;
 // a new check is written in one place.
 pub use adamw::*;
 pub use attention::*;
+pub use batch_norm::*;
 pub use index::*;
 pub use rows::*;
 pub use shape::*;

@@ -4,6 +4,7 @@
 
 mod adamw;
 mod attention;
+mod batch_norm;
 mod conv;
 mod copy;
 mod cross_entropy;

@@ -33,6 +33,8 @@ fn keeps_f32_statistics(op: &Op) -> bool {
             | Op::AttentionBackward { .. }
             | Op::CrossEntropy { .. }
             | Op::CrossEntropyBackward { .. }
+            | Op::BatchNorm { .. }
+            | Op::BatchNormBackward
     )
 }
 

@@ -226,6 +226,10 @@ pub fn rms_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>,
 /// batch statistics normalize (biased variance) and, when given, the running statistics are
 /// updated in place: `running = (1 - momentum) * running + momentum * batch` with the unbiased
 /// batch variance. In eval mode the running statistics normalize.
+///
+/// With the batch's statistics it runs the backend's `batch_norm` op where claimed: `x` keeps
+/// its dtype (a bf16 input under autocast gives a bf16 output, as in PyTorch) while the
+/// statistics, scale and shift are f32. Otherwise, and for f64, a composition in f32 (f64).
 #[allow(clippy::too_many_arguments)]
 pub fn batch_norm(
     x: &Tensor,
@@ -237,12 +241,14 @@ pub fn batch_norm(
     momentum: f64,
     eps: f64,
 ) -> Result<Tensor> {
-    let x = cast_for(CastPolicy::Float32, x)?;
     if !x.dtype().is_float() {
         return Err(dtype_err(format!("batch_norm: expected a floating-point input, got {}", x.dtype())));
     }
     if x.rank() < 2 {
         return Err(shape_err(format!("batch_norm: expected an input (n, c, ..), got {:?}", x.shape())));
+    }
+    if eps.is_nan() || eps < 0.0 {
+        return Err(Error::invalid(format!("batch_norm: eps must be >= 0, got {eps}")));
     }
     let c = x.shape()[1];
     for t in [running_mean, running_var, weight, bias].into_iter().flatten() {
@@ -253,49 +259,130 @@ pub fn batch_norm(
                 t.shape()
             )));
         }
-        common_device("batch_norm", &[&x, t])?;
+        common_device("batch_norm", &[x, t])?;
     }
-    // Per-channel tensors broadcast as (c, 1, .., 1) against (n, c, ..).
-    let mut bshape = vec![c as isize];
-    bshape.extend(std::iter::repeat_n(1, x.rank() - 2));
-    let per_channel = |t: &Tensor| -> Result<Tensor> { t.to_dtype(x.dtype())?.reshape(&bshape) };
-    let dims: Vec<isize> = std::iter::once(0).chain(2..x.rank() as isize).collect();
     let count = x.numel() / c.max(1);
-    let stats = match (running_mean, running_var) {
-        (Some(rm), Some(rv)) if !training => Some((rm, rv)),
+    let running = match (running_mean, running_var) {
+        (Some(rm), Some(rv)) => Some((rm, rv)),
         _ => None,
     };
-    let (mean, var) = if let Some((rm, rv)) = stats {
-        (per_channel(&rm.detach())?, per_channel(&rv.detach())?)
-    } else {
+    if training || running.is_none() {
         if count <= 1 && training {
             return Err(Error::invalid(format!(
                 "batch_norm: training needs more than one value per channel, got input {:?}",
                 x.shape()
             )));
         }
-        let mean = x.mean_dims(&dims, true)?;
-        let var = x.sub(&mean)?.square()?.mean_dims(&dims, true)?;
-        if training {
-            if let (Some(rm), Some(rv)) = (running_mean, running_var) {
-                no_grad(|| -> Result<()> {
-                    let m = mean.reshape(&[c as isize])?.to_dtype(rm.dtype())?;
-                    let unbiased = var.reshape(&[c as isize])?.mul_scalar(count as f64 / (count as f64 - 1.0))?;
-                    rm.mul_scalar_(1.0 - momentum)?;
-                    rm.add_(&m.mul_scalar(momentum)?)?;
-                    rv.mul_scalar_(1.0 - momentum)?;
-                    rv.add_(&unbiased.to_dtype(rv.dtype())?.mul_scalar(momentum)?)
-                })?;
-            }
+        let (y, mean, var) = if super::fused::use_fused(&Op::BatchNorm { eps }, x)? {
+            batch_norm_fused(x, weight, bias, eps)?
+        } else {
+            batch_norm_composite(x, weight, bias, eps)?
+        };
+        if let (true, Some((rm, rv))) = (training, running) {
+            no_grad(|| -> Result<()> {
+                let unbiased = var.mul_scalar(count as f64 / (count as f64 - 1.0))?;
+                rm.mul_scalar_(1.0 - momentum)?;
+                rm.add_(&mean.to_dtype(rm.dtype())?.mul_scalar(momentum)?)?;
+                rv.mul_scalar_(1.0 - momentum)?;
+                rv.add_(&unbiased.to_dtype(rv.dtype())?.mul_scalar(momentum)?)
+            })?;
         }
-        (mean, var)
+        return Ok(y);
+    }
+    // Eval with running statistics: one scale and one shift per channel.
+    let (rm, rv) = running.ok_or_else(|| Error::invalid("batch_norm: no running statistics"))?;
+    let x = cast_for(CastPolicy::Float32, x)?;
+    let per_channel = per_channel_shape(&x);
+    let mut scale = rv.detach().to_dtype(x.dtype())?.add_scalar(eps)?.rsqrt()?;
+    if let Some(w) = weight {
+        scale = scale.mul(&w.to_dtype(x.dtype())?)?;
+    }
+    let mut shift = rm.detach().to_dtype(x.dtype())?.neg()?.mul(&scale)?;
+    if let Some(b) = bias {
+        shift = shift.add(&b.to_dtype(x.dtype())?)?;
+    }
+    x.mul(&scale.reshape(&per_channel)?)?.add(&shift.reshape(&per_channel)?)
+}
+
+/// `(c, 1, .., 1)`: a per-channel tensor's shape against `x (n, c, ..)`.
+fn per_channel_shape(x: &Tensor) -> Vec<isize> {
+    let mut shape = vec![x.shape()[1] as isize];
+    shape.extend(std::iter::repeat_n(1, x.rank() - 2));
+    shape
+}
+
+/// Batch statistics by the backend's op: `(y, mean, biased var)`, the statistics f32 `[c]`.
+fn batch_norm_fused(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (n, c) = (x.shape()[0], x.shape()[1]);
+    let x3 = x.reshape(&[n as isize, c as isize, -1])?;
+    // The op takes f32 parameters; a cast is recorded, so other dtypes get their gradients back.
+    let param = |p: Option<&Tensor>, value: f64| -> Result<Tensor> {
+        match p {
+            Some(p) => p.to_dtype(DType::F32),
+            None => Tensor::full(&[c], value, DType::F32, x.device()),
+        }
     };
+    let (w, b) = (param(weight, 1.0)?, param(bias, 0.0)?);
+    let y = Tensor::empty(x3.shape(), x3.dtype(), x3.device())?;
+    let mean = Tensor::empty(&[c], DType::F32, x.device())?;
+    let rstd = Tensor::empty(&[c], DType::F32, x.device())?;
+    exec(&Op::BatchNorm { eps }, &[(&x3, x3.layout()), (&w, w.layout()), (&b, b.layout())], &[&y, &mean, &rstd])?;
+    let (sx, sw, smean, srstd) = (Saved::new(&x3), Saved::new(&w), mean.clone(), rstd.clone());
+    let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
+        let g = grad0(g)?;
+        let (x, w) = (sx.get("batch_norm")?, sw.get("batch_norm")?);
+        if !is_grad_enabled() && super::fused::use_fused(&Op::BatchNormBackward, g)? {
+            let dx = Tensor::empty(x.shape(), x.dtype(), x.device())?;
+            let dw = Tensor::empty(w.shape(), DType::F32, w.device())?;
+            let db = Tensor::empty(w.shape(), DType::F32, w.device())?;
+            let ins = [g, x, w, &smean, &srstd];
+            let ins: Vec<_> = ins.iter().map(|t| (*t, t.layout())).collect();
+            exec(&Op::BatchNormBackward, &ins, &[&dx, &dw, &db])?;
+            return Ok(vec![Some(dx), Some(dw), Some(db)]);
+        }
+        // The composition, differentiable in x, w and g (higher-order gradients), in f32.
+        let (g32, x32) = (g.to_dtype(DType::F32)?, x.to_dtype(DType::F32)?);
+        let mu = x32.mean_dims(&[0, 2], true)?;
+        let xc = x32.sub(&mu)?;
+        let r = xc.square()?.mean_dims(&[0, 2], true)?.add_scalar(eps)?.rsqrt()?;
+        let xhat = xc.mul(&r)?;
+        let gw = g32.mul(&w.reshape(&[-1, 1])?)?;
+        let mean_of = |t: &Tensor| t.mean_dims(&[0, 2], true);
+        let dx = r.mul(&gw.sub(&mean_of(&gw)?)?.sub(&xhat.mul(&mean_of(&gw.mul(&xhat)?)?)?)?)?;
+        let dw = g32.mul(&xhat)?.sum_dims(&[0, 2], false)?;
+        Ok(vec![Some(dx.to_dtype(x.dtype())?), Some(dw), Some(g32.sum_dims(&[0, 2], false)?)])
+    });
+    let inputs: Vec<&Tensor> = [Some(&x3), weight.map(|_| &w), bias.map(|_| &b)].into_iter().flatten().collect();
+    let y = record("batch_norm", &inputs, vec![y], wrap_backward(backward, weight.is_some(), bias.is_some())).remove(0);
+    let var = rstd.square()?.reciprocal()?.sub_scalar(eps)?.relu()?;
+    Ok((y.reshape(&x.shape().iter().map(|&d| d as isize).collect::<Vec<_>>())?, mean, var))
+}
+
+/// Batch statistics by primitive ops (in f32, or f64 for f64): `(y, mean, biased var)`, the
+/// statistics `[c]`.
+fn batch_norm_composite(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let x = cast_for(CastPolicy::Float32, x)?;
+    let per_channel = per_channel_shape(&x);
+    let dims: Vec<isize> = std::iter::once(0).chain(2..x.rank() as isize).collect();
+    let mean = x.mean_dims(&dims, true)?;
+    let var = x.sub(&mean)?.square()?.mean_dims(&dims, true)?;
     let mut y = x.sub(&mean)?.mul(&var.add_scalar(eps)?.rsqrt()?)?;
     if let Some(w) = weight {
-        y = y.mul(&per_channel(w)?)?;
+        y = y.mul(&w.to_dtype(x.dtype())?.reshape(&per_channel)?)?;
     }
     if let Some(b) = bias {
-        y = y.add(&per_channel(b)?)?;
+        y = y.add(&b.to_dtype(x.dtype())?.reshape(&per_channel)?)?;
     }
-    Ok(y)
+    let c = x.shape()[1] as isize;
+    Ok((y, mean.detach().reshape(&[c])?, var.detach().reshape(&[c])?))
 }

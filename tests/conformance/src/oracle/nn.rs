@@ -88,6 +88,47 @@ pub fn layer_norm_vjp(x: &[f64], w: &[f64], dy: &[f64], n: usize, eps: f64) -> (
     (dx, dw, db)
 }
 
+/// Batch norm of `x (n, c, s)` with the batch's statistics: `(y, mean, rstd)` per channel,
+/// biased variance (two-pass).
+pub fn batch_norm(x: &[f64], w: &[f64], b: &[f64], [n, c, s]: [usize; 3], eps: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let at = |i: usize, ch: usize, j: usize| (i * c + ch) * s + j;
+    let channel = |ch: usize| -> Vec<f64> { (0..n).flat_map(|i| (0..s).map(move |j| x[at(i, ch, j)])).collect() };
+    let (mut means, mut rstds) = (Vec::new(), Vec::new());
+    for ch in 0..c {
+        let v = channel(ch);
+        let mean = sum(&v) / v.len() as f64;
+        let var = sum(&v.iter().map(|a| (a - mean).powi(2)).collect::<Vec<_>>()) / v.len() as f64;
+        means.push(mean);
+        rstds.push(1.0 / (var + eps).sqrt());
+    }
+    let y = (0..x.len()).map(|k| {
+        let ch = (k / s) % c;
+        (x[k] - means[ch]) * rstds[ch] * w[ch] + b[ch]
+    });
+    (y.collect(), means, rstds)
+}
+
+/// Batch norm VJP: `(dx, dweight, dbias)`.
+pub fn batch_norm_vjp(x: &[f64], w: &[f64], dy: &[f64], shape: [usize; 3], eps: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let [n, c, s] = shape;
+    let (_, means, rstds) = batch_norm(x, w, &vec![0.0; c], shape, eps);
+    let xhat: Vec<f64> = (0..x.len()).map(|k| (x[k] - means[(k / s) % c]) * rstds[(k / s) % c]).collect();
+    let (mut dw, mut db) = (vec![0.0; c], vec![0.0; c]);
+    for k in 0..x.len() {
+        let ch = (k / s) % c;
+        db[ch] += dy[k];
+        dw[ch] += dy[k] * xhat[k];
+    }
+    let m = (n * s) as f64;
+    let dx = (0..x.len())
+        .map(|k| {
+            let ch = (k / s) % c;
+            w[ch] * rstds[ch] * (dy[k] - db[ch] / m - xhat[k] * dw[ch] / m)
+        })
+        .collect();
+    (dx, dw, db)
+}
+
 /// RMS norm of rows: `(y, rstd)`.
 pub fn rms_norm(x: &[f64], w: &[f64], n: usize, eps: f64) -> (Vec<f64>, Vec<f64>) {
     let (mut y, mut rstds) = (Vec::new(), Vec::new());
@@ -365,6 +406,12 @@ mod tests {
         assert_close(&dx, &fd_vjp(&|x| layer_norm(x, &w, &b, 4, 1e-5).0, &x, &dy), "layer_norm dx");
         assert_close(&dw, &fd_vjp(&|w| layer_norm(&x, w, &b, 4, 1e-5).0, &w, &dy), "layer_norm dw");
         assert_close(&db, &fd_vjp(&|b| layer_norm(&x, &w, b, 4, 1e-5).0, &b, &dy), "layer_norm db");
+        let (w3, b3) = (data("bw", 3), data("bb", 3));
+        let (x, dy) = (data("bx", 12), data("bdy", 12));
+        let (dx, dw, db) = batch_norm_vjp(&x, &w3, &dy, [2, 3, 2], 1e-5);
+        assert_close(&dx, &fd_vjp(&|x| batch_norm(x, &w3, &b3, [2, 3, 2], 1e-5).0, &x, &dy), "batch_norm dx");
+        assert_close(&dw, &fd_vjp(&|w| batch_norm(&x, w, &b3, [2, 3, 2], 1e-5).0, &w3, &dy), "batch_norm dw");
+        assert_close(&db, &fd_vjp(&|b| batch_norm(&x, &w3, b, [2, 3, 2], 1e-5).0, &b3, &dy), "batch_norm db");
         let (dx, dw) = rms_norm_vjp(&x, &w, &dy, 4, 1e-5);
         assert_close(&dx, &fd_vjp(&|x| rms_norm(x, &w, 4, 1e-5).0, &x, &dy), "rms_norm dx");
         assert_close(&dw, &fd_vjp(&|w| rms_norm(&x, w, 4, 1e-5).0, &w, &dy), "rms_norm dw");

@@ -9,8 +9,8 @@ use crate::oracle::conv::{
     avg_pool2d_vjp, conv2d_vjp_input, conv2d_vjp_weight, conv_out, max_pool2d, max_pool2d_vjp, out_len,
 };
 use crate::oracle::nn::{
-    attention, attention_vjp, cross_entropy, cross_entropy_vjp, layer_norm, layer_norm_vjp, log_softmax,
-    log_softmax_vjp, rms_norm, rms_norm_vjp, softmax, softmax_vjp, swiglu_vjp, AttnShape,
+    attention, attention_vjp, batch_norm, batch_norm_vjp, cross_entropy, cross_entropy_vjp, layer_norm, layer_norm_vjp,
+    log_softmax, log_softmax_vjp, rms_norm, rms_norm_vjp, softmax, softmax_vjp, swiglu_vjp, AttnShape,
 };
 use crate::target::{Layout, Spec, Target};
 use crate::tolerance::Expected;
@@ -96,6 +96,36 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 "rows6x24".to_string(),
                 Tier::Core,
                 OpCase { op: Op::LayerNormBackward, inputs, outputs: outs, expected: exp },
+            )]
+        },
+    ));
+    cases.extend(op_cases(
+        t,
+        "backward",
+        "batch_norm_backward",
+        Op::BatchNormBackward.kind(),
+        &FLOATS,
+        &after("batch_norm"),
+        &|dtype, rng| {
+            let shape = [3usize, 4, 21];
+            let (c, m) = (shape[1], shape[0] * shape[2]);
+            let x = tensor(rng, dtype, &shape, Layout::Contiguous, ValueRange::normal(2.0));
+            let w = tensor(rng, DType::F32, &[c], Layout::Contiguous, ValueRange::normal(1.0));
+            let dy = tensor(rng, dtype, &shape, Layout::Strided, ValueRange::normal(1.0));
+            let (_, mean, rstd) = batch_norm(&x.values, &w.values, &vec![0.0; c], shape, eps);
+            let (mean, rstd) = (quantize_all(DType::F32, &mean), quantize_all(DType::F32, &rstd));
+            let (dx, dw, db) = batch_norm_vjp(&x.values, &w.values, &dy.values, shape, eps);
+            let inputs = vec![dy, x, w, Spec::new(DType::F32, &[c], mean), Spec::new(DType::F32, &[c], rstd)];
+            let outs = vec![Spec::out(dtype, &shape), Spec::out(DType::F32, &[c]), Spec::out(DType::F32, &[c])];
+            let exp = vec![
+                Some(Expected::normalized(stats_dtype(dtype), dx, m, 2.0)),
+                Some(Expected::normalized(DType::F32, dw, m, 2.0)),
+                Some(Expected::normalized(DType::F32, db, m, 2.0)),
+            ];
+            vec![(
+                "nchw3x4x21".to_string(),
+                Tier::Core,
+                OpCase { op: Op::BatchNormBackward, inputs, outputs: outs, expected: exp },
             )]
         },
     ));

@@ -1,11 +1,12 @@
 //! Suite `nn`: fused softmax, log-softmax, layer norm, RMS norm, cross-entropy, rotary,
-//! SwiGLU, attention forward and masked attention.
+//! SwiGLU, attention forward, masked attention and batch norm.
 
 use super::{no_deps, op_cases};
 use crate::case::{Case, OpCase, Tier};
 use crate::gen::{tensor, ValueRange};
 use crate::oracle::nn::{
-    attention, cross_entropy, layer_norm, log_softmax, masked_attention, rms_norm, rotary, softmax, swiglu, AttnShape,
+    attention, batch_norm, cross_entropy, layer_norm, log_softmax, masked_attention, rms_norm, rotary, softmax, swiglu,
+    AttnShape,
 };
 use crate::target::{Layout, Spec, Target};
 use crate::tolerance::Expected;
@@ -81,6 +82,36 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 sample.to_string(),
                 Tier::Core,
                 OpCase { op: Op::LayerNorm { eps }, inputs: vec![x, w, b], outputs: outs, expected: exp },
+            )
+        })
+        .collect()
+    }));
+    cases.extend(op_cases(t, "nn", "batch_norm", Op::BatchNorm { eps }.kind(), &FLOATS, &no_deps, &|dtype, rng| {
+        [
+            ([4usize, 3, 10], Layout::Contiguous, "nchw4x3x10"),
+            ([2, 5, 67], Layout::Strided, "odd_strided"),
+            ([9, 6, 1], Layout::Offset, "batchnorm1d"),
+        ]
+        .into_iter()
+        .map(|(shape, layout, sample)| {
+            let c = shape[1];
+            let m = shape[0] * shape[2];
+            // An offset mean: the variance must come from deviations, not E[x²] - E[x]².
+            let mut x = tensor(rng, dtype, &shape, layout, ValueRange::normal(2.0));
+            x.values.iter_mut().for_each(|v| *v = quantize(dtype, *v + 4.0));
+            let w = tensor(rng, DType::F32, &[c], Layout::Contiguous, ValueRange::normal(1.0));
+            let b = tensor(rng, DType::F32, &[c], Layout::Contiguous, ValueRange::normal(1.0));
+            let (y, mean, rstd) = batch_norm(&x.values, &w.values, &b.values, shape, eps);
+            let outs = vec![Spec::out(dtype, &shape), Spec::out(DType::F32, &[c]), Spec::out(DType::F32, &[c])];
+            let exp = vec![
+                Some(Expected::normalized(dtype, y, m, 1.0)),
+                Some(Expected::normalized(DType::F32, mean, m, 1.0)),
+                Some(Expected::normalized(DType::F32, rstd, m, 1.0)),
+            ];
+            (
+                sample.to_string(),
+                Tier::Core,
+                OpCase { op: Op::BatchNorm { eps }, inputs: vec![x, w, b], outputs: outs, expected: exp },
             )
         })
         .collect()
