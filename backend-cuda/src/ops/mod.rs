@@ -20,6 +20,7 @@ macro_rules! kernel_module {
 
 mod adamw;
 mod attention;
+mod batch_norm;
 mod conv;
 mod cross_entropy;
 mod elementwise;
