@@ -223,7 +223,14 @@ fn model_config(arch: &str, classes: usize) -> Result<ResNetConfig> {
 }
 
 /// The training and held-out sets, their class count and a description.
-fn datasets(args: &Args, seed: u64) -> Result<(Arc<dyn Dataset>, Arc<dyn Dataset>, usize, String)> {
+struct Data {
+    train: Arc<dyn Dataset>,
+    val: Arc<dyn Dataset>,
+    classes: usize,
+    what: String,
+}
+
+fn datasets(args: &Args, seed: u64) -> Result<Data> {
     let generator = Generator::new(seed);
     if let Some(root) = &args.cifar {
         let normalize = Normalize { mean: [0.4914, 0.4822, 0.4465], std: [0.247, 0.2435, 0.2616] };
@@ -232,7 +239,7 @@ fn datasets(args: &Args, seed: u64) -> Result<(Arc<dyn Dataset>, Arc<dyn Dataset
         let train = Cifar10::new(root, true)?.transform(augment.then(normalize)).generator(&generator);
         let val = Cifar10::new(root, false)?.transform(normalize);
         let what = format!("CIFAR-10 ({} training, {} test images)", train.len(), val.len());
-        return Ok((Arc::new(train), Arc::new(val), 10, what));
+        return Ok(Data { train: Arc::new(train), val: Arc::new(val), classes: 10, what });
     }
     let root = match &args.data {
         Some(d) => d.clone(),
@@ -282,7 +289,7 @@ fn datasets(args: &Args, seed: u64) -> Result<(Arc<dyn Dataset>, Arc<dyn Dataset
         val.len()
     );
     let classes = train.classes().len();
-    Ok((Arc::new(train), Arc::new(val), classes, what))
+    Ok(Data { train: Arc::new(train), val: Arc::new(val), classes, what })
 }
 
 fn autocast_dtype(args: &Args, device: &Device) -> Result<Option<DType>> {
@@ -389,7 +396,7 @@ fn main() -> Result<()> {
     };
     let start_epoch = resumed.as_ref().map_or(0, |c| c.step as usize);
     // A resumed run draws other augmentations than the epochs it skips would have.
-    let (train_set, val_set, classes, what) = datasets(&args, 1 + start_epoch as u64)?;
+    let Data { train: train_set, val: val_set, classes, what } = datasets(&args, 1 + start_epoch as u64)?;
     println!("data: {what}");
     let train_loader = DataLoader::new(train_set, args.batch_size)?
         .shuffle(Generator::new(2 + start_epoch as u64))

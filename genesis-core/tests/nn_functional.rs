@@ -253,9 +253,10 @@ fn batch_norm_fused_matches_composite() {
                 let loss = y.square()?.mul(&y)?.sum()?;
                 // First order as training runs it (the backward op), then with create_graph
                 // (the composition) for a second-order gradient.
-                let g = genesis::grad(&[loss.clone()], &[x.clone(), w.clone(), b.clone()], None, true, false)?;
-                let gx = genesis::grad(&[loss], &[x.clone()], None, false, true)?[0].clone().unwrap();
-                let second = genesis::grad(&[gx.square()?.sum()?], &[w.clone()], None, false, false)?;
+                let g =
+                    genesis::grad(std::slice::from_ref(&loss), &[x.clone(), w.clone(), b.clone()], None, true, false)?;
+                let gx = genesis::grad(&[loss], std::slice::from_ref(&x), None, false, true)?[0].clone().unwrap();
+                let second = genesis::grad(&[gx.square()?.sum()?], std::slice::from_ref(&w), None, false, false)?;
                 let mut out = vec![y.to_vec::<f64>()?, rm.to_vec::<f64>()?, rv.to_vec::<f64>()?];
                 out.extend(g.iter().map(|t| t.as_ref().unwrap().to_vec::<f64>().unwrap()));
                 out.push(second[0].as_ref().unwrap().to_vec::<f64>()?);
