@@ -10,7 +10,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::optim::{OptimState, SchedulerState};
 use crate::random::RngState;
-use crate::serialize::{from_bytes, to_bytes, write_atomically, Metadata, StateDict};
+use crate::serialize::{remove_stale_temporaries, write_atomically, Metadata, StateDict};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
@@ -37,7 +37,8 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// The checkpoint as the bytes of a safetensors file.
+    /// The checkpoint as the bytes of a safetensors file, with a CRC-32 of every tensor's data
+    /// in the metadata (verified on load).
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let mut tensors = StateDict::new();
         let mut meta = Metadata::new();
@@ -71,13 +72,18 @@ impl Checkpoint {
         for (k, v) in &self.metadata {
             meta.insert(format!("user.{k}"), v.clone());
         }
-        to_bytes(&tensors, &meta)
+        crate::serialize::to_bytes_with_checksums(&tensors, &meta)
     }
 
     /// Parse a checkpoint from the bytes of a safetensors file, tensors on `device`;
-    /// `origin` names the source in errors.
+    /// `origin` names the source in errors. A tensor whose data does not match its saved
+    /// checksum is an error naming it.
     pub fn from_bytes(bytes: &[u8], device: &Device, origin: &str) -> Result<Checkpoint> {
-        let (tensors, meta) = from_bytes(bytes, device, origin)?;
+        Self::parse(bytes, device, origin, true)
+    }
+
+    fn parse(bytes: &[u8], device: &Device, origin: &str, verify: bool) -> Result<Checkpoint> {
+        let (tensors, meta) = crate::serialize::safetensors_io::parse(bytes, device, origin, verify)?;
         let bad = |m: String| Error::load(format!("{origin}: {m}"));
         if meta.get("genesis.format").map(String::as_str) != Some(FORMAT) {
             return Err(bad(format!("not a Genesis checkpoint (no `genesis.format: {FORMAT}` in its metadata)")));
@@ -131,10 +137,22 @@ impl Checkpoint {
         write_atomically(path, |f| f.write_all(&bytes))
     }
 
-    /// Read a checkpoint from `path`, tensors on `device`.
+    /// Read a checkpoint from `path`, tensors on `device`, verifying every tensor's checksum
+    /// (a checkpoint changed or damaged on disk is an error naming the tensor, where PyTorch
+    /// would load whatever the bytes say). Temporary files that interrupted saves of `path`
+    /// left behind are removed.
     pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<Checkpoint> {
-        let path = path.as_ref();
+        Self::read(path.as_ref(), device, true)
+    }
+
+    /// [`Checkpoint::load`] without the checksum verification (to salvage a damaged file).
+    pub fn load_unverified(path: impl AsRef<Path>, device: &Device) -> Result<Checkpoint> {
+        Self::read(path.as_ref(), device, false)
+    }
+
+    fn read(path: &Path, device: &Device, verify: bool) -> Result<Checkpoint> {
+        remove_stale_temporaries(path);
         let bytes = std::fs::read(path).map_err(|e| Error::load(format!("reading {}: {e}", path.display())))?;
-        Checkpoint::from_bytes(&bytes, device, &path.display().to_string())
+        Checkpoint::parse(&bytes, device, &path.display().to_string(), verify)
     }
 }

@@ -219,3 +219,45 @@ fn a_plain_state_dict_is_not_a_checkpoint() -> Result<()> {
     );
     Ok(())
 }
+
+/// Bytes changed inside a tensor's data are an error naming the tensor (the checksum saved
+/// with each tensor), unless the caller asks to load without verification.
+#[test]
+fn a_damaged_checkpoint_is_an_error_naming_the_tensor() -> Result<()> {
+    let cpu = Device::cpu()?;
+    let path = temp_dir("damaged").join("c.ckpt");
+    small_checkpoint(&cpu, 3)?.save(&path)?;
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1; // inside the data of the only tensor, `model.w`
+    bytes[last] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+    let err = Checkpoint::load(&path, &cpu).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LoadFailed);
+    assert!(err.message().contains("`model.w`") && err.message().contains("checksum"), "{err}");
+    let salvaged = Checkpoint::load_unverified(&path, &cpu)?;
+    assert_ne!(salvaged.model["w"].to_vec::<f32>()?, vec![3.0; 6]);
+    Ok(())
+}
+
+/// A crash mid-save leaves its temporary file; the next save or load of that checkpoint
+/// removes those of processes that no longer run, and keeps this process's own.
+#[test]
+fn temporaries_of_crashed_saves_are_cleaned_up() -> Result<()> {
+    let cpu = Device::cpu()?;
+    let dir = temp_dir("stale");
+    let path = dir.join("last.ckpt");
+    // A pid above the kernel's limit (4,194,304) never runs.
+    let stale = |n: u32| dir.join(format!(".last.ckpt.tmp-4294967{n:03}-0"));
+    let own = dir.join(format!(".last.ckpt.tmp-{}-999", std::process::id()));
+    let other = dir.join(".other.ckpt.tmp-4294967000-0");
+    for f in [stale(1), own.clone(), other.clone()] {
+        std::fs::write(&f, vec![0u8; 1024]).unwrap();
+    }
+    small_checkpoint(&cpu, 1)?.save(&path)?;
+    assert!(!stale(1).exists(), "the save removed the dead process's temporary");
+    assert!(own.exists() && other.exists(), "this process's own and another file's stay");
+    std::fs::write(stale(2), b"partial").unwrap();
+    Checkpoint::load(&path, &cpu)?;
+    assert!(!stale(2).exists(), "the load removed it too");
+    Ok(())
+}

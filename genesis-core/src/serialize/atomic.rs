@@ -13,9 +13,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Replace `path` with what `write` puts into a fresh file, atomically. If `write` fails (or
 /// the process dies before the rename) the old file at `path`, if any, is untouched and the
-/// temporary file is removed (after a crash, a `.{name}.tmp-*` file may remain beside it).
+/// temporary file is removed. A crash leaves its `.{name}.tmp-{pid}-*` file beside `path`;
+/// the next save of `path` removes those of processes that no longer run.
 pub fn write_atomically(path: impl AsRef<Path>, write: impl FnOnce(&mut File) -> io::Result<()>) -> Result<()> {
     let path = path.as_ref();
+    remove_stale_temporaries(path);
     let fail = |what: &str, e: io::Error| Error::invalid(format!("saving {}: {what}: {e}", path.display()));
     let name = path
         .file_name()
@@ -48,6 +50,36 @@ pub fn write_atomically(path: impl AsRef<Path>, write: impl FnOnce(&mut File) ->
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// Remove the temporary files that saves of `path` by processes no longer running left behind
+/// (best effort: a file that cannot be read or removed stays).
+pub(crate) fn remove_stale_temporaries(path: &Path) {
+    let (Some(name), Some(dir)) = (path.file_name(), path.parent()) else { return };
+    let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+    let prefix = format!(".{}.tmp-", name.to_string_lossy());
+    let Ok(entries) = fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let file = entry.file_name();
+        let Some(rest) = file.to_str().and_then(|f| f.strip_prefix(&prefix)) else { continue };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if pid != std::process::id() && !process_runs(pid, &entry) {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Whether process `pid` (which wrote `temporary`) may still be writing it.
+#[cfg(target_os = "linux")]
+fn process_runs(pid: u32, _temporary: &fs::DirEntry) -> bool {
+    Path::new("/proc").join(pid.to_string()).exists()
+}
+
+/// Without `/proc`, a temporary file untouched for a day is taken as abandoned.
+#[cfg(not(target_os = "linux"))]
+fn process_runs(_pid: u32, temporary: &fs::DirEntry) -> bool {
+    let age = temporary.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+    age.is_none_or(|a| a < std::time::Duration::from_secs(24 * 3600))
 }
 
 #[cfg(unix)]

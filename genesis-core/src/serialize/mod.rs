@@ -23,10 +23,13 @@ mod atomic;
 mod load_into;
 pub(crate) mod safetensors_io;
 
+pub(crate) use atomic::remove_stale_temporaries;
 pub use atomic::write_atomically;
 pub use load_into::{load_state_dict_into, LoadReport};
 pub(crate) use safetensors_io::{describe_error, tensor_from_view};
-pub use safetensors_io::{from_bytes, load, load_with_metadata, save, to_bytes};
+pub use safetensors_io::{
+    from_bytes, load, load_with_metadata, save, to_bytes, to_bytes_with_checksums, CHECKSUM_PREFIX,
+};
 
 use crate::tensor::Tensor;
 use std::collections::BTreeMap;

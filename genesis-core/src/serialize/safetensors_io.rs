@@ -97,8 +97,22 @@ pub(crate) fn tensor_from_bytes(bytes: &[u8], dtype: DType, shape: &[usize], dev
     Ok(t)
 }
 
+/// The metadata key holding the CRC-32 of tensor `name`'s data (hex), written by
+/// [`to_bytes_with_checksums`] and verified by [`from_bytes`] wherever it is present.
+pub const CHECKSUM_PREFIX: &str = "checksum.crc32.";
+
 /// `tensors` and `metadata` as the bytes of a safetensors file.
 pub fn to_bytes(tensors: &StateDict, metadata: &Metadata) -> Result<Vec<u8>> {
+    serialize(tensors, metadata, false)
+}
+
+/// [`to_bytes`] plus a CRC-32 of each tensor's data in the metadata (`checksum.crc32.<name>`),
+/// so that [`from_bytes`] finds bytes changed on disk (training checkpoints are written so).
+pub fn to_bytes_with_checksums(tensors: &StateDict, metadata: &Metadata) -> Result<Vec<u8>> {
+    serialize(tensors, metadata, true)
+}
+
+fn serialize(tensors: &StateDict, metadata: &Metadata, checksums: bool) -> Result<Vec<u8>> {
     let host = tensors
         .iter()
         .map(|(name, t)| {
@@ -106,20 +120,42 @@ pub fn to_bytes(tensors: &StateDict, metadata: &Metadata) -> Result<Vec<u8>> {
             Ok((name.as_str(), HostTensor { dtype: to_safetensors_dtype(t.dtype()), shape: t.shape().to_vec(), bytes }))
         })
         .collect::<Result<Vec<_>>>()?;
+    let mut metadata = metadata.clone();
+    if checksums {
+        for (name, t) in &host {
+            metadata.insert(format!("{CHECKSUM_PREFIX}{name}"), format!("{:08x}", crc32fast::hash(&t.bytes)));
+        }
+    }
     let info: Option<HashMap<String, String>> =
-        if metadata.is_empty() { None } else { Some(metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect()) };
+        if metadata.is_empty() { None } else { Some(metadata.into_iter().collect()) };
     safetensors::serialize(host.iter().map(|(n, t)| (*n, t)), info)
         .map_err(|e| Error::invalid(format!("serializing safetensors: {e}")))
 }
 
 /// Parse the bytes of a safetensors file into tensors on `device` and the metadata;
-/// `origin` (a file name) goes into error messages.
+/// `origin` (a file name) goes into error messages. A tensor whose data does not match its
+/// checksum in the metadata (see [`to_bytes_with_checksums`]) is an error naming it.
 pub fn from_bytes(bytes: &[u8], device: &Device, origin: &str) -> Result<(StateDict, Metadata)> {
+    parse(bytes, device, origin, true)
+}
+
+/// [`from_bytes`] with or without the checksum verification.
+pub(crate) fn parse(bytes: &[u8], device: &Device, origin: &str, verify: bool) -> Result<(StateDict, Metadata)> {
     let bad = |why: String| Error::load(format!("{origin}: {why}"));
     let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| bad(describe_error(&e, bytes.len())))?;
     let st = SafeTensors::deserialize(bytes).map_err(|e| bad(describe_error(&e, bytes.len())))?;
+    let checksums = header.metadata().as_ref().filter(|_| verify);
     let mut out = StateDict::new();
     for (name, view) in st.iter() {
+        if let Some(expected) = checksums.and_then(|m| m.get(&format!("{CHECKSUM_PREFIX}{name}"))) {
+            let actual = format!("{:08x}", crc32fast::hash(view.data()));
+            if &actual != expected {
+                return Err(bad(format!(
+                    "the data of tensor `{name}` does not match its checksum (crc32 {actual}, saved {expected}): the \
+                     file was changed or damaged after it was written"
+                )));
+            }
+        }
         let dtype = from_safetensors_dtype(view.dtype()).ok_or_else(|| {
             Error::new(
                 ErrorKind::Unsupported,
