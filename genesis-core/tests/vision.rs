@@ -1,6 +1,7 @@
 //! Image datasets and transforms: folder layout and labels, pixel values, transform geometry,
 //! determinism under a seed (whatever the number of loader workers), CIFAR-10 records, and
 //! every bad input the issue lists.
+#![cfg(feature = "vision")]
 
 use genesis::data::{DataLoader, Dataset};
 use genesis::vision::transforms::{
