@@ -93,6 +93,9 @@ pub struct Outcome {
     pub mismatches: Option<(usize, usize)>,
     /// The tolerance applied.
     pub tolerance: Option<String>,
+    /// The inputs' values at the worst element (input position, value): those with the
+    /// output's element count (elementwise ops) or a single element.
+    pub worst_inputs: Vec<(usize, f64)>,
 }
 
 impl Outcome {
@@ -102,7 +105,14 @@ impl Outcome {
     }
     /// An outcome with a message.
     pub fn with(status: Status, message: impl Into<String>) -> Outcome {
-        Outcome { status, message: message.into(), worst: None, mismatches: None, tolerance: None }
+        Outcome {
+            status,
+            message: message.into(),
+            worst: None,
+            mismatches: None,
+            tolerance: None,
+            worst_inputs: Vec::new(),
+        }
     }
     /// A failure.
     pub fn fail(message: impl Into<String>) -> Outcome {
@@ -227,13 +237,21 @@ fn try_run_op(target: &Target, case: &OpCase) -> Result<Outcome, String> {
         let Some(expected) = expected else { continue };
         let cmp = compare(expected, &values);
         if cmp.mismatches > 0 {
+            let worst_inputs = cmp.worst.as_ref().map_or(Vec::new(), |w| inputs_at(case, w.index, values.len()));
             let mut o = Outcome::fail(match &cmp.worst {
                 Some(w) => format!(
-                    "output {i}: {}/{} elements out of tolerance; worst at flat index {}: expected {:e}, got {:e}, allowed error {:.3e}",
-                    cmp.mismatches, cmp.numel, w.index, w.expected, w.actual, w.allowed
+                    "output {i}: {}/{} elements out of tolerance; worst at flat index {}: expected {:e}, got {:e}, allowed error {:.3e}{}",
+                    cmp.mismatches,
+                    cmp.numel,
+                    w.index,
+                    w.expected,
+                    w.actual,
+                    w.allowed,
+                    describe_inputs(&worst_inputs)
                 ),
                 None => format!("output {i}: {} elements, expected {}", values.len(), expected.values.len()),
             });
+            o.worst_inputs = worst_inputs;
             o.worst = cmp.worst.map(|w| (format!("output {i}"), w));
             o.mismatches = Some((cmp.mismatches, cmp.numel));
             o.tolerance = Some(expected.describe.clone());
@@ -244,6 +262,31 @@ fn try_run_op(target: &Target, case: &OpCase) -> Result<Outcome, String> {
     let mut o = Outcome::pass();
     o.tolerance = case.expected.iter().flatten().next().map(|e| e.describe.clone());
     Ok(o)
+}
+
+/// The inputs' values at flat output index `index` (of `numel`): each input holding as many
+/// elements as the output (read at the same index) or a single one. Inputs of other sizes
+/// (reductions, matrix products, broadcasts) are left out: no one element of them explains
+/// the output element.
+pub fn inputs_at(case: &OpCase, index: usize, numel: usize) -> Vec<(usize, f64)> {
+    case.inputs
+        .iter()
+        .enumerate()
+        .filter_map(|(k, s)| match s.values.len() {
+            1 => Some((k, s.values[0])),
+            n if n == numel => s.values.get(index).map(|&v| (k, v)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `"; inputs there: input 0 = 2.5e0, input 1 = -1e0"`, or nothing without inputs.
+pub fn describe_inputs(inputs: &[(usize, f64)]) -> String {
+    if inputs.is_empty() {
+        return String::new();
+    }
+    let parts: Vec<String> = inputs.iter().map(|(k, v)| format!("input {k} = {v:e}")).collect();
+    format!("; inputs there: {}", parts.join(", "))
 }
 
 /// Run an op case for an (op, dtype) pair: claimed pairs must pass; unclaimed ones are
@@ -263,5 +306,35 @@ pub fn run_claimed(target: &Target, claimed: bool, case: &OpCase) -> Outcome {
             "not claimed, so the call must fail with `Unsupported`; instead: {} {}",
             outcome.status, outcome.message
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use genesis_backend_api::DType;
+
+    #[test]
+    fn a_failure_names_the_inputs_at_the_worst_element() {
+        let case = OpCase {
+            op: Op::Binary(genesis_backend_api::BinaryOp::Add),
+            inputs: vec![
+                Spec::new(DType::F32, &[2, 2], vec![1.0, 2.0, 3.0, 4.0]),
+                Spec::new(DType::F32, &[], vec![0.5]),
+                Spec::new(DType::F32, &[2], vec![7.0, 8.0]), // broadcast: left out
+            ],
+            outputs: vec![Spec::out(DType::F32, &[2, 2])],
+            expected: vec![None],
+        };
+        let inputs = inputs_at(&case, 2, 4);
+        assert_eq!(inputs, [(0, 3.0), (1, 0.5)]);
+        assert_eq!(describe_inputs(&inputs), "; inputs there: input 0 = 3e0, input 1 = 5e-1");
+        assert_eq!(describe_inputs(&[]), "");
+        // The JSON report carries them and reads them back.
+        let mut o = Outcome::fail("x");
+        o.worst_inputs = vec![(0, 3.0), (1, f64::NAN)];
+        let back = crate::runner::outcome_from_json(&crate::runner::outcome_json(&o)).unwrap();
+        assert_eq!(back.worst_inputs[0], (0, 3.0));
+        assert!(back.worst_inputs[1].1.is_nan());
     }
 }

@@ -164,6 +164,7 @@ pub fn outcome_json(o: &Outcome) -> Value {
         })),
         "mismatches": o.mismatches.map(|(m, n)| json!({"mismatches": m, "numel": n})),
         "tolerance": o.tolerance,
+        "worst_inputs": o.worst_inputs.iter().map(|(k, v)| json!({"input": k, "value": fmt_f(*v)})).collect::<Vec<_>>(),
     })
 }
 
@@ -189,6 +190,11 @@ pub fn outcome_from_json(v: &Value) -> Option<Outcome> {
         .get("mismatches")
         .filter(|m| !m.is_null())
         .map(|m| (m["mismatches"].as_u64().unwrap_or(0) as usize, m["numel"].as_u64().unwrap_or(0) as usize));
+    o.worst_inputs = v
+        .get("worst_inputs")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().map(|x| (x["input"].as_u64().unwrap_or(0) as usize, parse_f(&x["value"]))).collect())
+        .unwrap_or_default();
     o.worst = v.get("worst").filter(|w| !w.is_null()).map(|w| {
         (
             w["output"].as_str().unwrap_or_default().to_string(),
