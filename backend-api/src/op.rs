@@ -451,8 +451,10 @@ declare_ops! {
     Where = 1 => "where" in All,
     /// `[x] -> [y]`, same shape and dtype, any strides: the strided copy.
     Copy = 2 => "copy" in All,
-    /// `[x] -> [y]`, same shape, dtype converted (floats to ints truncate toward zero,
-    /// to bool is `!= 0`).
+    /// `[x] -> [y]`, same shape, dtype converted: integer to integer keeps the low bits (wraps
+    /// modulo 2^bits in two's complement, as PyTorch: i64 -55 to u8 is 201); float to integer
+    /// truncates toward zero and saturates at the target's range, NaN giving 0 (PyTorch leaves
+    /// out-of-range values undefined); to a float rounds to nearest even; to bool is `!= 0`.
     Cast = 3 => "cast" in All,
     /// `[] -> [y]`, every element set to `value`.
     Fill {

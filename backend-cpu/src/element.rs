@@ -21,6 +21,11 @@ pub trait Element: Copy + Send + Sync + 'static + PartialEq {
     fn to_f64(self) -> f64;
     /// See [`Element::to_f64`].
     fn from_f64(value: f64) -> Self;
+    /// The value of an integer element (`None` for floats and bool), exact for every i64.
+    fn integer(self) -> Option<i64>;
+    /// An integer in this type: its low bits for a narrower integer type (wrapping, as
+    /// PyTorch's integer casts do), the nearest value for a float type.
+    fn from_integer(value: i64) -> Self;
 }
 
 /// Arithmetic on compute types.
@@ -160,10 +165,10 @@ int_arith!(i32);
 int_arith!(u8);
 
 macro_rules! element {
-    ($t:ty, $dtype:expr, $compute:ty, |$x:ident| $widen:expr, |$y:ident| $narrow:expr) => {
-        element!($t, $dtype, $compute, |$x| $widen, |$y| $narrow, |v| Self::store(<$compute as Arith>::from_f64(v)));
+    ($t:ty, $dtype:expr, $compute:ty, |$x:ident| $widen:expr, |$y:ident| $narrow:expr, $int:tt) => {
+        element!($t, $dtype, $compute, |$x| $widen, |$y| $narrow, |v| Self::store(<$compute as Arith>::from_f64(v)), $int);
     };
-    ($t:ty, $dtype:expr, $compute:ty, |$x:ident| $widen:expr, |$y:ident| $narrow:expr, |$v:ident| $from:expr) => {
+    ($t:ty, $dtype:expr, $compute:ty, |$x:ident| $widen:expr, |$y:ident| $narrow:expr, |$v:ident| $from:expr, $int:tt) => {
         impl Element for $t {
             const DTYPE: DType = $dtype;
             type Compute = $compute;
@@ -182,20 +187,37 @@ macro_rules! element {
                 let $v = value;
                 $from
             }
+            element!(@integer $t, $int);
+        }
+    };
+    (@integer $t:ty, int) => {
+        fn integer(self) -> Option<i64> {
+            Some(self as i64)
+        }
+        fn from_integer(value: i64) -> Self {
+            value as $t
+        }
+    };
+    (@integer $t:ty, float) => {
+        fn integer(self) -> Option<i64> {
+            None
+        }
+        fn from_integer(value: i64) -> Self {
+            <Self as Element>::from_f64(value as f64)
         }
     };
 }
-element!(f32, DType::F32, f32, |x| x, |y| y);
-element!(f64, DType::F64, f64, |x| x, |y| y);
+element!(f32, DType::F32, f32, |x| x, |y| y, float);
+element!(f64, DType::F64, f64, |x| x, |y| y, float);
 // f64 -> f16/bf16 must round once: going through a round-to-nearest f32 rounds twice and
 // breaks ties the wrong way (1 + 2^-11 + 2^-40 would become 1.0 in f16 instead of 1 + 2^-10).
 // `half::f16::from_f64` has the same flaw (it narrows to f32 first on F16C hardware and
 // truncates the low mantissa bits in software), hence `f32_round_to_odd`.
-element!(f16, DType::F16, f32, |x| x.to_f32(), |y| f16::from_f32(y), |v| f16::from_f32(f32_round_to_odd(v)));
-element!(bf16, DType::BF16, f32, |x| x.to_f32(), |y| bf16::from_f32(y), |v| bf16::from_f32(f32_round_to_odd(v)));
-element!(i64, DType::I64, i64, |x| x, |y| y);
-element!(i32, DType::I32, i32, |x| x, |y| y);
-element!(u8, DType::U8, u8, |x| x, |y| y);
+element!(f16, DType::F16, f32, |x| x.to_f32(), |y| f16::from_f32(y), |v| f16::from_f32(f32_round_to_odd(v)), float);
+element!(bf16, DType::BF16, f32, |x| x.to_f32(), |y| bf16::from_f32(y), |v| bf16::from_f32(f32_round_to_odd(v)), float);
+element!(i64, DType::I64, i64, |x| x, |y| y, int);
+element!(i32, DType::I32, i32, |x| x, |y| y, int);
+element!(u8, DType::U8, u8, |x| x, |y| y, int);
 
 /// `v` narrowed to f32 with round-to-odd: truncate toward zero and set the last mantissa bit
 /// when the result is inexact. Rounding that to a format with at most 22 significant bits
@@ -260,7 +282,7 @@ accumulate!(Bool, u8, |x| x.0, |y| Bool((y != 0) as u8));
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Default)]
 pub struct Bool(pub u8);
 
-element!(Bool, DType::Bool, u8, |x| (x.0 != 0) as u8, |y| Bool((y != 0) as u8));
+element!(Bool, DType::Bool, u8, |x| (x.0 != 0) as u8, |y| Bool((y != 0) as u8), float);
 
 /// Run `$body` with `$T` bound to the element type of `$dtype`.
 #[macro_export]

@@ -82,6 +82,22 @@ fn f64_to_half_precision_rounds_once() {
 }
 
 #[test]
+fn integer_casts_wrap_and_float_casts_saturate() {
+    // Integer to integer keeps the low bits, as PyTorch (i64 -55 to u8 is 201).
+    let dev = device();
+    let big = 2f64.powi(40) + 3.0;
+    let x = upload(&dev, &[-55.0, 263.0, big, -(2f64.powi(33)) - 1.0], DType::I64, &[4]);
+    assert_eq!(run1(&dev, Op::Cast, &[x], DType::U8, &[4]), [201.0, 7.0, 3.0, 255.0]);
+    assert_eq!(run1(&dev, Op::Cast, &[x], DType::I32, &[4]), [-55.0, 263.0, 3.0, -1.0]);
+    let x = upload(&dev, &[-1.0, 300.0], DType::I32, &[2]);
+    assert_eq!(run1(&dev, Op::Cast, &[x], DType::U8, &[2]), [255.0, 44.0]);
+    // Float to integer truncates and saturates; NaN gives 0.
+    let x = upload(&dev, &[-5.5, 300.0, f64::NAN, 1e10], DType::F32, &[4]);
+    assert_eq!(run1(&dev, Op::Cast, &[x], DType::U8, &[4]), [0.0, 255.0, 0.0, 255.0]);
+    assert_eq!(run1(&dev, Op::Cast, &[x], DType::I32, &[4]), [-5.0, 300.0, 0.0, 2147483647.0]);
+}
+
+#[test]
 fn misaligned_views_are_refused() {
     let dev = device();
     let x = upload(&dev, &[1.0; 4], DType::F32, &[4]);

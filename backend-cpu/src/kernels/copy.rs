@@ -54,6 +54,9 @@ fn cast<A: Element, O: Element>(x: &View, y: &View) {
         map1::<A, A>(x, y, |v| v);
     } else if O::DTYPE == DType::Bool {
         map1::<A, O>(x, y, |v| O::from_f64((v.to_f64() != 0.0) as u8 as f64));
+    } else if A::DTYPE.is_int() && O::DTYPE.is_int() {
+        // Integer to integer wraps (the low bits), as in PyTorch; exact for every i64.
+        map1::<A, O>(x, y, |v| O::from_integer(v.integer().unwrap_or(0)));
     } else {
         map1::<A, O>(x, y, |v| O::from_f64(v.to_f64()));
     }

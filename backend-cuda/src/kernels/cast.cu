@@ -1,7 +1,8 @@
 // Copies and casts from T: `copy_s` (same type, any strides), `copy_t` (same type, a
 // transposed plane) and `cast_to_<dtype>_s`.
 // Casts go through f64 like the CPU backend (floats to integers truncate and saturate, NaN
-// gives 0); to bool is `!= 0`; a cast to T itself is a plain copy.
+// gives 0), except integer to integer, which wraps (keeps the low bits, as PyTorch does) and
+// is exact for every i64; to bool is `!= 0`; a cast to T itself is a plain copy.
 
 extern "C" __global__ void copy_s(const Args a) {
     for (u64 i = gtid(); i < a.n; i += gstride()) {
@@ -59,6 +60,13 @@ extern "C" __global__ void copy_t(const Args a) {
 
 template <class A, class B> struct Same { static const bool v = false; };
 template <class A> struct Same<A, A> { static const bool v = true; };
+template <class A> struct IsInt { static const bool v = false; };
+template <> struct IsInt<i64> { static const bool v = true; };
+template <> struct IsInt<int> { static const bool v = true; };
+template <> struct IsInt<u8> { static const bool v = true; };
+// Integer to integer, modulo 2^bits (two's complement low bits). A template of its own so
+// that the float element types never instantiate it.
+template <class O, class I> __device__ __forceinline__ O wrap_int(I v) { return (O)(unsigned long long)(i64)v; }
 
 template <class O> __device__ __forceinline__ O cast_one(T v) {
     if constexpr (Same<O, T>::v) {
@@ -67,6 +75,8 @@ template <class O> __device__ __forceinline__ O cast_one(T v) {
         bool8 r;
         r.x = TT::to_d(v) != 0.0;
         return r;
+    } else if constexpr (IsInt<T>::v && IsInt<O>::v) {
+        return wrap_int<O>(v);
     } else {
         return Ty<O>::from_d(TT::to_d(v));
     }

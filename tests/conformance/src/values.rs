@@ -20,6 +20,22 @@ pub fn quantize(dtype: DType, x: f64) -> f64 {
     }
 }
 
+/// `x` of dtype `from` cast to `to` by the interface's rule: integer to integer wraps (the
+/// low bits, as PyTorch), everything else as [`quantize`] (floats to integers truncate and
+/// saturate).
+pub fn cast_value(from: DType, to: DType, x: f64) -> f64 {
+    if from.is_int() && to.is_int() {
+        let v = x as i64;
+        match to {
+            DType::I32 => v as i32 as f64,
+            DType::U8 => v as u8 as f64,
+            _ => v as f64,
+        }
+    } else {
+        quantize(to, x)
+    }
+}
+
 /// Round every value of `xs` to `dtype`.
 pub fn quantize_all(dtype: DType, xs: &[f64]) -> Vec<f64> {
     xs.iter().map(|&x| quantize(dtype, x)).collect()

@@ -5,7 +5,7 @@ use crate::case::{Case, OpCase, Tier};
 use crate::gen::{special_values, tensor, ValueRange};
 use crate::target::{Layout, Spec, Target};
 use crate::tolerance::Expected;
-use crate::values::{quantize, quantize_all, short_name, FLOATS};
+use crate::values::{cast_value, quantize, quantize_all, short_name, FLOATS};
 use genesis_backend_api::{DType, Op};
 
 fn copy_case(input: Spec, out_layout: Layout) -> OpCase {
@@ -54,7 +54,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                     let specials = quantize_all(dtype, &special_values(dtype));
                     x = Spec::new(dtype, &[x.values.len() + specials.len()], [x.values, specials].concat());
                 }
-                let expected: Vec<f64> = x.values.iter().map(|&v| quantize(to, v)).collect();
+                let expected: Vec<f64> = x.values.iter().map(|&v| cast_value(dtype, to, v)).collect();
                 let exp =
                     if to.is_float() { Expected::exact_signed(to, expected) } else { Expected::exact(to, expected) };
                 let out = Spec::out(to, &x.shape);
