@@ -39,6 +39,8 @@ pub struct DeviceProperties {
 }
 
 /// Memory accounting of one device, in the terms PyTorch's `torch.cuda.memory_stats` uses.
+/// A backend without a cache reports `reserved_bytes` equal to the bytes it holds for live
+/// allocations (at least `allocated_bytes`), `cache_hits` 0 and every request as a miss.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MemoryStats {

@@ -14,7 +14,9 @@
 //! The macro exports a [`abi::PluginDeclaration`] (name and interface version, readable without
 //! running plugin code) and an abi_stable root module whose every function catches panics and
 //! turns them into [`ErrorKind::Internal`] errors. Optional parts of the interface have default
-//! methods that return [`ErrorKind::Unsupported`].
+//! methods: most return [`ErrorKind::Unsupported`], and some do the work a simple backend needs
+//! (`synchronize` and `empty_cache` succeed, collectives go through host memory); each method's
+//! doc, and the table in the backend guide, says which.
 //!
 //! ## Versions
 //! [`API_VERSION`] is `major.minor`, independent of crate versions. A minor version only appends

@@ -13,6 +13,12 @@
 //!   on broadcast dims.
 //! - "last dim" ops (softmax, norms, cross-entropy) treat all leading dims as rows.
 //! - f16/bf16 reductions and contractions accumulate in f32.
+//! - The *compute type* of a float dtype is f32 for f16, bf16 and f32, and f64 for f64. An op
+//!   that computes "in the compute type" widens its inputs to it, computes, and rounds each
+//!   result to the output dtype once.
+//! - A [`Capability`] names an op and the dtype of its first input (of its output when it has
+//!   no inputs). So `where` is claimed under `bool`, its condition's dtype, and `cast` under
+//!   the dtype it reads.
 
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
@@ -447,7 +453,9 @@ declare_ops! {
         /// Upper bound (`+inf` for none).
         max: f64 => float[1],
     } = 0 => "clamp" in NotBool,
-    /// `[cond(bool), a, b] -> [y]`, `cond ? a : b`.
+    /// `[cond(bool), a, b] -> [y]`, `cond ? a : b`. Its capability is keyed by the first
+    /// input, the bool condition: a backend claims `(where, bool)` and refuses value dtypes it
+    /// does not run with `Unsupported`.
     Where = 1 => "where" in All,
     /// `[x] -> [y]`, same shape and dtype, any strides: the strided copy.
     Copy = 2 => "copy" in All,
