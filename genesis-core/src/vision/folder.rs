@@ -30,8 +30,9 @@ pub enum BadFile {
 /// the [`transform`](ImageFolder::transform), if any. Hidden files (names starting with `.`)
 /// are ignored.
 ///
-/// Random transforms are seeded from a Genesis [`Generator`] (the default one unless
-/// [`generator`](ImageFolder::generator) gives another): item `i`'s `k`-th read draws from a
+/// Random transforms are seeded from a Genesis [`Generator`] (the default one, drawn from when
+/// the folder is opened, unless [`generator`](ImageFolder::generator) gives another): item
+/// `i`'s `k`-th read draws from a
 /// stream keyed by the seed, `i` and `k`, so every epoch gets new augmentations and a seed
 /// gives the same ones whatever the number of [`DataLoader`](crate::data::DataLoader)
 /// workers.
