@@ -185,13 +185,9 @@ impl Module for BasicBlock {
     }
 
     fn visit(&self, f: &mut dyn FnMut(&str, Entry<'_>)) {
-        f("conv1", Entry::Child(&self.conv1));
-        f("bn1", Entry::Child(&self.bn1));
-        f("conv2", Entry::Child(&self.conv2));
-        f("bn2", Entry::Child(&self.bn2));
-        if let Some(d) = &self.downsample {
-            f("downsample", Entry::Child(d));
-        }
+        let layers: [(&str, &dyn Module); 4] =
+            [("conv1", &self.conv1), ("bn1", &self.bn1), ("conv2", &self.conv2), ("bn2", &self.bn2)];
+        visit_block(f, &layers, &self.downsample);
     }
 }
 
@@ -239,15 +235,25 @@ impl Module for Bottleneck {
     }
 
     fn visit(&self, f: &mut dyn FnMut(&str, Entry<'_>)) {
-        f("conv1", Entry::Child(&self.conv1));
-        f("bn1", Entry::Child(&self.bn1));
-        f("conv2", Entry::Child(&self.conv2));
-        f("bn2", Entry::Child(&self.bn2));
-        f("conv3", Entry::Child(&self.conv3));
-        f("bn3", Entry::Child(&self.bn3));
-        if let Some(d) = &self.downsample {
-            f("downsample", Entry::Child(d));
-        }
+        let layers: [(&str, &dyn Module); 6] = [
+            ("conv1", &self.conv1),
+            ("bn1", &self.bn1),
+            ("conv2", &self.conv2),
+            ("bn2", &self.bn2),
+            ("conv3", &self.conv3),
+            ("bn3", &self.bn3),
+        ];
+        visit_block(f, &layers, &self.downsample);
+    }
+}
+
+/// A block's children in state-dict order: its layers, then the shortcut when it has one.
+fn visit_block(f: &mut dyn FnMut(&str, Entry<'_>), layers: &[(&str, &dyn Module)], downsample: &Option<Sequential>) {
+    for (name, layer) in layers {
+        f(name, Entry::Child(*layer));
+    }
+    if let Some(d) = downsample {
+        f("downsample", Entry::Child(d));
     }
 }
 
