@@ -34,28 +34,55 @@ fn small_config() -> Qwen2Config {
     c
 }
 
-/// Host time per op of `n` tiny additions without a profiler, recording shapes and memory,
-/// and recording device time too: the best of five rounds, the three taken in turn, so a
-/// noisy neighbour on the host does not pass for a cost.
-fn overhead(device: &Device, n: usize) -> Result<[f64; 3]> {
+/// How a round of [`overhead`] runs its additions.
+#[derive(Clone, Copy)]
+enum Round {
+    /// No profiler.
+    Plain,
+    /// A profiler with these options.
+    Profiled(ProfilerOptions),
+    /// No profiler, the backend recording activity (what device time starts).
+    Activity,
+    /// As `Activity`, each op also tagged as the profiler tags it.
+    Tagged,
+}
+
+/// Host time per tiny op (an addition of one element) in each of `rounds`: the best of
+/// `repeats` rounds of `n` ops, the rounds taken in turn, so a noisy neighbour on the host
+/// does not pass for a cost. `None` for a round the device cannot run (no activity records).
+fn overhead(device: &Device, rounds: &[Round], n: usize, repeats: usize) -> Result<Vec<Option<f64>>> {
     let x = Tensor::ones(&[1], DType::F32, device)?;
-    let time = |x: &Tensor| -> Result<f64> {
-        let start = Instant::now();
-        for _ in 0..n {
-            x.add(x)?;
-        }
-        device.synchronize()?;
-        Ok(start.elapsed().as_secs_f64() * 1e6 / n as f64)
-    };
-    time(&x)?; // warm-up
-    let shapes = ProfilerOptions { record_shapes: true, profile_memory: true, device_time: false };
-    let configs = [None, Some(shapes), Some(ProfilerOptions { device_time: true, ..shapes })];
-    let mut best = [f64::INFINITY; 3];
-    for _ in 0..5 {
-        for (best, options) in best.iter_mut().zip(configs) {
-            let profiler = options.map(Profiler::start).transpose()?;
-            *best = best.min(time(&x)?);
+    let mut best: Vec<Option<f64>> = vec![Some(f64::INFINITY); rounds.len()];
+    for _ in 0..=repeats {
+        for (best, &round) in best.iter_mut().zip(rounds) {
+            let Some(so_far) = *best else { continue };
+            let profiler = match round {
+                Round::Profiled(options) => Some(Profiler::start(options)?),
+                _ => None,
+            };
+            let activity = matches!(round, Round::Activity | Round::Tagged);
+            if activity && device.activity_start().is_err() {
+                *best = None;
+                continue;
+            }
+            let tag = matches!(round, Round::Tagged);
+            let start = Instant::now();
+            for id in 1..=n as u64 {
+                if tag {
+                    device.activity_tag(id)?;
+                }
+                x.add(&x)?;
+                if tag {
+                    device.activity_tag(0)?;
+                }
+            }
+            device.synchronize()?;
+            let us = start.elapsed().as_secs_f64() * 1e6 / n as f64;
+            if activity {
+                device.activity_stop()?;
+            }
             drop(profiler);
+            *best = Some(so_far.min(us));
         }
     }
     Ok(best)
@@ -129,12 +156,25 @@ fn main() -> Result<()> {
     println!("trace: {} ({} events); table: {}", trace.display(), prof.events().len(), out.join("table.txt").display());
 
     println!("{}", device.memory_summary()?);
-    let [off, on, timed] = overhead(&device, 20_000)?;
+    let shapes = ProfilerOptions { record_shapes: true, profile_memory: true, device_time: false };
+    let timed = ProfilerOptions { device_time: true, ..shapes };
+    let rounds = [Round::Plain, Round::Profiled(shapes), Round::Profiled(timed), Round::Activity, Round::Tagged];
+    let us = overhead(&device, &rounds, 2_000, 30)?;
+    let off = us[0].unwrap_or(f64::NAN);
+    let cost = |i: usize| us[i].map_or("n/a".to_string(), |t| format!("{t:.2} us (+{:.2} us)", t - off));
     println!(
-        "host time per tiny op: {off:.2} us without a profiler, {on:.2} us recording shapes and memory (+{:.2} us), \
-         {timed:.2} us with device time too (+{:.2} us)",
-        on - off,
-        timed - off
+        "host time per tiny op: {off:.2} us without a profiler, {} recording shapes and memory, {} with device time too",
+        cost(1),
+        cost(2)
     );
+    // Only for a backend with activity records (the others have no device-time cost to split).
+    if us[3].is_some() {
+        println!(
+            "device time's share, without a profiler: the backend recording activity {}, and tagging each op as \
+         the profiler does {}",
+            cost(3),
+            cost(4)
+        );
+    }
     Ok(())
 }
