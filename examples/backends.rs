@@ -18,6 +18,9 @@ fn main() {
         if let Some(reason) = &b.reason {
             println!("{:<10} {:<9} {:<8} {:<10} {:<8}   ({reason})", "", "", "", "", "");
         }
+        if let Some(description) = b.description.as_ref().filter(|_| b.available) {
+            println!("{:<10} {description}", "");
+        }
     }
     match genesis::Device::parse("cpu") {
         Ok(cpu) => println!("\n\"cpu\" resolves to {} from {}", cpu, cpu.backend().origin()),

@@ -17,6 +17,7 @@
 mod activity;
 pub mod allocator;
 mod blas;
+mod cudnn;
 mod device;
 mod events;
 mod groups;
@@ -108,7 +109,10 @@ impl Backend for CudaBackend {
             name: "cuda".into(),
             vendor: "Genesis".into(),
             version: env!("CARGO_PKG_VERSION").into(),
-            description: "NVIDIA GPUs through the CUDA driver API, NVRTC, cuBLAS and NCCL".into(),
+            description: format!(
+                "NVIDIA GPUs through the CUDA driver API, NVRTC, cuBLAS and NCCL; {}",
+                cudnn::describe()
+            ),
         }
     }
 

@@ -59,6 +59,11 @@ impl Graphs {
         Ok(())
     }
 
+    /// Whether the stream is being captured.
+    pub fn capturing(&self) -> bool {
+        self.capturing.load(Ordering::Acquire)
+    }
+
     /// While capturing, keep a freed scratch buffer for the graph (returns true); otherwise
     /// return false and let the caller free it.
     pub fn hold_scratch(&self, id: BufferId) -> bool {

@@ -116,6 +116,8 @@ pub struct CudaDevice {
     plant_fault: Option<String>,
     /// cuBLAS, opened on the first matrix product.
     pub(crate) blas: OnceLock<Result<crate::blas::Blas>>,
+    /// cuDNN on this device's stream, opened on the first convolution.
+    pub(crate) cudnn: OnceLock<Result<crate::cudnn::Dnn>>,
     /// Captured graphs and the capture in progress.
     graphs: graphs::Graphs,
 }
@@ -171,6 +173,7 @@ impl CudaDevice {
             sync_each_op: std::env::var_os("GENESIS_CUDA_SYNC").is_some_and(|v| v != "0"),
             plant_fault: std::env::var("GENESIS_CUDA_PLANT_FAULT").ok().filter(|v| !v.is_empty()),
             blas: OnceLock::new(),
+            cudnn: OnceLock::new(),
             graphs: graphs::Graphs::default(),
         })
     }
@@ -179,6 +182,11 @@ impl CudaDevice {
     /// joins a communicator).
     pub fn context(&self) -> Arc<CudaContext> {
         self.ctx.clone()
+    }
+
+    /// Whether the stream is being captured into a graph.
+    pub fn capturing(&self) -> bool {
+        self.graphs.capturing()
     }
 
     /// The stream all work goes to.

@@ -1,9 +1,10 @@
 //! 2-D convolution (stride, zero padding, dilation, groups, optional bias) and its two backward
-//! ops: im2col / col2im kernels (`kernels/conv.cu`) around cuBLAS strided-batched products,
-//! one product per chunk of samples with the groups as its batch. Also the argument block
+//! ops: through cuDNN when it is there and takes the problem (`crate::cudnn`), else im2col /
+//! col2im kernels (`kernels/conv.cu`) around cuBLAS strided-batched products, one product per
+//! chunk of samples with the groups as its batch. Also the argument block
 //! ([`ConvArgs`]) that pooling shares; the window geometry is the SDK's [`Axis`].
 //!
-//! Dtype rules are the CPU backend's: products read T and accumulate in the compute type (f32
+//! Dtype rules of the plugin's own kernels are the CPU backend's: products read T and accumulate in the compute type (f32
 //! for f16/bf16 — cuBLAS writes an f32 C — f64 for f64); every result is rounded to T once,
 //! after the bias is added. f32 products are IEEE unless `GENESIS_CUDA_ALLOW_TF32=1`, as for
 //! matmul. x, dy, y, dx, bias and dbias are used through their strides; the weight is copied
@@ -13,6 +14,7 @@ use super::launch::{compute_dtype, grid, launch_1d, zero, Scratch};
 use super::resolve;
 use super::Family;
 use crate::blas::{compute, data_type, Blas, Gemm};
+use crate::cudnn::{Direction, Dnn, Operands};
 use crate::device::CudaDevice;
 use crate::kernels::Operand;
 use genesis_backend_api::sdk::domain;
@@ -147,20 +149,38 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
     let result = match *op {
         Op::Conv2d { window, groups } => {
             let (g, ([x, w, y], bias)) = Geom::forward(op, &window, groups, &ins, &outs)?;
+            if with_cudnn(device, Direction::Forward, &g, Operands { x, w, y, bias })? {
+                return Ok(());
+            }
             forward(device, op, &g, x, w, bias, y, &mut scratch)
         }
         Op::Conv2dBackwardInput { window, groups } => {
             let (g, [dy, w, dx]) = Geom::backward_input(op, &window, groups, &ins, &outs)?;
+            if with_cudnn(device, Direction::BackwardData, &g, Operands { x: dx, w, y: dy, bias: None })? {
+                return Ok(());
+            }
             backward_input(device, op, &g, dy, w, dx, &mut scratch)
         }
         Op::Conv2dBackwardWeight { window, groups } => {
             let (g, ([dy, x, dw], db)) = Geom::backward_weight(op, &window, groups, &ins, &outs)?;
+            if with_cudnn(device, Direction::BackwardFilter, &g, Operands { x, w: dw, y: dy, bias: db })? {
+                return Ok(());
+            }
             backward_weight(device, op, &g, dy, x, dw, db, &mut scratch)
         }
         _ => Err(BackendError::unsupported(format!("cuda: {} is not a convolution", op.name()))),
     };
     let freed = scratch.free(device);
     result.and(freed)
+}
+
+/// Run a convolution through cuDNN when the library is there and takes the problem; `false`
+/// leaves it to the plugin's kernels (see `cudnn`).
+fn with_cudnn(device: &CudaDevice, direction: Direction, g: &Geom, ops: Operands) -> Result<bool> {
+    match device.cudnn.get_or_init(|| Dnn::open(device.stream() as *mut _)) {
+        Ok(dnn) => dnn.convolve(device, direction, g, &ops),
+        Err(_) => Ok(false),
+    }
 }
 
 fn blas(device: &CudaDevice) -> Result<&Blas> {

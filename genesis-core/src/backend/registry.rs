@@ -29,6 +29,10 @@ pub struct BackendStatus {
     pub reason: Option<String>,
     /// True when another backend of the same name took precedence.
     pub shadowed: bool,
+    /// The plugin's one-line description (`BackendInfo::description`), when it loaded: what
+    /// it runs on and which libraries it uses (the CUDA plugin says whether convolutions go
+    /// through cuDNN, and why not).
+    pub description: Option<String>,
 }
 
 struct Record {
@@ -257,12 +261,14 @@ fn status(record: &Record) -> BackendStatus {
         available: false,
         reason: None,
         shadowed: record.shadowed_by.is_some(),
+        description: None,
     };
     match &record.outcome {
         Err(e) => s.reason = Some(e.message().to_string()),
         Ok(backend) => {
             s.plugin_version = Some(backend.plugin_version.clone());
             s.api_version = Some(backend.api);
+            s.description = backend.info().ok().map(|info| info.description);
             if let Some(by) = &record.shadowed_by {
                 s.reason = Some(format!("shadowed by {by}"));
             } else {
