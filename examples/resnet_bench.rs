@@ -4,10 +4,11 @@
 //!
 //! `cargo run --release --example resnet_bench -- [--device cuda] [--arch resnet50]
 //!  [--batch 256] [--image-size 224] [--steps 20] [--warmup 5] [--autocast bf16|off]
-//!  [--profile N]`
+//!  [--profile N] [--by-shape]`
 //!
 //! Prints one JSON line: images/s, milliseconds per step and peak device memory. `--profile N`
-//! adds the profiler's op table (device time) over N more steps.
+//! adds the profiler's op table (device time) over N more steps; `--by-shape` gives it a row
+//! per (op, input shapes).
 //! `benches/resnet/bench_torch.py` measures PyTorch the same way (eager, AMP, channels-last);
 //! `benches/resnet/gpu_run.sh` runs both on the GPU machine.
 
@@ -27,6 +28,7 @@ struct Args {
     warmup: usize,
     autocast: bool,
     profile: usize,
+    by_shape: bool,
 }
 
 fn parse_args() -> Result<Args> {
@@ -39,6 +41,7 @@ fn parse_args() -> Result<Args> {
         warmup: 5,
         autocast: true,
         profile: 0,
+        by_shape: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -52,6 +55,7 @@ fn parse_args() -> Result<Args> {
             "--steps" => a.steps = number(value()?)?,
             "--warmup" => a.warmup = number(value()?)?,
             "--profile" => a.profile = number(value()?)?,
+            "--by-shape" => a.by_shape = true,
             "--autocast" => a.autocast = value()? != "off",
             other => return Err(Error::invalid(format!("unknown argument {other} (see the file's header)"))),
         }
@@ -119,9 +123,9 @@ fn main() -> Result<()> {
         seconds * 1e3 / args.steps as f64,
     );
     if args.profile > 0 {
-        let options = ProfilerOptions { record_shapes: false, profile_memory: false, device_time: true };
+        let options = ProfilerOptions { record_shapes: args.by_shape, profile_memory: false, device_time: true };
         let ((), prof) = profile(options, || (0..args.profile).try_for_each(|_| step(&mut sgd).map(|_| ())))?;
-        let table = TableOptions { sort_by: SortBy::SelfDevice, row_limit: 30, ..Default::default() };
+        let table = TableOptions { sort_by: SortBy::SelfDevice, row_limit: 30, group_by_input_shape: args.by_shape };
         println!("profile of {} steps:\n{}", args.profile, prof.table(&table));
     }
     Ok(())
