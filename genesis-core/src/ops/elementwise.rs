@@ -126,9 +126,7 @@ impl Tensor {
                     UnaryOp::Cos => g.mul(&x.sin()?)?.neg()?,
                     UnaryOp::Tanh => g.mul(&y()?.square()?.rsub_scalar(1.0)?)?,
                     UnaryOp::Sigmoid => g.mul(&y()?.mul(&y()?.rsub_scalar(1.0)?)?)?,
-                    // PyTorch's threshold_backward: the gradient where x > 0, else 0 (even
-                    // where the gradient is not finite); one select, no float mask.
-                    UnaryOp::Relu => Tensor::where_(&x.gt_scalar(0.0)?, g, &g.zero_scalar()?)?,
+                    UnaryOp::Relu => g.mul(&x.gt_scalar(0.0)?.to_dtype(g.dtype())?)?,
                     UnaryOp::Gelu => {
                         // d/dx x·Φ(x) = Φ(x) + x·φ(x)
                         let cdf =
@@ -500,11 +498,6 @@ impl Tensor {
 
     // ---- selection ----
 
-    /// A 0-dim zero of this tensor's dtype on its device (broadcasts into `where_` for free).
-    fn zero_scalar(&self) -> Result<Tensor> {
-        Tensor::full(&[], 0.0, self.dtype(), self.device())
-    }
-
     /// `cond ? a : b` elementwise with broadcasting (`torch.where`).
     pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let (a, b) = promote_pair(a, b)?;
@@ -522,7 +515,7 @@ impl Tensor {
         let (sc, shape_a, shape_b) = (cond.clone(), a.shape().to_vec(), b.shape().to_vec());
         let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
             let g = opt(g)?;
-            let zero = g.zero_scalar()?;
+            let zero = g.zeros_like()?;
             let da = Tensor::where_(&sc, g, &zero)?;
             let db = Tensor::where_(&sc, &zero, g)?;
             Ok(vec![Some(sum_to(&da, &shape_a)?), Some(sum_to(&db, &shape_b)?)])
@@ -539,8 +532,7 @@ impl Tensor {
         let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
             let x = sx.get("clamp")?;
             let inside = x.ge_scalar(min)?.logical_and(&x.le_scalar(max)?)?;
-            let g = opt(g)?;
-            Ok(vec![Some(Tensor::where_(&inside, g, &g.zero_scalar()?)?)])
+            Ok(vec![Some(opt(g)?.mul(&inside.to_dtype(x.dtype())?)?)])
         });
         Ok(record1("clamp", &[self], out, backward))
     }
