@@ -98,7 +98,8 @@ type Run = unsafe extern "C" fn(
 ) -> Status;
 /// `cudnnAddTensor` and `cudnnConvolutionBackwardBias`: handle, alpha, (descriptor,
 /// address) in, beta, (descriptor, address) out.
-type Blend = unsafe extern "C" fn(Handle, *const c_void, Desc, *const c_void, *const c_void, Desc, *mut c_void) -> Status;
+type Blend =
+    unsafe extern "C" fn(Handle, *const c_void, Desc, *const c_void, *const c_void, Desc, *mut c_void) -> Status;
 
 /// The entry points of one direction.
 #[derive(Clone, Copy)]
@@ -344,19 +345,32 @@ impl Dnn {
     }
 
     /// Forward: add the bias to y. Backward filter: the bias's gradient, summed from dy.
-    fn bias(&self, direction: Direction, plan: &Plan, ops: &Operands, bias: &Operand, one: *const c_void, zero: *const c_void) -> Result<()> {
+    fn bias(
+        &self,
+        direction: Direction,
+        plan: &Plan,
+        ops: &Operands,
+        bias: &Operand,
+        one: *const c_void,
+        zero: *const c_void,
+    ) -> Result<()> {
         let lib = self.lib;
         let desc = self.tensor(&[1, bias.shape[0] as i64, 1, 1], &[bias.shape[0] as i64, 1, 1, 1], bias.dtype)?;
         // SAFETY: `desc` describes the dense bias (checked by `plan_key`), `plan.y` y or dy.
         let status = unsafe {
             match direction {
-                Direction::Forward => (lib.add_tensor)(self.handle, one, desc, bias.ptr as _, one, plan.y, ops.y.ptr as _),
+                Direction::Forward => {
+                    (lib.add_tensor)(self.handle, one, desc, bias.ptr as _, one, plan.y, ops.y.ptr as _)
+                }
                 _ => (lib.backward_bias)(self.handle, one, plan.y, ops.y.ptr as _, zero, desc, bias.ptr as _),
             }
         };
         // SAFETY: made above, destroyed once (cuDNN keeps no reference after the call).
         unsafe { (lib.destroy_tensor)(desc) };
-        lib.check(if direction == Direction::Forward { "cudnnAddTensor" } else { "cudnnConvolutionBackwardBias" }, status)
+        lib.check(
+            if direction == Direction::Forward { "cudnnAddTensor" } else { "cudnnConvolutionBackwardBias" },
+            status,
+        )
     }
 
     /// Make the descriptors of a problem and choose its algorithm; `None` when cuDNN
@@ -648,7 +662,8 @@ fn is_dense(w: &Operand) -> bool {
 /// Strides for cuDNN: those of size-1 dimensions do not address anything, so they are set
 /// as a packed tensor would have them (cuDNN rejects some, such as 0).
 fn packed_strides(o: &Operand) -> [i64; 4] {
-    let span: i64 = (0..4).filter(|&i| o.shape[i] > 1).map(|i| o.strides[i] as i64 * o.shape[i] as i64).max().unwrap_or(1);
+    let span: i64 =
+        (0..4).filter(|&i| o.shape[i] > 1).map(|i| o.strides[i] as i64 * o.shape[i] as i64).max().unwrap_or(1);
     std::array::from_fn(|i| if o.shape[i] == 1 { span.max(1) } else { o.strides[i] as i64 })
 }
 

@@ -1,11 +1,12 @@
 //! # genesis-backend-cuda
 //!
 //! The CUDA backend of Genesis: NVIDIA GPUs through the CUDA driver API, kernels compiled by
-//! NVRTC, matrix products through cuBLAS and collectives through NCCL, all opened at run time.
+//! NVRTC, matrix products through cuBLAS, convolutions through cuDNN when it is installed and
+//! collectives through NCCL, all opened at run time.
 //!
 //! Layout: [`allocator`] (the stream-ordered caching allocator), `device` (one opened GPU:
 //! stream, memory, modules, launches, error reporting), `nvrtc` (compilation and the disk
-//! cache of kernels), `blas` (cuBLAS), `nccl` (collectives), `libs` (finding the CUDA
+//! cache of kernels), `blas` (cuBLAS), `cudnn` (convolutions, optional), `nccl` (collectives), `libs` (finding the CUDA
 //! libraries), `kernels` (the CUDA C sources and their argument block) and `ops` (operand
 //! checks and dispatch per op family). [`Device::capabilities`] lists exactly the (op, dtype) pairs `ops` runs; the
 //! rest of the interface is refused with `Unsupported`.
