@@ -18,7 +18,7 @@
 use crate::case::{Status, Tier};
 use crate::expectations::{Action, Expectations};
 use crate::runner::{run_in_process, CaseResult};
-use crate::suites::all_cases;
+use crate::suites::suite_cases;
 use crate::target::Target;
 use rstest::fixture;
 use std::sync::OnceLock;
@@ -60,9 +60,9 @@ impl SuiteResults {
 /// applying `expectations` (`skip` entries are not run, failures of `xfail` entries become
 /// `xfail`).
 pub fn run_suite(target: &Target, suite: &str, expectations: Option<&Expectations>) -> SuiteResults {
-    let results = all_cases(target)
+    let results = suite_cases(target, &[suite])
         .into_iter()
-        .filter(|c| c.suite == suite && c.tier <= Tier::Core)
+        .filter(|c| c.tier <= Tier::Core)
         .filter_map(|c| {
             let entry = expectations.and_then(|e| e.lookup(&c.id));
             if entry.is_some_and(|e| e.action == Action::Skip) {

@@ -3,7 +3,7 @@
 
 use crate::case::{Case, Outcome, Status, Tier};
 use crate::expectations::{glob_match, Action, Expectations};
-use crate::suites::{all_cases, SUITES};
+use crate::suites::{all_cases, suite_cases, SUITES};
 use crate::target::Target;
 use crate::tolerance::Worst;
 use serde_json::{json, Value};
@@ -212,7 +212,9 @@ pub fn outcome_from_json(v: &Value) -> Option<Outcome> {
 /// The worker side: run the cases listed in `ids_file`, one `START`/`RESULT` line pair each.
 pub fn worker(target: &Target, ids_file: &str) -> Result<(), String> {
     let text = std::fs::read_to_string(ids_file).map_err(|e| format!("{ids_file}: {e}"))?;
-    let cases: HashMap<String, Case> = all_cases(target).into_iter().map(|c| (c.id.clone(), c)).collect();
+    let mut suites: Vec<&str> = text.lines().filter_map(|id| id.split('/').next()).collect();
+    suites.dedup();
+    let cases: HashMap<String, Case> = suite_cases(target, &suites).into_iter().map(|c| (c.id.clone(), c)).collect();
     let mut out = std::io::stdout();
     for id in text.lines().filter(|l| !l.is_empty()) {
         writeln!(out, "START {id}").and_then(|_| out.flush()).map_err(|e| e.to_string())?;

@@ -41,24 +41,43 @@ pub const SUITES: &[&str] = &[
     "threads",
 ];
 
+/// A suite module's case builder.
+type Cases = fn(&Target) -> Vec<Case>;
+
+/// Each suite module's builder, in run order, with the suites its cases belong to. A worker
+/// process builds only the modules of the suite it runs: building every case (inputs and
+/// reference results) takes seconds, and a run starts a worker per suite.
+const MODULES: &[(Cases, &[&str])] = &[
+    (interface::cases, &["load"]),
+    (memory::cases, &["memory"]),
+    (data::cases, &["data"]),
+    (elementwise::cases, &["elementwise"]),
+    (reduce::cases, &["reduce"]),
+    (linalg::cases, &["linalg"]),
+    (nn::cases, &["nn"]),
+    (conv::cases, &["nn"]),
+    (backward::cases, &["backward"]),
+    (rng::cases, &["rng"]),
+    (collective::cases, &["collective"]),
+    (graph::cases, &["graph"]),
+    (errors::cases, &["errors"]),
+    (accounting::cases, &["accounting"]),
+    (threads::cases, &["threads"]),
+];
+
 /// Every case for `target`, in run order.
 pub fn all_cases(target: &Target) -> Vec<Case> {
-    let mut cases = interface::cases(target);
-    cases.extend(memory::cases(target));
-    cases.extend(data::cases(target));
-    cases.extend(elementwise::cases(target));
-    cases.extend(reduce::cases(target));
-    cases.extend(linalg::cases(target));
-    cases.extend(nn::cases(target));
-    cases.extend(conv::cases(target));
-    cases.extend(backward::cases(target));
-    cases.extend(rng::cases(target));
-    cases.extend(collective::cases(target));
-    cases.extend(graph::cases(target));
-    cases.extend(errors::cases(target));
-    cases.extend(accounting::cases(target));
-    cases.extend(threads::cases(target));
-    cases
+    MODULES.iter().flat_map(|(cases, _)| cases(target)).collect()
+}
+
+/// The cases of the suites `suites` (names of [`SUITES`]), in run order.
+pub fn suite_cases(target: &Target, suites: &[&str]) -> Vec<Case> {
+    MODULES
+        .iter()
+        .filter(|(_, of)| of.iter().any(|s| suites.contains(s)))
+        .flat_map(|(cases, _)| cases(target))
+        .filter(|c| suites.contains(&c.suite))
+        .collect()
 }
 
 /// Prerequisites of every op case of `dtype`: the memory round trip of that dtype.
