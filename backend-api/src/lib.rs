@@ -27,7 +27,24 @@
 //! ## Operations
 //! Ops are described by [`Op`] on strided [`TensorDesc`]s; [`Device::capabilities`] lists the
 //! (op, dtype) pairs a device runs. The [`sdk`] module has helpers for validating operands and
-//! walking strided tensors.
+//! walking strided tensors; [`sdk::required`] is the set of pairs the core needs for
+//! tensors, autograd and training in a dtype.
+//!
+//! Conventions shared by every op (normative):
+//! - Inputs are read-only; outputs are written and may not overlap each other or the inputs
+//!   unless the op says "in place".
+//! - Broadcasting is resolved by the core: inputs arrive with the output's shape and stride 0
+//!   on broadcast dims.
+//! - "last dim" ops (softmax, norms, cross-entropy) treat all leading dims as rows.
+//! - f16/bf16 reductions and contractions accumulate in f32.
+//! - The *compute type* of a float dtype is f32 for f16, bf16 and f32, and f64 for f64. An op
+//!   that computes "in the compute type" widens its inputs to it, computes, and rounds each
+//!   result to the output dtype once.
+//! - A [`Capability`] names an op and the dtype of its first input (of its output when it has
+//!   no inputs). So `where` is claimed under `bool`, its condition's dtype, and `cast` under
+//!   the dtype it reads.
+//! - Each op's dtype domain is published with it ([`Op::domain`]); the core never issues a
+//!   pair outside it.
 
 pub mod abi;
 mod dtype;

@@ -6,19 +6,8 @@
 //! attribute slots. A kind code a receiver does not know is refused with `Unsupported`, which
 //! is what lets a minor version add operations.
 //!
-//! Conventions shared by every op (normative):
-//! - Inputs are read-only; outputs are written and may not overlap each other or the inputs
-//!   unless the op says "in place".
-//! - Broadcasting is resolved by the core: inputs arrive with the output's shape and stride 0
-//!   on broadcast dims.
-//! - "last dim" ops (softmax, norms, cross-entropy) treat all leading dims as rows.
-//! - f16/bf16 reductions and contractions accumulate in f32.
-//! - The *compute type* of a float dtype is f32 for f16, bf16 and f32, and f64 for f64. An op
-//!   that computes "in the compute type" widens its inputs to it, computes, and rounds each
-//!   result to the output dtype once.
-//! - A [`Capability`] names an op and the dtype of its first input (of its output when it has
-//!   no inputs). So `where` is claimed under `bool`, its condition's dtype, and `cast` under
-//!   the dtype it reads.
+//! The conventions shared by every op are normative and stated in the crate documentation
+//! (section "Operations"), where a backend author reads them.
 
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};

@@ -6,6 +6,7 @@ pub mod collective;
 pub mod domain;
 pub mod graph;
 pub mod philox;
+pub mod required;
 pub mod window;
 
 use crate::dtype::DType;

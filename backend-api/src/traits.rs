@@ -230,7 +230,9 @@ pub trait Device: Send + Sync + 'static {
     }
 
     /// The (op, dtype) pairs [`Device::execute`] runs. A claim that is wrong is a
-    /// conformance failure; an op not claimed must fail cleanly with `Unsupported`.
+    /// conformance failure; an op not claimed must fail cleanly with `Unsupported`. The pairs
+    /// the core needs for tensors, autograd and training in a dtype are
+    /// [`crate::sdk::required`]; [`crate::sdk::required::missing`] lists those a list lacks.
     fn capabilities(&self) -> Vec<Capability>;
 
     /// Run `op` reading `inputs` and writing `outputs` (see [`Op`] for each op's operands).

@@ -12,6 +12,15 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
 }
 
+/// The cargo target directory this test runs from (it is `<target>/<profile>/deps/<test>`),
+/// so the fixtures follow `CARGO_TARGET_DIR`; the workspace's `target` if that cannot be told.
+fn target_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.ancestors().nth(3).map(Path::to_path_buf))
+        .unwrap_or_else(|| repo().join("target"))
+}
+
 /// Build the fixture plugins and lay them out as plugin files; returns the directory.
 /// Runs once per process, before anything touches the backend registry, so that the
 /// `GENESIS_PLUGIN_PATH` set here is what discovery sees.
@@ -19,7 +28,7 @@ fn fixtures() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let root = repo();
-        let target = root.join("target/fixtures");
+        let target = target_dir().join("fixtures");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let manifest = root.join("tests/fixtures/Cargo.toml");
         // Two builds: `older-minor` enables a backend-api feature the others must not see.

@@ -15,6 +15,8 @@ pub(crate) mod loss;
 mod matmul;
 pub(crate) mod norm;
 mod reduce;
+#[cfg(test)]
+pub(crate) mod required_set;
 pub(crate) mod rotary;
 pub(crate) mod shape;
 mod softmax;
@@ -54,6 +56,8 @@ pub(crate) fn exec_views(op: &Op, inputs: &[(&Tensor, &Layout)], outputs: &[(&Te
     let ins = inputs.iter().map(|(t, l)| t.desc_with(l)).collect::<Result<Vec<_>>>()?;
     let outs = outputs.iter().map(|(t, l)| t.desc_with(l)).collect::<Result<Vec<_>>>()?;
     let _trace = tracing::trace_span!("genesis::op", name = op.name()).entered();
+    #[cfg(test)]
+    required_set::record(op, &ins, &outs);
     if crate::graph::capturing() {
         crate::graph::keep_alive(inputs.iter().map(|(t, _)| *t).chain(outputs.iter().map(|(t, _)| *t)));
     }

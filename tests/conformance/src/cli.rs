@@ -1,6 +1,6 @@
 //! Command line: `genesis-conformance --backend <name|path> [--device N] [--tier smoke|core|full]
 //! [--filter GLOB]... [--json FILE] [--junit FILE] [--expectations FILE]
-//! [--isolation process|none] [--timeout SECONDS] [--list] [--quiet]`.
+//! [--isolation process|none] [--timeout SECONDS] [--require DTYPES] [--list] [--quiet]`.
 
 use crate::case::Tier;
 use crate::expectations::Expectations;
@@ -9,16 +9,18 @@ use crate::runner::{run, selected_cases, worker, Isolation, RunConfig};
 use crate::target::Target;
 use std::time::{Duration, Instant};
 
-/// Exit code: every case of the tier passed (or was not supported / expected).
+/// Exit code: every case of the tier passed (or was not supported / expected), and the claims
+/// cover the required set of every dtype given to `--require`.
 pub const EXIT_OK: i32 = 0;
-/// Exit code: at least one unexpected failure.
+/// Exit code: at least one unexpected failure, or a `--require` dtype whose required set the
+/// claims do not cover.
 pub const EXIT_FAILED: i32 = 1;
 /// Exit code: bad usage, or the backend could not be loaded.
 pub const EXIT_USAGE: i32 = 2;
 
 const USAGE: &str = "usage: genesis-conformance --backend <name|path-to-plugin> [--device N] [--tier smoke|core|full]
        [--filter GLOB]... [--json FILE] [--junit FILE] [--expectations FILE]
-       [--isolation process|none] [--timeout SECONDS] [--list] [--quiet]";
+       [--isolation process|none] [--timeout SECONDS] [--require f32,f64,...] [--list] [--quiet]";
 
 /// Parsed arguments.
 #[derive(Debug, Clone)]
@@ -44,6 +46,7 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
     let (mut device, mut tier, mut filters) = (0usize, Tier::Core, Vec::new());
     let (mut json, mut junit, mut expectations, mut list, mut quiet) = (None, None, None, false, false);
     let (mut isolation, mut timeout, mut worker_flag, mut worker_ids) = (Isolation::Process, 60.0f64, false, None);
+    let mut require = Vec::new();
     while let Some(arg) = it.next() {
         let mut value = |name: &str| it.next().cloned().ok_or_else(|| format!("{name} needs a value"));
         match arg.as_str() {
@@ -65,6 +68,13 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
                 timeout = value("--timeout")?.parse().map_err(|_| "--timeout takes seconds")?;
                 if !(timeout > 0.0 && timeout < 1e6) {
                     return Err("--timeout must be positive".into());
+                }
+            }
+            "--require" => {
+                for dtype in crate::required::parse_dtypes(&value("--require")?)? {
+                    if !require.contains(&dtype) {
+                        require.push(dtype);
+                    }
                 }
             }
             "--list" => list = true,
@@ -89,6 +99,7 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
             isolation,
             timeout: Duration::from_secs_f64(timeout),
             expectations,
+            require,
             exe,
         },
         json,
@@ -148,7 +159,7 @@ pub fn main(args: &[String]) -> i32 {
     });
     let report = Run { target: &target, cfg: &args.cfg, results: &results, duration_ms: start.elapsed().as_millis() };
     print!("{}", terminal_report(&report));
-    let mut code = if report.conformant() { EXIT_OK } else { EXIT_FAILED };
+    let mut code = if report.conformant() && report.requirement_met() { EXIT_OK } else { EXIT_FAILED };
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&json_report(&report)).unwrap_or_default();
         if let Err(e) = std::fs::write(path, text) {

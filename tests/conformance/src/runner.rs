@@ -6,6 +6,7 @@ use crate::expectations::{glob_match, Action, Expectations};
 use crate::suites::{all_cases, suite_cases, SUITES};
 use crate::target::Target;
 use crate::tolerance::Worst;
+use genesis_backend_api::DType;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -40,6 +41,8 @@ pub struct RunConfig {
     pub timeout: Duration,
     /// `--expectations`.
     pub expectations: Option<Expectations>,
+    /// `--require`: float dtypes whose required set the claims must cover for exit code 0.
+    pub require: Vec<DType>,
     /// The harness executable to re-run as a worker.
     pub exe: PathBuf,
 }

@@ -70,6 +70,11 @@ impl Target {
         outside_domains(&self.capabilities)
     }
 
+    /// How far the claims cover the SDK's required set, per float dtype.
+    pub fn coverage(&self) -> Vec<crate::required::Coverage> {
+        crate::required::coverage(&self.capabilities)
+    }
+
     /// True when the device claims `op` for `dtype`.
     pub fn claims(&self, op: OpKind, dtype: DType) -> bool {
         self.claims.contains(&(op.0, dtype as u32))

@@ -9,36 +9,11 @@
 
 use genesis_conformance::expectations::glob_match;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repository root")
-}
-
-/// Build the fixture with `feature` (or none) and return the plugin's path under its own
-/// directory (each variant is a separate file).
-fn build(feature: Option<&str>) -> PathBuf {
-    let root = repo();
-    let target = root.join("target/fixtures");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.arg("build")
-        .arg("--manifest-path")
-        .arg(root.join("tests/fixtures/Cargo.toml"))
-        .arg("--target-dir")
-        .arg(&target)
-        .args(["-p", "fixture-buggy"]);
-    if let Some(f) = feature {
-        cmd.args(["--features", f]);
-    }
-    assert!(cmd.status().expect("run cargo").success(), "building fixture-buggy ({feature:?}) failed");
-    let dir = target.join("conformance").join(feature.unwrap_or("clean"));
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    let to = dir.join(genesis::backend::plugin_file_name("buggy"));
-    std::fs::copy(target.join("debug/libfixture_buggy.so"), &to).expect("copy plugin");
-    to
-}
+mod common;
+use common::build_buggy as build;
 
 /// Run the harness CLI on `plugin`; returns `(id, status)` of every case.
 fn run(plugin: &Path, name: &str) -> Vec<(String, String)> {

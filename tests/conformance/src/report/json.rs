@@ -1,7 +1,12 @@
 //! The JSON report. The schema name carries its version; fields are only added within one.
+//! `verdict.conformant` is about the backend's claims; `required_set` has the coverage of the
+//! SDK's required set per float dtype (with the missing pairs), `verdict.covers_required_set`
+//! the dtypes it covers, and `verdict.require_met` whether `--require` is satisfied.
 
 use super::Run;
+use crate::required::split;
 use crate::runner::outcome_json;
+use crate::values::short_name;
 use serde_json::{json, Value};
 
 /// Schema identifier of [`json_report`].
@@ -10,6 +15,7 @@ pub const SCHEMA: &str = "genesis-conformance-report/1";
 /// The whole run as one JSON object.
 pub fn json_report(run: &Run) -> Value {
     let t = run.target;
+    let coverage = run.coverage();
     let summary: serde_json::Map<String, Value> =
         run.counts().into_iter().map(|(s, n)| (s.name().to_string(), json!(n))).collect();
     json!({
@@ -37,7 +43,14 @@ pub fn json_report(run: &Run) -> Value {
             "file": e.path, "entries": e.entries.len(), "stale": run.stale_expectations(),
         })),
         "summary": summary,
-        "verdict": {"conformant": run.conformant(), "unexpected": run.unexpected().len()},
+        "verdict": {
+            "conformant": run.conformant(),
+            "unexpected": run.unexpected().len(),
+            "covers_required_set": split(&coverage).0,
+            "require": run.cfg.require.iter().map(|&d| short_name(d)).collect::<Vec<_>>(),
+            "require_met": run.requirement_met(),
+        },
+        "required_set": coverage.iter().map(|c| c.to_json()).collect::<Vec<_>>(),
         "results": run.results.iter().map(|r| {
             let mut o = outcome_json(&r.outcome);
             o["id"] = json!(r.id);

@@ -9,8 +9,10 @@ pub use junit::junit_report;
 pub use terminal::terminal_report;
 
 use crate::case::Status;
+use crate::required::Coverage;
 use crate::runner::{CaseResult, RunConfig};
 use crate::target::Target;
+use genesis_backend_api::DType;
 
 /// Everything a report needs.
 pub struct Run<'a> {
@@ -35,9 +37,27 @@ impl Run<'_> {
         self.results.iter().filter(|r| r.outcome.status.is_failure() || r.outcome.status == Status::Blocked).collect()
     }
 
-    /// True when nothing failed in the requested tier (exit code 0).
+    /// True when nothing failed in the requested tier: the backend is conformant for its
+    /// claims (which says nothing about how much it claims; see [`Run::coverage`]).
     pub fn conformant(&self) -> bool {
         self.unexpected().is_empty()
+    }
+
+    /// Coverage of the SDK's required set by the claims, per float dtype.
+    pub fn coverage(&self) -> Vec<Coverage> {
+        self.target.coverage()
+    }
+
+    /// The `--require` dtypes whose required set the claims do not cover.
+    pub fn unmet_requirements(&self) -> Vec<DType> {
+        let cover = self.coverage();
+        self.cfg.require.iter().copied().filter(|d| cover.iter().any(|c| c.dtype == *d && !c.covered())).collect()
+    }
+
+    /// True when the claims cover the required set of every `--require` dtype (always true
+    /// without `--require`).
+    pub fn requirement_met(&self) -> bool {
+        self.unmet_requirements().is_empty()
     }
 
     /// Expectations entries that matched no case, or whose xfail cases all passed.

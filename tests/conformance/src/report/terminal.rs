@@ -1,8 +1,10 @@
 //! The terminal report: header, ops × dtypes table, suites line, failures with a reproduction
-//! command, summary and verdict.
+//! command, the required set's coverage per float dtype, summary, verdict (conformant for the
+//! claims or not) and a line saying for which dtypes the claims cover the required set.
 
 use super::Run;
 use crate::case::Status;
+use crate::required::split;
 use crate::runner::CaseResult;
 use crate::suites::SUITES;
 use crate::values::{from_short_name, short_name};
@@ -116,6 +118,7 @@ pub fn terminal_report(run: &Run) -> String {
     if !stale.is_empty() {
         s += "\n";
     }
+    s += &required_block(run);
     s += "\nSummary:";
     for (status, n) in run.counts() {
         s += &format!(" {n} {status} ·");
@@ -123,7 +126,7 @@ pub fn terminal_report(run: &Run) -> String {
     s.pop();
     s += &format!(" ({} cases, {:.1} s)\n", run.results.len(), run.duration_ms as f64 / 1000.0);
     s += &if run.conformant() {
-        format!("Verdict: CONFORMANT (tier {}): no unexpected results\n", run.cfg.tier.name())
+        format!("Verdict: CONFORMANT for its claims (tier {}): no unexpected results\n", run.cfg.tier.name())
     } else {
         format!(
             "Verdict: NOT CONFORMANT (tier {}): {} unexpected result(s)\n",
@@ -131,5 +134,75 @@ pub fn terminal_report(run: &Run) -> String {
             run.unexpected().len()
         )
     };
+    s += &required_line(run);
     s
+}
+
+/// Width the lists of missing pairs are folded at.
+const WIDTH: usize = 100;
+
+/// `items` joined with ", ", folded at [`WIDTH`] with continuation lines indented by `indent`
+/// (the first line starts after `first` columns of other text).
+fn fold(items: &[String], first: usize, indent: usize) -> String {
+    let mut out = String::new();
+    let mut column = first;
+    for (i, item) in items.iter().enumerate() {
+        let piece = if i + 1 < items.len() { format!("{item},") } else { item.clone() };
+        if i > 0 {
+            if column + 1 + piece.chars().count() > WIDTH {
+                out += &format!("\n{:indent$}", "");
+                column = indent;
+            } else {
+                out.push(' ');
+                column += 1;
+            }
+        }
+        column += piece.chars().count();
+        out += &piece;
+    }
+    out
+}
+
+/// The required-set block: one line per float dtype, covered or the pairs that are missing.
+fn required_block(run: &Run) -> String {
+    let mut s = String::from(
+        "\nRequired set (sdk::required: what the core needs for tensors, autograd and training in a dtype):\n",
+    );
+    for c in run.coverage() {
+        let dtype = short_name(c.dtype);
+        if c.covered() {
+            s += &format!("  {dtype:<5} covered: all {} pairs claimed\n", c.required);
+        } else {
+            let head = format!("  {dtype:<5} not covered: {} of {} pairs missing: ", c.missing.len(), c.required);
+            s += &format!("{head}{}\n", fold(&c.missing_names(), head.chars().count(), 8));
+        }
+    }
+    s
+}
+
+/// The line after the verdict: the dtypes whose required set the claims cover, and whether
+/// `--require` is met.
+fn required_line(run: &Run) -> String {
+    let (covered, not) = split(&run.coverage());
+    let mut s = match (covered.is_empty(), not.is_empty()) {
+        (false, true) => format!("Required set: covered for {}", covered.join(", ")),
+        (false, false) => {
+            format!(
+                "Required set: covered for {}; not covered for {} (missing pairs above)",
+                covered.join(", "),
+                not.join(", ")
+            )
+        }
+        _ => format!("Required set: not covered for any float dtype ({}; missing pairs above)", not.join(", ")),
+    };
+    if !run.cfg.require.is_empty() {
+        let wanted: Vec<&str> = run.cfg.require.iter().map(|&d| short_name(d)).collect();
+        let unmet: Vec<&str> = run.unmet_requirements().into_iter().map(short_name).collect();
+        s += &if unmet.is_empty() {
+            format!(" · --require {}: met", wanted.join(","))
+        } else {
+            format!(" · --require {}: NOT MET for {}", wanted.join(","), unmet.join(", "))
+        };
+    }
+    s + "\n"
 }
