@@ -643,7 +643,7 @@ fn cudnn_type(dtype: DType) -> Option<c_int> {
 fn math_type(dtype: DType) -> c_int {
     match dtype {
         DType::F16 | DType::BF16 => 1,
-        DType::F32 if !std::env::var_os("GENESIS_CUDA_ALLOW_TF32").is_some_and(|v| v != "0") => 3,
+        DType::F32 if std::env::var_os("GENESIS_CUDA_ALLOW_TF32").is_none_or(|v| v == "0") => 3,
         _ => 0,
     }
 }
@@ -686,7 +686,7 @@ fn plan_key(direction: Direction, g: &Geom, ops: &Operands) -> Option<Vec<i64>> 
         key.extend([axis.stride, axis.pad, axis.dilation]);
     }
     for o in [ops.x, ops.w, ops.y] {
-        if o.shape.len() != 4 || o.shape.iter().any(|&d| d == 0) {
+        if o.shape.len() != 4 || o.shape.contains(&0) {
             return None;
         }
         let strides = packed_strides(o);
@@ -721,7 +721,7 @@ mod tests {
     }
 
     #[test]
-    fn versions_read_as_cudnn_numbers_them() {
+    fn cudnn_versions_read_as_major_minor_patch() {
         assert_eq!(version_text(91002), "9.10.2");
         assert_eq!(version_text(90000), "9.0.0");
     }
