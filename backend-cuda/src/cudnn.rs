@@ -20,7 +20,7 @@ use crate::kernels::Operand;
 use crate::libs::{self, Found};
 use genesis_backend_api::sdk::window::Conv2d as Geom;
 use genesis_backend_api::{BackendError, DType, ErrorKind, Result};
-use std::collections::HashMap;
+use std::collections::hash_map::{Entry as Slot, HashMap};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::{Mutex, OnceLock};
 
@@ -154,7 +154,8 @@ impl Library {
                     version_text(version)
                 )));
             }
-            let entry = |heuristic, find, workspace, run| -> Result<Entry> {
+            let entry = |direction: Direction| -> Result<Entry> {
+                let [heuristic, find, workspace, run] = direction.symbols();
                 Ok(Entry {
                     heuristic: libs::symbol(&found, heuristic)?,
                     find: libs::symbol(&found, find)?,
@@ -162,26 +163,8 @@ impl Library {
                     run: libs::symbol(&found, run)?,
                 })
             };
-            let entries = [
-                entry(
-                    "cudnnGetConvolutionForwardAlgorithm_v7",
-                    "cudnnFindConvolutionForwardAlgorithmEx",
-                    "cudnnGetConvolutionForwardWorkspaceSize",
-                    "cudnnConvolutionForward",
-                )?,
-                entry(
-                    "cudnnGetConvolutionBackwardDataAlgorithm_v7",
-                    "cudnnFindConvolutionBackwardDataAlgorithmEx",
-                    "cudnnGetConvolutionBackwardDataWorkspaceSize",
-                    "cudnnConvolutionBackwardData",
-                )?,
-                entry(
-                    "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
-                    "cudnnFindConvolutionBackwardFilterAlgorithmEx",
-                    "cudnnGetConvolutionBackwardFilterWorkspaceSize",
-                    "cudnnConvolutionBackwardFilter",
-                )?,
-            ];
+            let entries =
+                [entry(Direction::Forward)?, entry(Direction::BackwardData)?, entry(Direction::BackwardFilter)?];
             Ok(Library {
                 version,
                 error_string: libs::symbol(&found, "cudnnGetErrorString")?,
@@ -299,11 +282,11 @@ impl Dnn {
     pub fn convolve(&self, device: &CudaDevice, direction: Direction, g: &Geom, ops: &Operands) -> Result<bool> {
         let Some(key) = plan_key(direction, g, ops) else { return Ok(false) };
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
-        if !plans.contains_key(&key) {
-            let plan = self.plan(device, direction, g, ops)?;
-            plans.insert(key.clone(), plan);
-        }
-        let Some(plan) = plans.get(&key).and_then(Option::as_ref) else { return Ok(false) };
+        let plan = match plans.entry(key) {
+            Slot::Occupied(known) => known.into_mut(),
+            Slot::Vacant(new) => new.insert(self.plan(device, direction, g, ops)?),
+        };
+        let Some(plan) = plan.as_ref() else { return Ok(false) };
         let lib = self.lib;
         let (one_f64, zero_f64, one_f32, zero_f32) = (1.0f64, 0.0f64, 1.0f32, 0.0f32);
         let (one, zero): (*const c_void, *const c_void) = if ops.x.dtype == DType::F64 {
@@ -333,7 +316,7 @@ impl Dnn {
                 d2,
                 a2 as *mut c_void,
             );
-            lib.check(direction.call(), status)
+            lib.check(direction.symbols()[3], status)
         };
         if let (Ok(()), Some(bias)) = (&ran, ops.bias) {
             ran = self.bias(direction, plan, ops, bias, one, zero);
@@ -443,7 +426,7 @@ impl Dnn {
         if declined(status) {
             return Ok(false);
         }
-        lib.check(direction.heuristic_call(), status)?;
+        lib.check(direction.symbols()[0], status)?;
         let usable = |p: &AlgoPerf| p.status == 0 && p.memory <= WORKSPACE_CAP && direction.keeps_precision(p.algo);
         let heuristic: Vec<AlgoPerf> = found[..count.max(0) as usize].iter().copied().filter(usable).collect();
         let Some(first) = heuristic.first().copied() else { return Ok(false) };
@@ -461,7 +444,7 @@ impl Dnn {
         if declined(status) {
             return Ok(false);
         }
-        lib.check(direction.workspace_call(), status)?;
+        lib.check(direction.symbols()[2], status)?;
         plan.algo = best.algo;
         plan.workspace = bytes;
         Ok(true)
@@ -510,7 +493,7 @@ impl Dnn {
         if declined(status) {
             return Ok(None);
         }
-        lib.check(direction.find_call(), status)?;
+        lib.check(direction.symbols()[1], status)?;
         let usable = |p: &&AlgoPerf| p.status == 0 && p.memory <= size && direction.keeps_precision(p.algo);
         Ok(found[..count.max(0) as usize].iter().find(usable).copied())
     }
@@ -587,31 +570,28 @@ impl Direction {
         }
     }
 
-    fn call(self) -> &'static str {
-        ["cudnnConvolutionForward", "cudnnConvolutionBackwardData", "cudnnConvolutionBackwardFilter"][self as usize]
-    }
-
-    fn heuristic_call(self) -> &'static str {
+    /// The names of the direction's entry points: heuristics, timed search, workspace size,
+    /// the convolution itself (the order of [`Entry`]'s fields).
+    fn symbols(self) -> [&'static str; 4] {
         [
-            "cudnnGetConvolutionForwardAlgorithm_v7",
-            "cudnnGetConvolutionBackwardDataAlgorithm_v7",
-            "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
-        ][self as usize]
-    }
-
-    fn find_call(self) -> &'static str {
-        [
-            "cudnnFindConvolutionForwardAlgorithmEx",
-            "cudnnFindConvolutionBackwardDataAlgorithmEx",
-            "cudnnFindConvolutionBackwardFilterAlgorithmEx",
-        ][self as usize]
-    }
-
-    fn workspace_call(self) -> &'static str {
-        [
-            "cudnnGetConvolutionForwardWorkspaceSize",
-            "cudnnGetConvolutionBackwardDataWorkspaceSize",
-            "cudnnGetConvolutionBackwardFilterWorkspaceSize",
+            [
+                "cudnnGetConvolutionForwardAlgorithm_v7",
+                "cudnnFindConvolutionForwardAlgorithmEx",
+                "cudnnGetConvolutionForwardWorkspaceSize",
+                "cudnnConvolutionForward",
+            ],
+            [
+                "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+                "cudnnFindConvolutionBackwardDataAlgorithmEx",
+                "cudnnGetConvolutionBackwardDataWorkspaceSize",
+                "cudnnConvolutionBackwardData",
+            ],
+            [
+                "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+                "cudnnFindConvolutionBackwardFilterAlgorithmEx",
+                "cudnnGetConvolutionBackwardFilterWorkspaceSize",
+                "cudnnConvolutionBackwardFilter",
+            ],
         ][self as usize]
     }
 }
