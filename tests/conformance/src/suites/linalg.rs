@@ -39,6 +39,9 @@ pub fn cases(t: &Target) -> Vec<Case> {
             ("batched_broadcast_b", vec![3], [4, 6, 5], c, Layout::Broadcast(0)),
             ("m64k64n64", vec![], [64, 64, 64], c, c),
             ("k1000", vec![], [5, 1000, 3], c, Layout::Transposed),
+            // A few rows against a weight stored (n, k), as a decode step's linear layers.
+            ("m1_weight", vec![], [1, 256, 40], c, Layout::Transposed),
+            ("m2_weight", vec![], [2, 520, 17], c, Layout::Transposed),
         ] {
             v.push((name.to_string(), Tier::Core, matmul_case(rng, dtype, &batch, mkn, la, lb)));
         }
