@@ -1465,28 +1465,200 @@ ATTN_MASKED(64)
 ATTN_MASKED(128)
 ATTN_MASKED(256)
 
-// The splits of each row merged: weights rescaled to the row's largest max.
+// The splits of each row merged: weights rescaled to the row's largest max. A row's partials
+// are first read into shared memory by the whole block at once: a thread walking them in
+// global memory would wait one load latency per split (24 splits in a decode step).
 extern "C" __global__ void attn_masked_combine(const AttnArgs a) {
+    extern __shared__ __align__(16) unsigned char mc_smem[];
+    C* parts = (C*)mc_smem;  // splits · (d + 2): each split's sums, then its max and total
     const int d = (int)a.d;
-    const i64 rows = a.b * a.hq * a.s, splits = (a.t + a.split - 1) / a.split;
+    const i64 rows = a.b * a.hq * a.s, splits = (a.t + a.split - 1) / a.split, n = splits * (d + 2);
     T* o = (T*)a.p[3];
     for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
-        const C* pr = (const C*)a.partial + row * splits * (d + 2);
+        const C* pr = (const C*)a.partial + row * n;
+        for (i64 e = threadIdx.x; e < n; e += blockDim.x) parts[e] = pr[e];
+        __syncthreads();
         C mx = NEG_INF, l = 0;
-        for (i64 sp = 0; sp < splits; ++sp) mx = cmax(mx, pr[sp * (d + 2) + d]);
+        for (i64 sp = 0; sp < splits; ++sp) mx = cmax(mx, parts[sp * (d + 2) + d]);
         for (i64 sp = 0; sp < splits; ++sp) {
-            const C ms = pr[sp * (d + 2) + d];
-            if (ms != NEG_INF) l += pr[sp * (d + 2) + d + 1] * cexp(ms - mx);
+            const C ms = parts[sp * (d + 2) + d];
+            if (ms != NEG_INF) l += parts[sp * (d + 2) + d + 1] * cexp(ms - mx);
         }
         const i64 i = row % a.s, h = (row / a.s) % a.hq, b = row / (a.s * a.hq);
         const i64 ob = b * a.st[3][0] + h * a.st[3][1] + i * a.st[3][2];
         for (int c = threadIdx.x; c < d; c += blockDim.x) {
             C x = 0;
             for (i64 sp = 0; sp < splits; ++sp) {
-                const C ms = pr[sp * (d + 2) + d];
-                if (ms != NEG_INF) x += pr[sp * (d + 2) + c] * cexp(ms - mx);
+                const C ms = parts[sp * (d + 2) + d];
+                if (ms != NEG_INF) x += parts[sp * (d + 2) + c] * cexp(ms - mx);
             }
             o[ob + c * a.st[3][3]] = TT::store(x / l);  // no kept key in any split: NaN
         }
+        __syncthreads();  // parts is refilled for the next row
     }
 }
+
+// ---- masked attention, one query per row, the query heads of a key head together (decode) --
+// `MaskedAttention` with s = 1, as a decode step has: a block takes one (batch, key head) and a
+// range of `split` keys for all `group` query heads that share that key head, so each key and
+// value row is read once for the group rather than once per query head. Keys are taken KPP at
+// a time: a key row is LPK lanes, each holding NPK 16-byte packs of the head dim, so a warp
+// reads KPW whole rows per load and a lane keeps the group's query values for its packs in
+// registers. A pass loads its keys and values together (the values do not wait on the
+// scores), writes the group's scores to shared memory, and warp g turns head g's scores into
+// weights with an online softmax across passes. With several ranges the partial outputs go to
+// `partial` for `attn_masked_combine` exactly as `attn_masked` writes them (row = (b, h)).
+// Taken when the head dim is D (64 or 128), the key and value rows are dense and 16-byte
+// aligned, and group <= MD_GMAX; other shapes take `attn_masked`. Dynamic shared memory: the
+// warps' partial outputs, MD_WARPS · group · D values of type C.
+
+#define MD_THREADS 256
+#define MD_WARPS (MD_THREADS / 32)
+#define MD_GMAX 8
+
+template <int D>
+__device__ __forceinline__ void attn_decode(const AttnArgs& a) {
+    constexpr int EV = 16 / (int)sizeof(T);              // elements per pack
+    constexpr int LPK = D / EV < 32 ? D / EV : 32;       // lanes per key row
+    constexpr int NPK = D / (LPK * EV);                  // packs per lane
+    constexpr int KPW = 32 / LPK;                        // key rows per warp per pass
+    constexpr int KPP = KPW * MD_WARPS;                  // key rows per pass
+    typedef Pack<T, EV> PK;
+    extern __shared__ __align__(16) unsigned char md_smem[];
+    C* accs = (C*)md_smem;                               // [warp][g][D]
+    __shared__ C sc[MD_GMAX][KPP];                       // a pass's scores, then its weights
+    __shared__ C st_m[MD_GMAX], st_l[MD_GMAX], st_corr[MD_GMAX];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int slot = warp * KPW + lane / LPK, dp = lane % LPK;
+    const int group = (int)(a.hq / a.hk);
+    const T* q = (const T*)a.p[0];
+    const T* k = (const T*)a.p[1];
+    const T* v = (const T*)a.p[2];
+    T* o = (T*)a.p[3];
+    const unsigned char* keep = (const unsigned char*)a.p[4];
+    const i64 splits = (a.t + a.split - 1) / a.split;
+    for (i64 work = blockIdx.x; work < a.b * a.hk * splits; work += gridDim.x) {
+        const i64 bk = work / splits, sp = work % splits, b = bk / a.hk, kh = bk % a.hk;
+        const i64 k_lo = sp * a.split, k_hi = k_lo + a.split < a.t ? k_lo + a.split : a.t;
+        C qv[MD_GMAX][NPK * EV], acc[MD_GMAX][NPK * EV];
+#pragma unroll
+        for (int g = 0; g < MD_GMAX; ++g) {
+            const T* qh = q + b * a.st[0][0] + (kh * group + g) * a.st[0][1];
+#pragma unroll
+            for (int u = 0; u < NPK; ++u) {
+#pragma unroll
+                for (int e = 0; e < EV; ++e) {
+                    const i64 c = (u * LPK + dp) * EV + e;
+                    qv[g][u * EV + e] = g < group ? TT::load(qh[c * a.st[0][3]]) * (C)a.scale : (C)0;
+                    acc[g][u * EV + e] = 0;
+                }
+            }
+        }
+        if (threadIdx.x < MD_GMAX) {
+            st_m[threadIdx.x] = NEG_INF;
+            st_l[threadIdx.x] = 0;
+        }
+        const T* kb = k + b * a.st[1][0] + kh * a.st[1][1] + dp * EV;
+        const T* vb = v + b * a.st[2][0] + kh * a.st[2][1] + dp * EV;
+        const unsigned char* keepb = keep + b * a.st[4][0];
+        for (i64 c0 = k_lo; c0 < k_hi; c0 += KPP) {
+            const i64 j = c0 + slot;
+            const bool in = j < k_hi;
+            PK kp[NPK], vp[NPK];
+            if (in) {
+#pragma unroll
+                for (int u = 0; u < NPK; ++u) {
+                    kp[u] = *(const PK*)(kb + j * a.st[1][2] + u * LPK * EV);
+                    vp[u] = *(const PK*)(vb + j * a.st[2][2] + u * LPK * EV);
+                }
+            }
+            const bool kept = in && keepb[j * a.st[4][2]];
+#pragma unroll
+            for (int g = 0; g < MD_GMAX; ++g) {
+                C dot = 0;
+                if (in) {
+#pragma unroll
+                    for (int u = 0; u < NPK; ++u) {
+#pragma unroll
+                        for (int e = 0; e < EV; ++e) dot += qv[g][u * EV + e] * TT::load(kp[u].v[e]);
+                    }
+                }
+#pragma unroll
+                for (int off = 1; off < LPK; off <<= 1) dot += __shfl_xor_sync(FULL, dot, off);
+                if (dp == 0 && g < group) sc[g][slot] = kept ? dot : NEG_INF;
+            }
+            __syncthreads();
+            if (warp < group) {  // warp g: head g's weights for this pass
+                const C x = lane < KPP ? sc[warp][lane] : NEG_INF;
+                const C m_old = st_m[warp], m_new = cmax(m_old, warp_max(x));
+                const C p = x == NEG_INF ? (C)0 : cexp(x - m_new);
+                const C sum = warp_sum(p);
+                if (lane < KPP) sc[warp][lane] = p;
+                if (lane == 0) {
+                    // Rescales what earlier passes summed: 0 while m_old is -inf, 1 while
+                    // nothing is kept at all.
+                    const C corr = m_new == NEG_INF ? (C)1 : cexp(m_old - m_new);
+                    st_corr[warp] = corr;
+                    st_l[warp] = st_l[warp] * corr + sum;
+                    st_m[warp] = m_new;
+                }
+            }
+            __syncthreads();
+#pragma unroll
+            for (int g = 0; g < MD_GMAX; ++g) {
+                if (g < group) {
+                    const C corr = st_corr[g], p = in ? sc[g][slot] : (C)0;
+#pragma unroll
+                    for (int u = 0; u < NPK; ++u) {
+#pragma unroll
+                        for (int e = 0; e < EV; ++e) {
+                            // A weight of 0 selects 0: a masked row's values may be anything.
+                            const C w = p != (C)0 ? p * TT::load(vp[u].v[e]) : (C)0;
+                            acc[g][u * EV + e] = acc[g][u * EV + e] * corr + w;
+                        }
+                    }
+                }
+            }
+            __syncthreads();  // sc and st_corr are rewritten by the next pass
+        }
+        // The key slots of a warp (lanes with the same packs), then the warps.
+#pragma unroll
+        for (int g = 0; g < MD_GMAX; ++g) {
+#pragma unroll
+            for (int u = 0; u < NPK; ++u) {
+#pragma unroll
+                for (int e = 0; e < EV; ++e) {
+                    C x = acc[g][u * EV + e];
+#pragma unroll
+                    for (int off = LPK; off < 32; off <<= 1) x += __shfl_xor_sync(FULL, x, off);
+                    if (lane < LPK && g < group) accs[(warp * group + g) * D + (u * LPK + dp) * EV + e] = x;
+                }
+            }
+        }
+        __syncthreads();
+        for (int t = threadIdx.x; t < group * D; t += MD_THREADS) {
+            const int g = t / D, c = t % D;
+            C x = 0;
+            for (int w = 0; w < MD_WARPS; ++w) x += accs[(w * group + g) * D + c];
+            const i64 h = kh * group + g, row = b * a.hq + h;
+            if (splits == 1) {
+                o[b * a.st[3][0] + h * a.st[3][1] + c * a.st[3][3]] = TT::store(x / st_l[g]);  // no kept key: NaN
+            } else {
+                C* part = (C*)a.partial + (row * splits + sp) * (D + 2);
+                part[c] = x;
+                if (c == 0) {
+                    part[D] = st_m[g];
+                    part[D + 1] = st_l[g];
+                }
+            }
+        }
+        __syncthreads();  // accs and the softmax state are reused by the next work item
+    }
+}
+
+#define ATTN_DECODE(D)                                                                             \
+    extern "C" __global__ void __launch_bounds__(MD_THREADS) attn_decode_##D(const AttnArgs a) {   \
+        attn_decode<D>(a);                                                                         \
+    }
+ATTN_DECODE(64)
+ATTN_DECODE(128)

@@ -90,6 +90,33 @@ const MA_CHUNK: usize = 1024;
 const MA_WARPS: usize = 8;
 /// The fewest keys a block of `attn_masked` takes when a row's keys are split.
 const MA_MIN_SPLIT: usize = 64;
+/// Shared memory of `attn_masked_combine`: one row's partials, splits · (d + 2) values.
+const MA_COMBINE_SMEM: usize = 48 * 1024;
+
+/// The most query heads per key head `attn_decode_{d}` serves (`MD_GMAX`).
+const MD_GMAX: usize = 8;
+
+/// Keys per pass of `attn_decode_{d}` when it applies to this masked attention: one query per
+/// row (a decode step), a head dim of 64 or 128, at most [`MD_GMAX`] query heads per key head,
+/// and key and value rows dense along the head dim and 16-byte aligned (it loads 16-byte
+/// packs). `GENESIS_CUDA_DECODE_ATTENTION=0` sends every masked attention to `attn_masked`.
+fn decode_pass(dm: &Dims, dtype: DType, k: &Operand, v: &Operand) -> Option<usize> {
+    if std::env::var_os("GENESIS_CUDA_DECODE_ATTENTION").is_some_and(|x| x == "0") {
+        return None;
+    }
+    let pack = 16 / dtype.size_in_bytes();
+    let packed =
+        |x: &Operand| x.strides[3] == 1 && x.ptr % 16 == 0 && x.strides[..3].iter().all(|&s| s % pack as isize == 0);
+    let fits = dm.s == 1
+        && matches!(dm.d, 64 | 128)
+        && dm.hk > 0
+        && dm.hq % dm.hk == 0
+        && dm.hq / dm.hk <= MD_GMAX
+        && packed(k)
+        && packed(v);
+    // A key row is `min(32, d / pack)` lanes; 8 warps take 32 / that many rows each.
+    fits.then(|| 8 * 32 / (dm.d / pack).min(32))
+}
 
 /// Tensor-core kernels (`attn_*_tc_*`): threads per block (4 warps), rows of a 64-row tile.
 const TC_THREADS: u32 = 128;
@@ -246,10 +273,20 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
             for (slot, x) in [q, k, v, o, keep].into_iter().enumerate() {
                 a.set(slot, x);
             }
-            // Enough (row, key range) blocks for 4 per SM, ranges of at least MA_MIN_SPLIT keys.
+            // Enough (row, key range) blocks for 4 per SM, ranges of at least a minimum of keys:
+            // per query row for `attn_masked`; per (batch, key head) and one pass of keys for
+            // `attn_decode`, which serves a key head's query heads together.
+            let decode = decode_pass(&dm, q.dtype, k, v);
             let rows = dm.b * dm.hq * dm.s;
+            let (blocks_per_split, min_split) = match decode {
+                Some(pass) => (dm.b * dm.hk, pass),
+                None => (rows, MA_MIN_SPLIT),
+            };
             let target = 4 * device.facts.sm_count as usize;
-            let splits = target.div_ceil(rows.max(1)).clamp(1, dm.t.div_ceil(MA_MIN_SPLIT).max(1));
+            // `attn_masked_combine` holds a row's partials in shared memory.
+            let combinable = MA_COMBINE_SMEM / ((dm.d + 2) * compute_dtype(q.dtype).size_in_bytes());
+            let splits =
+                target.div_ceil(blocks_per_split.max(1)).min(combinable).clamp(1, dm.t.div_ceil(min_split).max(1));
             a.split = dm.t.div_ceil(splits).max(1) as i64;
             let splits = dm.t.div_ceil(a.split as usize).max(1);
             let elem = compute_dtype(q.dtype).size_in_bytes();
@@ -258,13 +295,22 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
                 if splits > 1 {
                     a.partial = scratch.dense(device, compute_dtype(q.dtype), &[rows * splits, dm.d + 2])?.ptr;
                 }
-                // Shared: a chunk of scores, the reduction slots, the warps' outputs.
-                let smem = ((MA_CHUNK + 32 + MA_WARPS * dm.d) * elem) as u32;
-                let work = (rows * splits) as u64;
-                let shape = (grid(device, work, 8), THREADS, smem);
-                launch_1d(device, op.name(), &MODULE, q.dtype, &format!("attn_masked_{dmax}"), &mut a, shape)?;
+                if decode.is_some() {
+                    // Dynamic shared memory: the warps' outputs for the group's heads.
+                    let smem = (MA_WARPS * (dm.hq / dm.hk) * dm.d * elem) as u32;
+                    let work = (dm.b * dm.hk * splits) as u64;
+                    let shape = (grid(device, work, 8), THREADS, smem);
+                    launch_1d(device, op.name(), &MODULE, q.dtype, &format!("attn_decode_{}", dm.d), &mut a, shape)?;
+                } else {
+                    // Shared: a chunk of scores, the reduction slots, the warps' outputs.
+                    let smem = ((MA_CHUNK + 32 + MA_WARPS * dm.d) * elem) as u32;
+                    let work = (rows * splits) as u64;
+                    let shape = (grid(device, work, 8), THREADS, smem);
+                    launch_1d(device, op.name(), &MODULE, q.dtype, &format!("attn_masked_{dmax}"), &mut a, shape)?;
+                }
                 if splits > 1 {
-                    let shape = (grid(device, rows as u64, 8), 128, 0);
+                    let smem = (splits * (dm.d + 2) * elem) as u32;
+                    let shape = (grid(device, rows as u64, 8), 128, smem);
                     launch_1d(device, op.name(), &MODULE, q.dtype, "attn_masked_combine", &mut a, shape)?;
                 }
                 Ok(())

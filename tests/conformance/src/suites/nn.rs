@@ -268,7 +268,8 @@ pub fn cases(t: &Target) -> Vec<Case> {
         &FLOATS,
         &no_deps,
         &|dtype, rng| {
-            // Decode-shaped rows (one query), several queries sharing one mask across the batch
+            // Decode-shaped rows (one query; at head dims 64 and 128 the CUDA plugin serves a key
+            // head's query heads together), several queries sharing one mask across the batch
             // (a stride-0 operand), and more keys than one chunk of a blocked kernel. Key 0 is
             // always kept: the NaN of an empty row is checked by the core's tests.
             let g = |b, hq, hk, s, t, d| AttnShape { b, hq, hk, s, t, d };
@@ -276,6 +277,8 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 (g(2, 4, 2, 1, 9, 8), Layout::Contiguous, "decode_gqa", Tier::Core),
                 (g(2, 6, 3, 3, 7, 16), Layout::Broadcast(0), "queries_keep_shared_by_batch", Tier::Core),
                 (g(1, 2, 1, 1, 1500, 64), Layout::Contiguous, "long_keys_d64", Tier::Full),
+                // Qwen2.5-0.5B's grouping (7 query heads a key head) at head dim 128.
+                (g(2, 14, 2, 1, 300, 128), Layout::Contiguous, "decode_group7_d128", Tier::Core),
             ]
             .into_iter()
             .map(|(g, keep_layout, sample, tier)| {
