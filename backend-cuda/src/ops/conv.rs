@@ -10,7 +10,7 @@
 //! matmul. x, dy, y, dx, bias and dbias are used through their strides; the weight is copied
 //! dense when it is not (cuBLAS needs one leading dimension).
 
-use super::launch::{compute_dtype, grid, launch_1d, zero, Scratch};
+use super::launch::{compute_dtype, grid, launch_1d, with_scratch, zero, Scratch};
 use super::resolve;
 use super::Family;
 use crate::blas::{compute, data_type, Blas, Gemm};
@@ -145,33 +145,30 @@ fn chunk(g: &Geom, per_sample: usize) -> usize {
 /// Run one convolution op.
 fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     let (ins, outs) = resolve(device, inputs, outputs)?;
-    let mut scratch = Scratch::default();
-    let result = match *op {
+    with_scratch(device, |scratch| match *op {
         Op::Conv2d { window, groups } => {
             let (g, ([x, w, y], bias)) = Geom::forward(op, &window, groups, &ins, &outs)?;
             if with_cudnn(device, Direction::Forward, &g, Operands { x, w, y, bias })? {
                 return Ok(());
             }
-            forward(device, op, &g, x, w, bias, y, &mut scratch)
+            forward(device, op, &g, x, w, bias, y, scratch)
         }
         Op::Conv2dBackwardInput { window, groups } => {
             let (g, [dy, w, dx]) = Geom::backward_input(op, &window, groups, &ins, &outs)?;
             if with_cudnn(device, Direction::BackwardData, &g, Operands { x: dx, w, y: dy, bias: None })? {
                 return Ok(());
             }
-            backward_input(device, op, &g, dy, w, dx, &mut scratch)
+            backward_input(device, op, &g, dy, w, dx, scratch)
         }
         Op::Conv2dBackwardWeight { window, groups } => {
             let (g, ([dy, x, dw], db)) = Geom::backward_weight(op, &window, groups, &ins, &outs)?;
             if with_cudnn(device, Direction::BackwardFilter, &g, Operands { x, w: dw, y: dy, bias: db })? {
                 return Ok(());
             }
-            backward_weight(device, op, &g, dy, x, dw, db, &mut scratch)
+            backward_weight(device, op, &g, dy, x, dw, db, scratch)
         }
         _ => Err(BackendError::unsupported(format!("cuda: {} is not a convolution", op.name()))),
-    };
-    let freed = scratch.free(device);
-    result.and(freed)
+    })
 }
 
 /// Run a convolution through cuDNN when the library is there and takes the problem; `false`
