@@ -13,7 +13,7 @@
 use super::launch::{compute_dtype, grid, launch_1d, with_scratch, zero, Scratch};
 use super::resolve;
 use super::Family;
-use crate::blas::{compute, data_type, Blas, Gemm};
+use crate::blas::{data_type, gemm_types, Blas, Gemm};
 use crate::cudnn::{Direction, Dnn, Operands};
 use crate::device::CudaDevice;
 use crate::kernels::Operand;
@@ -184,20 +184,6 @@ fn blas(device: &CudaDevice) -> Result<&Blas> {
     device.blas.get_or_init(|| Blas::open(device.stream() as *mut _)).as_ref().map_err(Clone::clone)
 }
 
-/// cuBLAS data type of T, and the compute type of its products.
-fn gemm_types(dtype: DType) -> Result<(i32, i32)> {
-    Ok(match dtype {
-        DType::F32 if std::env::var_os("GENESIS_CUDA_ALLOW_TF32").is_some_and(|v| v != "0") => {
-            (data_type::R_32F, compute::F32_FAST_TF32)
-        }
-        DType::F32 => (data_type::R_32F, compute::F32),
-        DType::F64 => (data_type::R_64F, compute::F64),
-        DType::F16 => (data_type::R_16F, compute::F32),
-        DType::BF16 => (data_type::R_16BF, compute::F32),
-        other => return Err(BackendError::unsupported(format!("cuda: convolution is not implemented for {other}"))),
-    })
-}
-
 /// cuBLAS data type of the compute type of `dtype` (the accumulators' C).
 fn acc_type(dtype: DType) -> i32 {
     if dtype == DType::F64 {
@@ -235,7 +221,7 @@ fn product(
             ))
         })
     };
-    let (dtype_code, compute_type) = gemm_types(dtype)?;
+    let (dtype_code, compute_type) = gemm_types(dtype, "convolution")?;
     let g = Gemm {
         trans: (a.0, b.0),
         m: fits(m)?,
