@@ -96,34 +96,28 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
             launch::grid(device, (total / if args.packed != 0 { pack as u64 } else { 1 }).div_ceil(256), 8);
         let name = op.name();
         let m = &MODULE;
-        if matches!(op, Op::BatchNorm { .. }) {
+        for (slot, o) in args.p.iter_mut().zip(&operands) {
+            *slot = o.ptr;
+        }
+        // Both directions run the same three passes: per-split sums, a per-channel finalize,
+        // then the elementwise pass.
+        let [sums, finalize, elementwise] = if matches!(op, Op::BatchNorm { .. }) {
             // p: x, w, b, y, mean, rstd, partial, stats (mean and rstd in the compute type)
-            for (slot, o) in args.p.iter_mut().zip(&operands) {
-                *slot = o.ptr;
-            }
             args.p[6] = partial.ptr;
             args.p[7] = stats.ptr;
-            if n * s > 0 {
-                device.launch_grid(name, m, dtype, "bn_stats", &mut args, stats_grid, (THREADS, 1), 0)?;
-            } else {
-                args.splits = 0;
-            }
-            launch::launch_1d(device, name, m, dtype, "bn_finalize", &mut args, (per_channel, 128, 0))?;
-            launch::launch_1d(device, name, m, dtype, "bn_apply", &mut args, (apply_blocks.max(1), 256, 0))?;
+            ["bn_stats", "bn_finalize", "bn_apply"]
         } else {
             // p: dy, x, w, mean, rstd, dx, dw, db, partial
-            for (slot, o) in args.p.iter_mut().zip(&operands) {
-                *slot = o.ptr;
-            }
             args.p[8] = partial.ptr;
-            if n * s > 0 {
-                device.launch_grid(name, m, dtype, "bn_bwd_stats", &mut args, stats_grid, (THREADS, 1), 0)?;
-            } else {
-                args.splits = 0;
-            }
-            launch::launch_1d(device, name, m, dtype, "bn_bwd_finalize", &mut args, (per_channel, 128, 0))?;
-            launch::launch_1d(device, name, m, dtype, "bn_dx", &mut args, (apply_blocks.max(1), 256, 0))?;
+            ["bn_bwd_stats", "bn_bwd_finalize", "bn_dx"]
+        };
+        if n * s > 0 {
+            device.launch_grid(name, m, dtype, sums, &mut args, stats_grid, (THREADS, 1), 0)?;
+        } else {
+            args.splits = 0;
         }
+        launch::launch_1d(device, name, m, dtype, finalize, &mut args, (per_channel, 128, 0))?;
+        launch::launch_1d(device, name, m, dtype, elementwise, &mut args, (apply_blocks.max(1), 256, 0))?;
         launch::copy_back(device, op, &outs, &dense_outs)
     })
 }
