@@ -284,43 +284,30 @@ pub struct Bool(pub u8);
 
 element!(Bool, DType::Bool, u8, |x| (x.0 != 0) as u8, |y| Bool((y != 0) as u8), float);
 
+/// A `match` on `$dtype` with an arm per listed `DType` variant that runs `$body` with `$T`
+/// bound to the variant's element type, and an optional last arm for the other dtypes: the
+/// dispatch behind `with_dtype!` and the float-only `with_float!` of the fused kernels.
+#[macro_export]
+macro_rules! match_dtype {
+    ($dtype:expr, $T:ident => $body:expr; $($variant:ident: $ty:ty),+ $(; $other:pat => $fallback:expr)?) => {
+        match $dtype {
+            $(
+                genesis_backend_api::DType::$variant => {
+                    type $T = $ty;
+                    $body
+                }
+            )+
+            $($other => $fallback,)?
+        }
+    };
+}
+
 /// Run `$body` with `$T` bound to the element type of `$dtype`.
 #[macro_export]
 macro_rules! with_dtype {
     ($dtype:expr, $T:ident => $body:expr) => {
-        match $dtype {
-            genesis_backend_api::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            genesis_backend_api::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            genesis_backend_api::DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            genesis_backend_api::DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            genesis_backend_api::DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            genesis_backend_api::DType::I32 => {
-                type $T = i32;
-                $body
-            }
-            genesis_backend_api::DType::U8 => {
-                type $T = u8;
-                $body
-            }
-            genesis_backend_api::DType::Bool => {
-                type $T = $crate::element::Bool;
-                $body
-            }
-        }
+        $crate::match_dtype!($dtype, $T => $body;
+            F32: f32, F64: f64, F16: half::f16, BF16: half::bf16,
+            I64: i64, I32: i32, U8: u8, Bool: $crate::element::Bool)
     };
 }

@@ -22,11 +22,10 @@
 #[path = "common/mod.rs"]
 mod common;
 
-use common::{load_plugin, values, Dev, Rng, R};
+use common::{encode, load_plugin, values, Dev, Rng, R};
 use genesis_backend_api::{
     BackendError, BinaryOp, BufferId, CollectiveArg, CollectiveOp, DType, Op, OpKind, ReduceOp, TensorDesc,
 };
-use half::{bf16, f16};
 use std::collections::HashSet;
 use std::time::Instant;
 
@@ -176,22 +175,6 @@ fn short(d: DType) -> &'static str {
         DType::F64 => "f64",
         _ => "other",
     }
-}
-
-fn encode(dtype: DType, xs: &[f64]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(xs.len() * dtype.size_in_bytes());
-    for &x in xs {
-        match dtype {
-            DType::F32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
-            DType::F64 => out.extend_from_slice(&x.to_le_bytes()),
-            DType::F16 => out.extend_from_slice(&f16::from_f64(x).to_le_bytes()),
-            DType::BF16 => out.extend_from_slice(&bf16::from_f64(x).to_le_bytes()),
-            DType::I64 => out.extend_from_slice(&(x as i64).to_le_bytes()),
-            DType::I32 => out.extend_from_slice(&(x as i32).to_le_bytes()),
-            DType::U8 | DType::Bool => out.push(x as u8),
-        }
-    }
-    out
 }
 
 /// Median milliseconds per call of `f(i)`, `i` cycling over `sets` working sets.

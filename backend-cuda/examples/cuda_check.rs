@@ -80,6 +80,16 @@ fn float_tol(dtype: DType, scale: f64) -> Tol {
 }
 
 impl Checker {
+    /// Count a device check that ran to an outcome: under `passed` when it held, else as a
+    /// failure of `what` (or, when the check itself could not run, that).
+    fn tally(&mut self, passed: &str, what: &str, result: R<Result<(), String>>) {
+        match result {
+            Ok(Ok(())) => *self.passed.entry(passed.into()).or_default() += 1,
+            Ok(Err(e)) => self.failed.push(format!("{what}: {e}")),
+            Err(e) => self.failed.push(format!("{what} could not run: {e}")),
+        }
+    }
+
     /// Put the same random inputs on both devices, run `op` on each, compare every output.
     fn case(&mut self, label: &str, op: &Op, ins: &[(DType, Layout, bool)], outs: &[(DType, Layout)], tol: Tol) {
         let result = self.try_case(op, ins, outs, tol);
@@ -91,31 +101,36 @@ impl Checker {
         }
     }
 
+    /// The same random bytes for `layout` in a new buffer on each device (CUDA, then CPU), each
+    /// with its descriptor, and their length.
+    fn mirrored(&mut self, dtype: DType, layout: &Layout, positive: bool) -> R<([(BufferId, TensorDesc); 2], usize)> {
+        let bytes = random_bytes(&mut self.rng, dtype, layout.elems, positive);
+        let off = layout.offset * dtype.size_in_bytes();
+        let put = |dev: &Dev| -> R<(BufferId, TensorDesc)> {
+            let b = dev.alloc(bytes.len())?;
+            dev.write(b, &bytes)?;
+            Ok((b, TensorDesc::new(b, off, dtype, &layout.shape, &layout.strides)?))
+        };
+        Ok(([put(&self.cuda)?, put(&self.cpu)?], bytes.len()))
+    }
+
     fn try_case(&mut self, op: &Op, ins: &[(DType, Layout, bool)], outs: &[(DType, Layout)], tol: Tol) -> R<()> {
         let mut bufs: Vec<(BufferId, BufferId)> = Vec::new();
         let mut in_descs = (Vec::new(), Vec::new());
         for (dtype, layout, positive) in ins {
-            let bytes = random_bytes(&mut self.rng, *dtype, layout.elems, *positive);
-            let (g, c) = (self.cuda.alloc(bytes.len())?, self.cpu.alloc(bytes.len())?);
-            self.cuda.write(g, &bytes)?;
-            self.cpu.write(c, &bytes)?;
-            let off = layout.offset * dtype.size_in_bytes();
-            in_descs.0.push(TensorDesc::new(g, off, *dtype, &layout.shape, &layout.strides)?);
-            in_descs.1.push(TensorDesc::new(c, off, *dtype, &layout.shape, &layout.strides)?);
+            let ([(g, on_cuda), (c, on_cpu)], _) = self.mirrored(*dtype, layout, *positive)?;
+            in_descs.0.push(on_cuda);
+            in_descs.1.push(on_cpu);
             bufs.push((g, c));
         }
         let mut out_descs = (Vec::new(), Vec::new());
         let mut out_bufs = Vec::new();
         for (dtype, layout) in outs {
             // Outputs start with the same garbage so untouched elements compare too.
-            let bytes = random_bytes(&mut self.rng, *dtype, layout.elems, false);
-            let (g, c) = (self.cuda.alloc(bytes.len())?, self.cpu.alloc(bytes.len())?);
-            self.cuda.write(g, &bytes)?;
-            self.cpu.write(c, &bytes)?;
-            let off = layout.offset * dtype.size_in_bytes();
-            out_descs.0.push(TensorDesc::new(g, off, *dtype, &layout.shape, &layout.strides)?);
-            out_descs.1.push(TensorDesc::new(c, off, *dtype, &layout.shape, &layout.strides)?);
-            out_bufs.push((g, c, *dtype, bytes.len()));
+            let ([(g, on_cuda), (c, on_cpu)], len) = self.mirrored(*dtype, layout, false)?;
+            out_descs.0.push(on_cuda);
+            out_descs.1.push(on_cpu);
+            out_bufs.push((g, c, *dtype, len));
         }
         let reference = self.cpu.exec(op, &in_descs.1, &out_descs.1);
         let ours = self.cuda.exec(op, &in_descs.0, &out_descs.0);
@@ -233,15 +248,15 @@ fn check_ops(ck: &mut Checker, caps: &[(OpKind, DType)]) {
                     }
                 }
             }
-            Op::Clamp { .. } => {
-                for (what, ins, o) in elementwise_layouts(1) {
-                    ck.case(
-                        &format!("{label} [{what}]"),
-                        &op,
-                        &[(dtype, ins[0].clone(), false)],
-                        &[(dtype, o)],
-                        Tol::Exact,
-                    );
+            // One input and an output of its dtype (a cast's of every dtype), exact.
+            Op::Clamp { .. } | Op::Copy | Op::Dropout { .. } | Op::Cast => {
+                let cast = matches!(op, Op::Cast);
+                for to in if cast { DType::ALL.to_vec() } else { vec![dtype] } {
+                    let name = if cast { format!("cast {dtype}->{to}") } else { label.clone() };
+                    for (what, ins, o) in elementwise_layouts(1) {
+                        let ins = [(dtype, ins[0].clone(), false)];
+                        ck.case(&format!("{name} [{what}]"), &op, &ins, &[(to, o)], Tol::Exact);
+                    }
                 }
             }
             Op::Where => {
@@ -253,30 +268,6 @@ fn check_ops(ck: &mut Checker, caps: &[(OpKind, DType)]) {
                             (value, ins[2].clone(), false),
                         ];
                         ck.case(&format!("where {value} [{what}]"), &op, &ins, &[(value, o)], Tol::Exact);
-                    }
-                }
-            }
-            Op::Copy => {
-                for (what, ins, o) in elementwise_layouts(1) {
-                    ck.case(
-                        &format!("{label} [{what}]"),
-                        &op,
-                        &[(dtype, ins[0].clone(), false)],
-                        &[(dtype, o)],
-                        Tol::Exact,
-                    );
-                }
-            }
-            Op::Cast => {
-                for to in DType::ALL {
-                    for (what, ins, o) in elementwise_layouts(1) {
-                        ck.case(
-                            &format!("cast {dtype}->{to} [{what}]"),
-                            &op,
-                            &[(dtype, ins[0].clone(), false)],
-                            &[(to, o)],
-                            Tol::Exact,
-                        );
                     }
                 }
             }
@@ -295,17 +286,6 @@ fn check_ops(ck: &mut Checker, caps: &[(OpKind, DType)]) {
                 let tol = if matches!(op, Op::RandNormal { .. }) { float_tol(dtype, 0.5) } else { Tol::Exact };
                 for (what, _, o) in elementwise_layouts(1) {
                     ck.case(&format!("{label} [{what}]"), &op, &[], &[(dtype, o)], tol);
-                }
-            }
-            Op::Dropout { .. } => {
-                for (what, ins, o) in elementwise_layouts(1) {
-                    ck.case(
-                        &format!("{label} [{what}]"),
-                        &op,
-                        &[(dtype, ins[0].clone(), false)],
-                        &[(dtype, o)],
-                        Tol::Exact,
-                    );
                 }
             }
             Op::Matmul => {
@@ -518,11 +498,8 @@ fn check_deferred_index_error(ck: &mut Checker) {
         }
         Ok(outcome)
     };
-    match run() {
-        Ok(Ok(())) => *ck.passed.entry("error: index out of range reported at synchronize".into()).or_default() += 1,
-        Ok(Err(e)) => ck.failed.push(format!("error: deferred index check: {e}")),
-        Err(e) => ck.failed.push(format!("error: deferred index check could not run: {e}")),
-    }
+    let result = run();
+    ck.tally("error: index out of range reported at synchronize", "error: deferred index check", result);
 }
 
 /// The row ops' slow path (leading dims that do not merge, so inputs and outputs go through
@@ -589,13 +566,9 @@ fn check_deferred_index_error_in_scratch(ck: &mut Checker) {
         }
         Ok(outcome)
     };
-    match run() {
-        Ok(Ok(())) => {
-            *ck.passed.entry("error: deferred index fault on the row ops' scratch path".into()).or_default() += 1
-        }
-        Ok(Err(e)) => ck.failed.push(format!("error: deferred index fault on the scratch path: {e}")),
-        Err(e) => ck.failed.push(format!("error: deferred index fault on the scratch path could not run: {e}")),
-    }
+    let result = run();
+    let passed = "error: deferred index fault on the row ops' scratch path";
+    ck.tally(passed, "error: deferred index fault on the scratch path", result);
 }
 
 /// A loop that never synchronizes still gets a deferred index error: once the device's list
@@ -653,11 +626,8 @@ fn check_index_check_list_full(ck: &mut Checker) {
         }
         Ok(outcome)
     };
-    match run() {
-        Ok(Ok(())) => *ck.passed.entry("error: index checks list full reports the fault".into()).or_default() += 1,
-        Ok(Err(e)) => ck.failed.push(format!("error: index check list full: {e}")),
-        Err(e) => ck.failed.push(format!("error: index check list full could not run: {e}")),
-    }
+    let result = run();
+    ck.tally("error: index checks list full reports the fault", "error: index check list full", result);
 }
 
 /// No driver allocation in steady state: mixed sizes, allocated and freed many times.

@@ -5,37 +5,13 @@
 //!
 //! `fused_check <plugin.so> [--bench]`; exits non-zero when a check fails.
 
-use genesis_backend_api::abi::PluginModuleRef;
-use genesis_backend_api::{contiguous_strides, BackendError, BufferId, DType, Op, RawOp, TensorDesc};
-use half::{bf16, f16};
+#[allow(dead_code)]
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{encode, load_plugin, values as decode, Dev, R};
+use genesis_backend_api::{contiguous_strides, BufferId, DType, Op, TensorDesc};
 use std::time::Instant;
-
-type R<T> = Result<T, BackendError>;
-
-struct Dev {
-    m: PluginModuleRef,
-}
-
-impl Dev {
-    fn alloc(&self, bytes: usize) -> R<BufferId> {
-        (self.m.allocate())(0, bytes.max(1) as u64).into_result().map_err(Into::into)
-    }
-    fn write(&self, b: BufferId, bytes: &[u8]) -> R<()> {
-        (self.m.write())(0, b, 0, bytes.into()).into_result().map_err(Into::into)
-    }
-    fn read(&self, b: BufferId, len: usize) -> R<Vec<u8>> {
-        let mut out = vec![0u8; len];
-        (self.m.read())(0, b, 0, out.as_mut_slice().into()).into_result().map_err(BackendError::from)?;
-        Ok(out)
-    }
-    fn exec(&self, op: &Op, ins: &[TensorDesc], outs: &[TensorDesc]) -> R<()> {
-        let raw: RawOp = op.encode();
-        (self.m.execute())(0, &raw, ins.into(), outs.into()).into_result().map_err(Into::into)
-    }
-    fn sync(&self) -> R<()> {
-        (self.m.synchronize())(0).into_result().map_err(Into::into)
-    }
-}
 
 struct Rng(u64);
 impl Rng {
@@ -45,33 +21,6 @@ impl Rng {
         self.0 ^= self.0 << 17;
         (self.0 >> 11) as f64 / (1u64 << 53) as f64
     }
-}
-
-fn encode(dtype: DType, xs: &[f64]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for &x in xs {
-        match dtype {
-            DType::F32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
-            DType::F64 => out.extend_from_slice(&x.to_le_bytes()),
-            DType::F16 => out.extend_from_slice(&f16::from_f64(x).to_le_bytes()),
-            DType::BF16 => out.extend_from_slice(&bf16::from_f64(x).to_le_bytes()),
-            _ => unreachable!(),
-        }
-    }
-    out
-}
-
-fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
-    bytes
-        .chunks_exact(dtype.size_in_bytes())
-        .map(|c| match dtype {
-            DType::F32 => f32::from_le_bytes(c.try_into().unwrap()) as f64,
-            DType::F64 => f64::from_le_bytes(c.try_into().unwrap()),
-            DType::F16 => f16::from_le_bytes(c.try_into().unwrap()).to_f64(),
-            DType::BF16 => bf16::from_le_bytes(c.try_into().unwrap()).to_f64(),
-            _ => unreachable!(),
-        })
-        .collect()
 }
 
 /// A tensor spec: dtype, shape, strides and element offset in its own buffer of `elems`, with
@@ -106,7 +55,8 @@ impl Spec {
         Spec { dtype, shape: shape.to_vec(), strides: contiguous_strides(shape), offset: 0, data: vec![0.0; n] }
     }
     fn upload(&self, dev: &Dev) -> R<(BufferId, TensorDesc)> {
-        let b = dev.alloc(self.data.len() * self.dtype.size_in_bytes())?;
+        // At least one byte: an empty spec still gets a buffer of its own.
+        let b = dev.alloc((self.data.len() * self.dtype.size_in_bytes()).max(1))?;
         dev.write(b, &encode(self.dtype, &self.data))?;
         let d = TensorDesc::new(b, self.offset * self.dtype.size_in_bytes(), self.dtype, &self.shape, &self.strides)?;
         Ok((b, d))
@@ -352,12 +302,10 @@ fn bench(dev: &Dev) -> R<()> {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let path = args.get(1).cloned().unwrap_or_else(|| "libgenesis_backend_cuda.so".into());
-    let module = abi_stable::library::lib_header_from_path(std::path::Path::new(&path))
-        .and_then(|h| h.init_root_module::<PluginModuleRef>())
-        .unwrap_or_else(|e| {
-            eprintln!("cannot load {path}: {e}");
-            std::process::exit(2)
-        });
+    let module = load_plugin(&path).unwrap_or_else(|e| {
+        eprintln!("cannot load {path}: {e}");
+        std::process::exit(2)
+    });
     let cuda = Dev { m: module };
     let cpu = Dev { m: genesis_backend_cpu::genesis_plugin_module() };
     let t = Instant::now();

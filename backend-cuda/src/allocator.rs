@@ -307,27 +307,28 @@ impl<M: Memory> CachingAllocator<M> {
         self.block_mut(i).allocated = false;
         if let Some(p) = self.block(i).prev.filter(|&p| !self.block(p).allocated) {
             self.remove_free(p);
-            let absorbed = self.remove_block(i);
-            let prev = self.block_mut(p);
-            prev.size += absorbed.size;
-            prev.next = absorbed.next;
-            if let Some(n) = absorbed.next {
-                self.block_mut(n).prev = Some(p);
-            }
+            self.absorb_next(p);
             i = p;
         }
         if let Some(n) = self.block(i).next.filter(|&n| !self.block(n).allocated) {
             self.remove_free(n);
-            let absorbed = self.remove_block(n);
-            let block = self.block_mut(i);
-            block.size += absorbed.size;
-            block.next = absorbed.next;
-            if let Some(nn) = absorbed.next {
-                self.block_mut(nn).prev = Some(i);
-            }
+            self.absorb_next(i);
         }
         self.insert_free(i);
         Ok(())
+    }
+
+    /// Merge the block after block `i` in its segment into `i`, which grows by its size and
+    /// takes its place in the segment's list.
+    fn absorb_next(&mut self, i: usize) {
+        let next = self.block(i).next.expect("a block to absorb");
+        let absorbed = self.remove_block(next);
+        let block = self.block_mut(i);
+        block.size += absorbed.size;
+        block.next = absorbed.next;
+        if let Some(after) = absorbed.next {
+            self.block_mut(after).prev = Some(i);
+        }
     }
 
     /// The live buffer behind `id`.

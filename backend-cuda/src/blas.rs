@@ -2,7 +2,7 @@
 //! uses, bound to the device's stream.
 
 use crate::libs::{self, Found};
-use genesis_backend_api::{BackendError, Result};
+use genesis_backend_api::{BackendError, DType, Result};
 use std::ffi::{c_char, c_int, c_void, CStr};
 
 type Handle = *mut c_void;
@@ -28,6 +28,23 @@ pub mod compute {
     pub const F64: i32 = 70;
     /// f32 through TF32 tensor cores (opt-in).
     pub const F32_FAST_TF32: i32 = 77;
+}
+
+/// The cuBLAS data type of `dtype` and the compute type of its products, for matmul and the
+/// convolution's products (`what` names the op in the error for a dtype without a product).
+/// f32 products run on TF32 tensor cores only when `GENESIS_CUDA_ALLOW_TF32` is set (and not
+/// to 0), as PyTorch's `allow_tf32` is opt-in.
+pub fn gemm_types(dtype: DType, what: &str) -> Result<(i32, i32)> {
+    Ok(match dtype {
+        DType::F32 if std::env::var_os("GENESIS_CUDA_ALLOW_TF32").is_some_and(|v| v != "0") => {
+            (data_type::R_32F, compute::F32_FAST_TF32)
+        }
+        DType::F32 => (data_type::R_32F, compute::F32),
+        DType::F64 => (data_type::R_64F, compute::F64),
+        DType::F16 => (data_type::R_16F, compute::F32),
+        DType::BF16 => (data_type::R_16BF, compute::F32),
+        other => return Err(BackendError::unsupported(format!("cuda: {what} is not implemented for {other}"))),
+    })
 }
 
 type GemmStridedBatchedEx = unsafe extern "C" fn(

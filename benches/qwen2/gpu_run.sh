@@ -8,29 +8,16 @@
 # transformers; the chat example; the decode benchmark, Genesis then transformers on the same
 # GPU (never both at once). Logs and tables go to $OUT (default /tmp/genesis-out).
 set -uo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
-dist=$root/dist/qwen2
+. "$(dirname "$0")/../gpu_common.sh" qwen2
 case "${1:-}" in
 package)
-    target=${CARGO_TARGET_DIR:-$root/target}
-    (cd "$root" && cargo build --release -p genesis-backend-cuda \
-        && cargo build --release -p genesis-core --features text --example chat --example qwen2_bench) || exit 1
-    test_bin=$(cd "$root" && cargo test --release -p genesis-core --features text --test qwen2_fixtures --no-run \
-        --message-format=json 2>/dev/null | grep -o '"executable":"[^"]*qwen2_fixtures[^"]*"' | cut -d'"' -f4 | tail -1)
-    [ -x "$test_bin" ] || { echo "qwen2_fixtures test binary not found"; exit 1; }
-    mkdir -p "$dist"
-    cp "$target/release/libgenesis_backend_cuda.so" "$target/release/examples/chat" \
-        "$target/release/examples/qwen2_bench" "$dist/"
-    cp "$test_bin" "$dist/qwen2_fixtures"
-    (cd "$dist" && strip libgenesis_backend_cuda.so chat qwen2_bench qwen2_fixtures)
-    ls -la "$dist"
+    build_release --features text --example chat --example qwen2_bench
+    dist_test qwen2_fixtures --features text
+    dist_examples chat qwen2_bench
     ;;
 remote)
-    out=${OUT:-/tmp/genesis-out}
-    mkdir -p "$out"
-    cd "$root"
-    export GENESIS_CUDA_CACHE=/tmp/genesis-kernel-cache GENESIS_QWEN2_FIXTURES=$root/tests/models/qwen2
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+    remote_start
+    export GENESIS_QWEN2_FIXTURES=$root/tests/models/qwen2
     if ! "$dist/chat" --model tests/models/qwen2/tiny-tied --device cuda --ids 1,2 --max-new-tokens 2 >/dev/null 2>"$out/probe.log"; then
         cat "$out/probe.log"
         GENESIS_CUDA_LIB_DIR=$(find / -xdev \( -name 'libnvrtc.so*' -o -name 'libcublas.so*' \) -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)

@@ -10,29 +10,15 @@
 # PyTorch on the same GPU (never both at once), and a profile of Genesis' step. Logs go to
 # $OUT (default /tmp/genesis-out).
 set -uo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
-dist=$root/dist/resnet
+. "$(dirname "$0")/../gpu_common.sh" resnet
 case "${1:-}" in
 package)
-    target=${CARGO_TARGET_DIR:-$root/target}
-    (cd "$root" && cargo build --release -p genesis-backend-cuda \
-        && cargo build --release -p genesis-core --example train_resnet --example resnet_bench) || exit 1
-    test_bin=$(cd "$root" && cargo test --release -p genesis-core --test resnet_fixtures --no-run \
-        --message-format=json 2>/dev/null | grep -o '"executable":"[^"]*resnet_fixtures[^"]*"' | cut -d'"' -f4 | tail -1)
-    [ -x "$test_bin" ] || { echo "resnet_fixtures test binary not found"; exit 1; }
-    mkdir -p "$dist"
-    cp "$target/release/libgenesis_backend_cuda.so" "$target/release/examples/train_resnet" \
-        "$target/release/examples/resnet_bench" "$dist/"
-    cp "$test_bin" "$dist/resnet_fixtures"
-    (cd "$dist" && strip libgenesis_backend_cuda.so train_resnet resnet_bench resnet_fixtures)
-    ls -la "$dist"
+    build_release --example train_resnet --example resnet_bench
+    dist_test resnet_fixtures
+    dist_examples train_resnet resnet_bench
     ;;
 remote)
-    out=${OUT:-/tmp/genesis-out}
-    mkdir -p "$out"
-    cd "$root"
-    export GENESIS_CUDA_CACHE=/tmp/genesis-kernel-cache
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+    remote_start
     echo "== fixtures: the committed ones and a full-size resnet50, on cuda"
     fixtures=/tmp/resnet-fixtures
     mkdir -p $fixtures && cp tests/models/resnet/*.safetensors $fixtures/

@@ -9,25 +9,14 @@
 # accuracy); the SFT step of a Qwen2.5-0.5B-shaped model at batch 8 x 1024, Genesis then
 # PyTorch + transformers on the same GPU (never both at once). Logs go to $OUT.
 set -uo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
-dist=$root/dist/sft
+. "$(dirname "$0")/../gpu_common.sh" sft
 case "${1:-}" in
 package)
-    target=${CARGO_TARGET_DIR:-$root/target}
-    (cd "$root" && cargo build --release -p genesis-backend-cuda \
-        && cargo build --release -p genesis-core --example sft --example sft_bench --example chat) || exit 1
-    mkdir -p "$dist"
-    cp "$target/release/libgenesis_backend_cuda.so" "$target/release/examples/sft" \
-        "$target/release/examples/sft_bench" "$target/release/examples/chat" "$dist/"
-    (cd "$dist" && strip libgenesis_backend_cuda.so sft sft_bench chat)
-    ls -la "$dist"
+    build_release --example sft --example sft_bench --example chat
+    dist_examples sft sft_bench chat
     ;;
 remote)
-    out=${OUT:-/tmp/genesis-out}
-    mkdir -p "$out"
-    cd "$root"
-    export GENESIS_CUDA_CACHE=/tmp/genesis-kernel-cache
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+    remote_start
     echo "== SFT demonstration on cuda (bf16 autocast)"
     model=/tmp/genesis-sft-cuda
     "$dist/sft" --device cuda --quiet --out "$model" --save-logits /tmp/genesis-sft-logits.safetensors 2>&1 | tee "$out/sft-cuda.txt"

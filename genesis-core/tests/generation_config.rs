@@ -2,72 +2,38 @@
 //! transformers' defaults and fallbacks) and `find_stop_string`. Each case writes its files
 //! into a fresh temporary folder that is removed afterwards.
 
+mod common;
+
+use common::TempDir;
 use genesis::generation::{find_stop_string, GenerationConfig};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 // ------------------------------------------------------------------------------------------
 // Helpers
 // ------------------------------------------------------------------------------------------
 
-/// A fresh empty folder under the system temp dir, removed when dropped (also when the test
-/// panics).
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        static COUNTER: AtomicUsize = AtomicUsize::new(0);
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("genesis-genconfig-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    /// A folder holding `generation_config.json` with `contents`.
-    fn with_generation_config(tag: &str, contents: &str) -> Self {
-        let dir = TempDir::new(tag);
-        dir.write("generation_config.json", contents);
-        dir
-    }
-
-    fn write(&self, name: &str, contents: &str) -> PathBuf {
-        let path = self.0.join(name);
-        std::fs::write(&path, contents).unwrap();
-        path
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-
-    fn generation_config(&self) -> PathBuf {
-        self.0.join("generation_config.json")
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A fresh folder holding `generation_config.json` with `contents`.
+fn with_generation_config(tag: &str, contents: &str) -> TempDir {
+    let dir = TempDir::new("genconfig", tag);
+    dir.write("generation_config.json", contents);
+    dir
 }
 
 /// `from_folder` on a folder with this `generation_config.json`.
 fn load(tag: &str, contents: &str) -> genesis::Result<GenerationConfig> {
-    let dir = TempDir::with_generation_config(tag, contents);
+    let dir = with_generation_config(tag, contents);
     GenerationConfig::from_folder(dir.path())
 }
 
 /// `from_folder` on a folder with this `generation_config.json` must fail, with an error that
 /// names the file and mentions each of `words`.
 fn load_err(tag: &str, contents: &str, words: &[&str]) {
-    let dir = TempDir::with_generation_config(tag, contents);
+    let dir = with_generation_config(tag, contents);
     let err = match GenerationConfig::from_folder(dir.path()) {
         Ok(config) => panic!("{contents}: loaded as {config:?}, expected an error"),
         Err(e) => e,
     };
     let message = err.to_string();
-    let file = dir.generation_config().display().to_string();
+    let file = dir.path().join("generation_config.json").display().to_string();
     assert!(message.contains(&file), "{contents}: the error does not name {file}: {message}");
     for word in words {
         assert!(message.contains(word), "{contents}: the error does not mention {word:?}: {message}");
@@ -80,7 +46,7 @@ fn load_err(tag: &str, contents: &str, words: &[&str]) {
 
 #[test]
 fn missing_file_gives_the_defaults() {
-    let dir = TempDir::new("missing");
+    let dir = TempDir::new("genconfig", "missing");
     let config = GenerationConfig::from_folder(dir.path()).unwrap();
     assert_eq!(config, GenerationConfig::default());
     assert!(!config.do_sample);
@@ -247,12 +213,12 @@ fn repetition_penalty_must_be_positive() {
 #[test]
 fn eos_token_id_falls_back_to_config_json() {
     // No generation_config.json: transformers takes eos_token_id from the model's config.json.
-    let dir = TempDir::new("fallback-int");
+    let dir = TempDir::new("genconfig", "fallback-int");
     dir.write("config.json", r#"{"model_type": "qwen2", "eos_token_id": 151643, "bos_token_id": 151643}"#);
     let config = GenerationConfig::from_folder(dir.path()).unwrap();
     assert_eq!(config.eos_token_ids, [151643]);
 
-    let dir = TempDir::new("fallback-list");
+    let dir = TempDir::new("genconfig", "fallback-list");
     dir.write("config.json", r#"{"model_type": "qwen2", "eos_token_id": [151645, 151643], "pad_token_id": 7}"#);
     let config = GenerationConfig::from_folder(dir.path()).unwrap();
     assert_eq!(config.eos_token_ids, [151645, 151643]);
@@ -264,7 +230,7 @@ fn eos_token_id_falls_back_to_config_json() {
     );
 
     // A config.json without one leaves the list empty.
-    let dir = TempDir::new("fallback-none");
+    let dir = TempDir::new("genconfig", "fallback-none");
     dir.write("config.json", r#"{"model_type": "qwen2"}"#);
     let config = GenerationConfig::from_folder(dir.path()).unwrap();
     assert!(config.eos_token_ids.is_empty());
@@ -272,7 +238,7 @@ fn eos_token_id_falls_back_to_config_json() {
 
 #[test]
 fn malformed_config_json_fallback_is_an_error_naming_it() {
-    let dir = TempDir::new("fallback-bad");
+    let dir = TempDir::new("genconfig", "fallback-bad");
     let path = dir.write("config.json", r#"{"eos_token_id": "</s>"}"#);
     let err = GenerationConfig::from_folder(dir.path()).unwrap_err().to_string();
     assert!(err.contains(&path.display().to_string()) && err.contains("eos_token_id"), "{err}");
@@ -283,7 +249,7 @@ fn malformed_config_json_fallback_is_an_error_naming_it() {
 
 #[test]
 fn generation_config_json_wins_over_config_json() {
-    let dir = TempDir::new("both");
+    let dir = TempDir::new("genconfig", "both");
     dir.write("config.json", r#"{"model_type": "qwen2", "eos_token_id": 151643}"#);
     dir.write("generation_config.json", r#"{"eos_token_id": [151645, 151643]}"#);
     let config = GenerationConfig::from_folder(dir.path()).unwrap();

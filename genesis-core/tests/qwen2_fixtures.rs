@@ -6,6 +6,9 @@
 //! dtypes (default `f32`; e.g. `f32,bf16` on a GPU); `GENESIS_QWEN2_FIXTURES` overrides the
 //! fixture folder (for a test binary copied to another machine).
 
+mod common;
+
+use common::device;
 use genesis::generation::{generate, GenerationConfig};
 use genesis::models::hf::parse_dtype;
 use genesis::models::qwen2::{Qwen2Config, Qwen2ForCausalLM};
@@ -18,14 +21,7 @@ use std::path::{Path, PathBuf};
 const MODELS: [&str; 3] = ["tiny-tied", "tiny-untied", "tiny-sharded"];
 
 fn fixtures() -> PathBuf {
-    match std::env::var("GENESIS_QWEN2_FIXTURES") {
-        Ok(dir) => PathBuf::from(dir),
-        Err(_) => Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/models/qwen2"),
-    }
-}
-
-fn device() -> Device {
-    Device::parse(&std::env::var("GENESIS_TEST_DEVICE").unwrap_or_else(|_| "cpu".into())).unwrap()
+    common::fixtures("GENESIS_QWEN2_FIXTURES", "qwen2")
 }
 
 fn dtypes() -> Vec<DType> {

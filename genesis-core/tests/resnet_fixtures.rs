@@ -6,6 +6,9 @@
 //! the fixture folder (every `*.safetensors` in it is checked, so the full-size resnet50
 //! fixture made on the GPU machine is checked by adding it to a copy of the folder).
 
+mod common;
+
+use common::device;
 use genesis::models::resnet::{BlockKind, ResNet, ResNetConfig};
 use genesis::nn::{CrossEntropyLoss, Module};
 use genesis::optim::{Optimizer, SgdOptions, SGD};
@@ -15,14 +18,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 fn fixtures() -> PathBuf {
-    match std::env::var("GENESIS_RESNET_FIXTURES") {
-        Ok(dir) => PathBuf::from(dir),
-        Err(_) => Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/models/resnet"),
-    }
-}
-
-fn device() -> Device {
-    Device::parse(&std::env::var("GENESIS_TEST_DEVICE").unwrap_or_else(|_| "cpu".into())).unwrap()
+    common::fixtures("GENESIS_RESNET_FIXTURES", "resnet")
 }
 
 /// The largest |ours - torchvision| over two tensors of the same shape.

@@ -4,42 +4,17 @@
 //! is missing).
 #![cfg(feature = "text")]
 
+mod common;
+
+use common::TempDir;
 use genesis::text::{stop_token_ids, ChatOptions, ChatTemplate, Message, TextStream, Tokenizer, TokenizerConfig};
 use genesis::ErrorKind;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 // ------------------------------------------------------------------------------------------
 // Helpers
 // ------------------------------------------------------------------------------------------
-
-/// A fresh empty folder under the system temp dir, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        static COUNTER: AtomicUsize = AtomicUsize::new(0);
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("genesis-text-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    fn write(&self, name: &str, contents: &str) -> PathBuf {
-        let path = self.0.join(name);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, contents).unwrap();
-        path
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// GPT-2's byte-to-character table of byte-level BPE.
 fn byte_char(b: u8) -> char {
@@ -160,7 +135,7 @@ fn tokenizer_encodes_and_decodes_byte_level_bpe() {
 
 #[test]
 fn tokenizer_load_errors_name_the_file() {
-    let dir = TempDir::new("tok-missing");
+    let dir = TempDir::new("text", "tok-missing");
     let err = Tokenizer::from_folder(&dir.0).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LoadFailed);
     assert!(err.message().contains(&dir.0.join("tokenizer.json").display().to_string()), "{err}");
@@ -361,7 +336,7 @@ const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.cont
 #[test]
 fn folder_config_forms() {
     // Template string, tokens as strings, objects and null; unknown fields ignored.
-    let dir = TempDir::new("cfg-string");
+    let dir = TempDir::new("text", "cfg-string");
     let config = serde_json::json!({
         "chat_template": "{{ bos_token }}|{{ eos_token }}|{{ pad_token }}|{{ unk_token is defined }}|{{ messages[0].content }}",
         "bos_token": {"__type": "AddedToken", "content": "<s>", "lstrip": false},
@@ -407,7 +382,7 @@ fn folder_config_forms() {
 
 #[test]
 fn folder_named_templates() {
-    let dir = TempDir::new("cfg-list");
+    let dir = TempDir::new("text", "cfg-list");
     let config = serde_json::json!({
         "chat_template": [
             {"name": "tool_use", "template": "T{{ messages | length }}"},
@@ -428,7 +403,7 @@ fn folder_named_templates() {
     assert!(err.message().contains("\"rag\"") && err.message().contains("default, tool_use"), "{err}");
 
     // Several templates and no "default": the name must be given.
-    let dir = TempDir::new("cfg-nodefault");
+    let dir = TempDir::new("text", "cfg-nodefault");
     dir.write(
         "tokenizer_config.json",
         r#"{"chat_template": [{"name": "a", "template": "A"}, {"name": "b", "template": "B"}]}"#,
@@ -440,7 +415,7 @@ fn folder_named_templates() {
 
 #[test]
 fn folder_config_errors() {
-    let dir = TempDir::new("cfg-errors");
+    let dir = TempDir::new("text", "cfg-errors");
     // No template anywhere.
     let err = ChatTemplate::from_folder(&dir.0).unwrap_err();
     assert!(err.message().contains("no chat template"), "{err}");
@@ -474,7 +449,7 @@ fn folder_config_errors() {
 
 #[test]
 fn folder_stop_ids() {
-    let dir = TempDir::new("stop");
+    let dir = TempDir::new("text", "stop");
     assert_eq!(stop_token_ids(&dir.0).unwrap(), Vec::<u32>::new());
     dir.write("tokenizer.json", &tiny_tokenizer_json());
     let end = tiny_tokenizer().token_to_id("<|end|>").unwrap();

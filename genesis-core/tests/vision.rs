@@ -3,6 +3,9 @@
 //! every bad input the issue lists.
 #![cfg(feature = "vision")]
 
+mod common;
+
+use common::TempDir;
 use genesis::data::{DataLoader, Dataset};
 use genesis::vision::transforms::{
     CenterCrop, Compose, Normalize, RandomCrop, RandomHorizontalFlip, RandomResizedCrop, Resize, Transform,
@@ -11,26 +14,8 @@ use genesis::vision::transforms::{
 use genesis::vision::{BadFile, Cifar10, ImageFolder};
 use genesis::{ErrorKind, Generator};
 use image::{Rgb, Rgb32FImage, RgbImage};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-
-/// A fresh folder under the system temp dir, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("genesis-vision-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A `w × h` image whose pixel (x, y) is `(seed + x, 2y, 7)`.
 fn pattern(w: u32, h: u32, seed: u8) -> RgbImage {
@@ -51,7 +36,7 @@ fn small_folder(root: &Path) {
 
 #[test]
 fn image_folder_lists_classes_in_order_and_decodes_pixels() {
-    let dir = TempDir::new("folder");
+    let dir = TempDir::new("vision", "folder");
     small_folder(&dir.0);
     let data = ImageFolder::new(&dir.0).unwrap();
     assert_eq!(data.classes(), ["cat", "dog"]);
@@ -143,7 +128,7 @@ fn epoch(data: Arc<ImageFolder>, workers: usize) -> Vec<Vec<f32>> {
 
 #[test]
 fn random_transforms_are_deterministic_under_a_seed_whatever_the_workers() {
-    let dir = TempDir::new("seeded");
+    let dir = TempDir::new("vision", "seeded");
     small_folder(&dir.0);
     let a = Arc::new(augmenting(&dir.0, 1));
     let b = Arc::new(augmenting(&dir.0, 1));
@@ -158,7 +143,7 @@ fn random_transforms_are_deterministic_under_a_seed_whatever_the_workers() {
 
 #[test]
 fn bad_files_are_named_skipped_or_fatal_by_flag() {
-    let dir = TempDir::new("bad");
+    let dir = TempDir::new("vision", "bad");
     small_folder(&dir.0);
     std::fs::write(dir.0.join("cat").join("notes.txt"), b"not an image").unwrap();
     let err = ImageFolder::new(&dir.0).err().unwrap();
@@ -180,7 +165,7 @@ fn bad_files_are_named_skipped_or_fatal_by_flag() {
 
 #[test]
 fn empty_classes_missing_folders_and_mixed_sizes_are_clear_errors() {
-    let dir = TempDir::new("empty");
+    let dir = TempDir::new("vision", "empty");
     small_folder(&dir.0);
     std::fs::create_dir_all(dir.0.join("emu")).unwrap();
     let err = ImageFolder::new(&dir.0).err().unwrap();
@@ -202,7 +187,7 @@ fn empty_classes_missing_folders_and_mixed_sizes_are_clear_errors() {
 
 #[test]
 fn cifar10_binary_records() {
-    let dir = TempDir::new("cifar");
+    let dir = TempDir::new("vision", "cifar");
     let record = |label: u8, red: u8| {
         let mut r = vec![label];
         r.extend(std::iter::repeat_n(red, 1024));

@@ -96,25 +96,9 @@ pub(super) fn cvt<A: Real, B: Real>(a: A) -> B {
 /// so bodies may require [`Float`].
 macro_rules! with_float {
     ($op:expr, $dtype:expr, $T:ident => $body:expr) => {
-        match $dtype {
-            genesis_backend_api::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            genesis_backend_api::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            genesis_backend_api::DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            genesis_backend_api::DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            other => Err($crate::kernels::unsupported($op, other)),
-        }
+        $crate::match_dtype!($dtype, $T => $body;
+            F32: f32, F64: f64, F16: half::f16, BF16: half::bf16;
+            other => Err($crate::kernels::unsupported($op, other)))
     };
 }
 pub(super) use with_float;

@@ -45,29 +45,21 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
     // The second input of the two-input ops (the counts are checked per op below).
     let b = inputs.get(1).unwrap_or(a);
     let (a, b, y) = (lift(a), lift(b), lift(y));
-    match *op {
-        Op::Gather { dim } => {
-            expect_inputs(op, inputs, 2)?;
-            gather(op, &a, &b, &y, dim as usize)
-        }
-        Op::ScatterAdd { dim } => {
-            expect_inputs(op, inputs, 2)?;
-            scatter_add(op, &a, &b, &y, dim as usize)
-        }
-        Op::IndexSelect { dim } => {
-            expect_inputs(op, inputs, 2)?;
-            index_select(op, &a, &b, &y, dim as usize)
-        }
-        Op::IndexAdd { dim } => {
-            expect_inputs(op, inputs, 2)?;
-            index_add(op, &a, &b, &y, dim as usize)
-        }
+    // The two-input ops, `(values, index) -> y` along `dim`; cumsum has one input.
+    type Indexed = fn(&Op, &View, &View, &View, usize) -> Result<()>;
+    let (kernel, dim): (Indexed, u32) = match *op {
+        Op::Gather { dim } => (gather, dim),
+        Op::ScatterAdd { dim } => (scatter_add, dim),
+        Op::IndexSelect { dim } => (index_select, dim),
+        Op::IndexAdd { dim } => (index_add, dim),
         Op::CumSum { dim } => {
             expect_inputs(op, inputs, 1)?;
-            cumsum(op, &a, &y, dim as usize)
+            return cumsum(op, &a, &y, dim as usize);
         }
-        _ => Err(unsupported(op, a.dtype)),
-    }
+        _ => return Err(unsupported(op, a.dtype)),
+    };
+    expect_inputs(op, inputs, 2)?;
+    kernel(op, &a, &b, &y, dim as usize)
 }
 
 fn expect_inputs(op: &Op, inputs: &[View], n: usize) -> Result<()> {

@@ -51,6 +51,33 @@ fn sum_blocks<R: Real>(blocks: Vec<Vec<Vec<R>>>, parts: usize, d: usize) -> Vec<
     total
 }
 
+/// The row loop of the backward ops: `dx` in blocks of `rows_per_block` rows, in parallel, each
+/// block with its own `parts` partial sums of length `d` (the parameter gradients), summed in
+/// block order. `row(index, dx row, partial sums)` computes one row and adds to the sums.
+fn backward_rows<T: Float>(
+    dx: &mut [T],
+    (rows, d): (usize, usize),
+    parts: usize,
+    row: impl Fn(usize, &mut [T], &mut [Vec<C<T>>]) + Sync,
+) -> Vec<Vec<C<T>>> {
+    if d == 0 || rows == 0 {
+        return vec![vec![C::<T>::ZERO; d]; parts];
+    }
+    let block = rows_per_block(rows, d);
+    let partials = dx
+        .par_chunks_mut(block * d)
+        .enumerate()
+        .map(|(bi, dx_block)| {
+            let mut sums = vec![vec![C::<T>::ZERO; d]; parts];
+            for (k, dxr) in dx_block.chunks_mut(d).enumerate() {
+                row(bi * block + k, dxr, &mut sums);
+            }
+            sums
+        })
+        .collect();
+    sum_blocks(partials, parts, d)
+}
+
 fn store_into<T: Float>(op: &Op, v: &View, values: &[C<T>]) -> Result<()> {
     let mut out = Dense::<T>::output(op, v)?;
     for (o, &x) in out.slice().iter_mut().zip(values) {
@@ -109,41 +136,25 @@ fn layer_norm_backward<T: Float>(op: &Op, [dy, x, w, mean, rstd]: [&View; 5], [d
     let mut dxs = Dense::<T>::output(op, dx)?;
     let (rows, d) = rows_of(&x.shape);
     let n = C::<T>::from_f64(d as f64);
-    let mut grads = vec![vec![C::<T>::ZERO; d]; 2];
-    if d > 0 && rows > 0 {
-        let block = rows_per_block(rows, d);
-        let partials: Vec<Vec<Vec<C<T>>>> = dxs
-            .slice()
-            .par_chunks_mut(block * d)
-            .enumerate()
-            .map(|(bi, dx_block)| {
-                let (mut gw, mut gb) = (vec![C::<T>::ZERO; d], vec![C::<T>::ZERO; d]);
-                let mut xhat = vec![C::<T>::ZERO; d];
-                for (k, dxr) in dx_block.chunks_mut(d).enumerate() {
-                    let row = bi * block + k;
-                    let (xr, dyr) = (&xs[row * d..][..d], &dys[row * d..][..d]);
-                    let (mu, r) = (C::<T>::from_f32(means[row]), C::<T>::from_f32(rstds[row]));
-                    // dx = r * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w.
-                    let (mut sum_g, mut sum_gx) = (C::<T>::ZERO, C::<T>::ZERO);
-                    for j in 0..d {
-                        xhat[j] = (xr[j].compute() - mu) * r;
-                        let g = dyr[j].compute() * ws[j].compute();
-                        sum_g += g;
-                        sum_gx += g * xhat[j];
-                        gw[j] += dyr[j].compute() * xhat[j];
-                        gb[j] += dyr[j].compute();
-                    }
-                    let (mean_g, mean_gx) = (sum_g / n, sum_gx / n);
-                    for j in 0..d {
-                        let g = dyr[j].compute() * ws[j].compute();
-                        dxr[j] = T::store(r * (g - mean_g - xhat[j] * mean_gx));
-                    }
-                }
-                vec![gw, gb]
-            })
-            .collect();
-        grads = sum_blocks(partials, 2, d);
-    }
+    let grads = backward_rows(dxs.slice(), (rows, d), 2, |row, dxr, sums| {
+        let (xr, dyr) = (&xs[row * d..][..d], &dys[row * d..][..d]);
+        let (mu, r) = (C::<T>::from_f32(means[row]), C::<T>::from_f32(rstds[row]));
+        let xhat = |j: usize| (xr[j].compute() - mu) * r;
+        // dx = r * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w.
+        let (mut sum_g, mut sum_gx) = (C::<T>::ZERO, C::<T>::ZERO);
+        for j in 0..d {
+            let g = dyr[j].compute() * ws[j].compute();
+            sum_g += g;
+            sum_gx += g * xhat(j);
+            sums[0][j] += dyr[j].compute() * xhat(j);
+            sums[1][j] += dyr[j].compute();
+        }
+        let (mean_g, mean_gx) = (sum_g / n, sum_gx / n);
+        for j in 0..d {
+            let g = dyr[j].compute() * ws[j].compute();
+            dxr[j] = T::store(r * (g - mean_g - xhat(j) * mean_gx));
+        }
+    });
     dxs.finish();
     store_into::<T>(op, dw, &grads[0])?;
     store_into::<T>(op, db, &grads[1])
@@ -190,37 +201,22 @@ fn rms_norm_backward<T: Float>(op: &Op, [dy, x, w, rstd]: [&View; 4], [dx, dw]: 
     let mut dxs = Dense::<T>::output(op, dx)?;
     let (rows, d) = rows_of(&x.shape);
     let n = C::<T>::from_f64(d as f64);
-    let mut grads = vec![vec![C::<T>::ZERO; d]];
-    if d > 0 && rows > 0 {
-        let block = rows_per_block(rows, d);
-        let partials: Vec<Vec<Vec<C<T>>>> = dxs
-            .slice()
-            .par_chunks_mut(block * d)
-            .enumerate()
-            .map(|(bi, dx_block)| {
-                let mut gw = vec![C::<T>::ZERO; d];
-                for (k, dxr) in dx_block.chunks_mut(d).enumerate() {
-                    let row = bi * block + k;
-                    let (xr, dyr) = (&xs[row * d..][..d], &dys[row * d..][..d]);
-                    let r = C::<T>::from_f32(rstds[row]);
-                    // dx = r * (g - xhat * mean(g * xhat)) with g = dy * w, xhat = x * r.
-                    let mut sum_gx = C::<T>::ZERO;
-                    for j in 0..d {
-                        let xhat = xr[j].compute() * r;
-                        sum_gx += dyr[j].compute() * ws[j].compute() * xhat;
-                        gw[j] += dyr[j].compute() * xhat;
-                    }
-                    let mean_gx = sum_gx / n;
-                    for j in 0..d {
-                        let xhat = xr[j].compute() * r;
-                        dxr[j] = T::store(r * (dyr[j].compute() * ws[j].compute() - xhat * mean_gx));
-                    }
-                }
-                vec![gw]
-            })
-            .collect();
-        grads = sum_blocks(partials, 1, d);
-    }
+    let grads = backward_rows(dxs.slice(), (rows, d), 1, |row, dxr, sums| {
+        let (xr, dyr) = (&xs[row * d..][..d], &dys[row * d..][..d]);
+        let r = C::<T>::from_f32(rstds[row]);
+        // dx = r * (g - xhat * mean(g * xhat)) with g = dy * w, xhat = x * r.
+        let mut sum_gx = C::<T>::ZERO;
+        for j in 0..d {
+            let xhat = xr[j].compute() * r;
+            sum_gx += dyr[j].compute() * ws[j].compute() * xhat;
+            sums[0][j] += dyr[j].compute() * xhat;
+        }
+        let mean_gx = sum_gx / n;
+        for j in 0..d {
+            let xhat = xr[j].compute() * r;
+            dxr[j] = T::store(r * (dyr[j].compute() * ws[j].compute() - xhat * mean_gx));
+        }
+    });
     dxs.finish();
     store_into::<T>(op, dw, &grads[0])
 }

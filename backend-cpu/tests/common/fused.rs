@@ -154,13 +154,7 @@ pub fn assert_close(what: &str, got: &[f64], want: &[f64], tol: f64) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     let scale = want.iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()));
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let ok = if w.is_nan() {
-            g.is_nan()
-        } else if w.is_infinite() {
-            g == w
-        } else {
-            (g - w).abs() <= tol * (scale + w.abs())
-        };
+        let ok = super::matches(g, w, tol * (scale + w.abs()));
         assert!(ok, "{what}[{i}]: got {g}, want {w} (tol {tol:e}, scale {scale})");
     }
 }

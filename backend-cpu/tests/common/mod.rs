@@ -287,18 +287,24 @@ pub fn expect_err(result: Result<(), BackendError>, kind: ErrorKind, needles: &[
     }
 }
 
+/// Whether `got` matches `want`: NaN only NaN, an infinity only itself, a finite value anything
+/// within `limit` of it (the comparison of both harnesses' `assert_close`).
+pub fn matches(got: f64, want: f64, limit: f64) -> bool {
+    if want.is_nan() {
+        got.is_nan()
+    } else if want.is_infinite() {
+        got == want
+    } else {
+        (got - want).abs() <= limit
+    }
+}
+
 /// Compare elementwise: `|a - e| <= atol + rtol * |e|`, NaN matching NaN and infinities
 /// matching exactly. Panics naming the first bad index.
 pub fn assert_close(actual: &[f64], expected: &[f64], rtol: f64, atol: f64, what: &str) {
     assert_eq!(actual.len(), expected.len(), "{what}: lengths differ");
     for (i, (&a, &e)) in actual.iter().zip(expected).enumerate() {
-        let ok = if e.is_nan() {
-            a.is_nan()
-        } else if e.is_infinite() {
-            a == e
-        } else {
-            (a - e).abs() <= atol + rtol * e.abs()
-        };
+        let ok = matches(a, e, atol + rtol * e.abs());
         assert!(ok, "{what}: element {i}: got {a}, expected {e} (rtol {rtol}, atol {atol})");
     }
 }

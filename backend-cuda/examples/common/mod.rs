@@ -1,4 +1,4 @@
-//! What the GPU checker and the GPU benchmark share: the plugin seen through the wire
+//! What the GPU checkers and the GPU benchmark share: the plugin seen through the wire
 //! interface (as the core sees it), a reproducible random source and byte conversions.
 //! Each example `#[path]`-includes this file; it is not an example of its own.
 
@@ -81,6 +81,23 @@ pub fn random_bytes(rng: &mut Rng, dtype: DType, n: usize, positive: bool) -> Ve
             DType::I32 => out.extend_from_slice(&((x * 15.0) as i32).to_le_bytes()),
             DType::U8 => out.push(((x + 3.0) * 40.0) as u8),
             DType::Bool => out.push((rng.next() & 1) as u8),
+        }
+    }
+    out
+}
+
+/// `xs` as elements of `dtype` (rounded to nearest), little-endian.
+pub fn encode(dtype: DType, xs: &[f64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(xs.len() * dtype.size_in_bytes());
+    for &x in xs {
+        match dtype {
+            DType::F32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
+            DType::F64 => out.extend_from_slice(&x.to_le_bytes()),
+            DType::F16 => out.extend_from_slice(&f16::from_f64(x).to_le_bytes()),
+            DType::BF16 => out.extend_from_slice(&bf16::from_f64(x).to_le_bytes()),
+            DType::I64 => out.extend_from_slice(&(x as i64).to_le_bytes()),
+            DType::I32 => out.extend_from_slice(&(x as i32).to_le_bytes()),
+            DType::U8 | DType::Bool => out.push(x as u8),
         }
     }
     out

@@ -6,7 +6,7 @@
 //! Operands are read and written through their strides (no contiguous copies): a tile's rows
 //! are loaded a warp per row, so views with a dense head dim stay coalesced.
 
-use super::launch::{compute_dtype, grid, launch_1d, Scratch};
+use super::launch::{compute_dtype, grid, launch_1d, with_scratch, Scratch};
 use super::resolve;
 use super::Family;
 use crate::device::CudaDevice;
@@ -257,13 +257,10 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
             // sm_86/sm_89 allow 99 KiB of shared memory per block: too little for the d = 128 dq pass.
             let fits = |tc: &usize| tc_dq_smem(*tc).max(tc_dkv_smem(*tc)) <= device.facts.max_smem_optin;
             let tc = tensor_core_dim(device.facts.arch, &dm, &[q, k, v, d_o], &[dq, dk, dv]).filter(fits);
-            let mut scratch = Scratch::default();
-            let result = match tc {
-                Some(tc) => backward_tc(device, op, &dm, tc, q.dtype, &mut a, &mut scratch),
-                None => backward(device, op, &dm, dmax, q.dtype, &mut a, &mut scratch),
-            };
-            let freed = scratch.free(device);
-            result.and(freed)
+            with_scratch(device, |scratch| match tc {
+                Some(tc) => backward_tc(device, op, &dm, tc, q.dtype, &mut a, scratch),
+                None => backward(device, op, &dm, dmax, q.dtype, &mut a, scratch),
+            })
         }
         Op::MaskedAttention { scale } => {
             let (ins, outs) = resolve(device, inputs, outputs)?;
@@ -290,8 +287,7 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
             a.split = dm.t.div_ceil(splits).max(1) as i64;
             let splits = dm.t.div_ceil(a.split as usize).max(1);
             let elem = compute_dtype(q.dtype).size_in_bytes();
-            let mut scratch = Scratch::default();
-            let result = (|| {
+            with_scratch(device, |scratch| {
                 if splits > 1 {
                     a.partial = scratch.dense(device, compute_dtype(q.dtype), &[rows * splits, dm.d + 2])?.ptr;
                 }
@@ -314,8 +310,7 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
                     launch_1d(device, op.name(), &MODULE, q.dtype, "attn_masked_combine", &mut a, shape)?;
                 }
                 Ok(())
-            })();
-            result.and(scratch.free(device))
+            })
         }
         _ => Err(BackendError::unsupported(format!("cuda: {} is not an attention op", op.name()))),
     }

@@ -6,13 +6,13 @@
 //! data splits every channel's `n` rows over several blocks so that a layer with few channels
 //! still fills the GPU; a small kernel then adds each channel's partial sums in order.
 
-use super::launch::{self, compute_dtype, Scratch};
+use super::launch::{self, compute_dtype, with_scratch};
 use super::{resolve, Family};
 use crate::device::CudaDevice;
 use crate::kernels::Operand;
 use genesis_backend_api::sdk::checks;
 use genesis_backend_api::sdk::domain;
-use genesis_backend_api::{contiguous_strides, BackendError, DType, Op, OpKind, Result, TensorDesc};
+use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
 kernel_module! {
     /// Batch normalization, forward and backward.
@@ -43,10 +43,6 @@ fn claims() -> Vec<(OpKind, DType)> {
     domain::claims(&[Op::BatchNorm { eps: 0.0 }, Op::BatchNormBackward])
 }
 
-fn is_dense(o: &Operand) -> bool {
-    o.numel() <= 1 || o.strides == contiguous_strides(&o.shape)
-}
-
 /// `(rows per split, splits)`: about four blocks per SM over all channels, each block at
 /// least 4096 values, and fewer than 2³¹ values per block (the kernels count in 32 bits).
 fn splits(device: &CudaDevice, [n, c, s]: [usize; 3]) -> (usize, usize) {
@@ -73,13 +69,9 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
     };
     let x = if matches!(op, Op::BatchNorm { .. }) { &ins[0] } else { &ins[1] };
     let (shape, dtype) = ([x.shape[0], x.shape[1], x.shape[2]], x.dtype);
-    let mut scratch = Scratch::default();
-    let mut launch = || -> Result<()> {
+    with_scratch(device, |scratch| {
         let dense_ins = ins.iter().map(|t| scratch.contiguous(device, op, t)).collect::<Result<Vec<_>>>()?;
-        let dense_outs = outs
-            .iter()
-            .map(|t| if is_dense(t) { Ok(t.clone()) } else { scratch.dense(device, t.dtype, &t.shape) })
-            .collect::<Result<Vec<_>>>()?;
+        let dense_outs = outs.iter().map(|t| scratch.dense_output(device, t)).collect::<Result<Vec<_>>>()?;
         let (rows, splits) = splits(device, shape);
         let partial = scratch.dense(device, compute_dtype(dtype), &[shape[1] * splits * 2])?;
         let stats = scratch.dense(device, compute_dtype(dtype), &[shape[1] * 2])?;
@@ -104,44 +96,30 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
             launch::grid(device, (total / if args.packed != 0 { pack as u64 } else { 1 }).div_ceil(256), 8);
         let name = op.name();
         let m = &MODULE;
-        if matches!(op, Op::BatchNorm { .. }) {
+        for (slot, o) in args.p.iter_mut().zip(&operands) {
+            *slot = o.ptr;
+        }
+        // Both directions run the same three passes: per-split sums, a per-channel finalize,
+        // then the elementwise pass.
+        let [sums, finalize, elementwise] = if matches!(op, Op::BatchNorm { .. }) {
             // p: x, w, b, y, mean, rstd, partial, stats (mean and rstd in the compute type)
-            for (slot, o) in args.p.iter_mut().zip(&operands) {
-                *slot = o.ptr;
-            }
             args.p[6] = partial.ptr;
             args.p[7] = stats.ptr;
-            if n * s > 0 {
-                device.launch_grid(name, m, dtype, "bn_stats", &mut args, stats_grid, (THREADS, 1), 0)?;
-            } else {
-                args.splits = 0;
-            }
-            launch::launch_1d(device, name, m, dtype, "bn_finalize", &mut args, (per_channel, 128, 0))?;
-            launch::launch_1d(device, name, m, dtype, "bn_apply", &mut args, (apply_blocks.max(1), 256, 0))?;
+            ["bn_stats", "bn_finalize", "bn_apply"]
         } else {
             // p: dy, x, w, mean, rstd, dx, dw, db, partial
-            for (slot, o) in args.p.iter_mut().zip(&operands) {
-                *slot = o.ptr;
-            }
             args.p[8] = partial.ptr;
-            if n * s > 0 {
-                device.launch_grid(name, m, dtype, "bn_bwd_stats", &mut args, stats_grid, (THREADS, 1), 0)?;
-            } else {
-                args.splits = 0;
-            }
-            launch::launch_1d(device, name, m, dtype, "bn_bwd_finalize", &mut args, (per_channel, 128, 0))?;
-            launch::launch_1d(device, name, m, dtype, "bn_dx", &mut args, (apply_blocks.max(1), 256, 0))?;
+            ["bn_bwd_stats", "bn_bwd_finalize", "bn_dx"]
+        };
+        if n * s > 0 {
+            device.launch_grid(name, m, dtype, sums, &mut args, stats_grid, (THREADS, 1), 0)?;
+        } else {
+            args.splits = 0;
         }
-        for (t, written) in outs.iter().zip(&dense_outs) {
-            if t.ptr != written.ptr {
-                launch::copy(device, op, written, t)?;
-            }
-        }
-        Ok(())
-    };
-    let result = launch();
-    let freed = scratch.free(device);
-    result.and(freed)
+        launch::launch_1d(device, name, m, dtype, finalize, &mut args, (per_channel, 128, 0))?;
+        launch::launch_1d(device, name, m, dtype, elementwise, &mut args, (apply_blocks.max(1), 256, 0))?;
+        launch::copy_back(device, op, &outs, &dense_outs)
+    })
 }
 
 #[cfg(test)]

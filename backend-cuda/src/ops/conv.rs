@@ -10,10 +10,10 @@
 //! matmul. x, dy, y, dx, bias and dbias are used through their strides; the weight is copied
 //! dense when it is not (cuBLAS needs one leading dimension).
 
-use super::launch::{compute_dtype, grid, launch_1d, zero, Scratch};
+use super::launch::{compute_dtype, grid, launch_1d, with_scratch, zero, Scratch};
 use super::resolve;
 use super::Family;
-use crate::blas::{compute, data_type, Blas, Gemm};
+use crate::blas::{data_type, gemm_types, Blas, Gemm};
 use crate::cudnn::{Direction, Dnn, Operands};
 use crate::device::CudaDevice;
 use crate::kernels::Operand;
@@ -145,33 +145,30 @@ fn chunk(g: &Geom, per_sample: usize) -> usize {
 /// Run one convolution op.
 fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     let (ins, outs) = resolve(device, inputs, outputs)?;
-    let mut scratch = Scratch::default();
-    let result = match *op {
+    with_scratch(device, |scratch| match *op {
         Op::Conv2d { window, groups } => {
             let (g, ([x, w, y], bias)) = Geom::forward(op, &window, groups, &ins, &outs)?;
             if with_cudnn(device, Direction::Forward, &g, Operands { x, w, y, bias })? {
                 return Ok(());
             }
-            forward(device, op, &g, x, w, bias, y, &mut scratch)
+            forward(device, op, &g, x, w, bias, y, scratch)
         }
         Op::Conv2dBackwardInput { window, groups } => {
             let (g, [dy, w, dx]) = Geom::backward_input(op, &window, groups, &ins, &outs)?;
             if with_cudnn(device, Direction::BackwardData, &g, Operands { x: dx, w, y: dy, bias: None })? {
                 return Ok(());
             }
-            backward_input(device, op, &g, dy, w, dx, &mut scratch)
+            backward_input(device, op, &g, dy, w, dx, scratch)
         }
         Op::Conv2dBackwardWeight { window, groups } => {
             let (g, ([dy, x, dw], db)) = Geom::backward_weight(op, &window, groups, &ins, &outs)?;
             if with_cudnn(device, Direction::BackwardFilter, &g, Operands { x, w: dw, y: dy, bias: db })? {
                 return Ok(());
             }
-            backward_weight(device, op, &g, dy, x, dw, db, &mut scratch)
+            backward_weight(device, op, &g, dy, x, dw, db, scratch)
         }
         _ => Err(BackendError::unsupported(format!("cuda: {} is not a convolution", op.name()))),
-    };
-    let freed = scratch.free(device);
-    result.and(freed)
+    })
 }
 
 /// Run a convolution through cuDNN when the library is there and takes the problem; `false`
@@ -185,20 +182,6 @@ fn with_cudnn(device: &CudaDevice, direction: Direction, g: &Geom, ops: Operands
 
 fn blas(device: &CudaDevice) -> Result<&Blas> {
     device.blas.get_or_init(|| Blas::open(device.stream() as *mut _)).as_ref().map_err(Clone::clone)
-}
-
-/// cuBLAS data type of T, and the compute type of its products.
-fn gemm_types(dtype: DType) -> Result<(i32, i32)> {
-    Ok(match dtype {
-        DType::F32 if std::env::var_os("GENESIS_CUDA_ALLOW_TF32").is_some_and(|v| v != "0") => {
-            (data_type::R_32F, compute::F32_FAST_TF32)
-        }
-        DType::F32 => (data_type::R_32F, compute::F32),
-        DType::F64 => (data_type::R_64F, compute::F64),
-        DType::F16 => (data_type::R_16F, compute::F32),
-        DType::BF16 => (data_type::R_16BF, compute::F32),
-        other => return Err(BackendError::unsupported(format!("cuda: convolution is not implemented for {other}"))),
-    })
 }
 
 /// cuBLAS data type of the compute type of `dtype` (the accumulators' C).
@@ -238,7 +221,7 @@ fn product(
             ))
         })
     };
-    let (dtype_code, compute_type) = gemm_types(dtype)?;
+    let (dtype_code, compute_type) = gemm_types(dtype, "convolution")?;
     let g = Gemm {
         trans: (a.0, b.0),
         m: fits(m)?,

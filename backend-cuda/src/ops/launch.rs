@@ -1,5 +1,6 @@
-//! Launch helpers shared by the attention, convolution and pooling families: grids, compute
-//! types, scratch buffers and 1-D launches. (Their operand checks are the SDK's `sdk::checks`.)
+//! Launch helpers shared by the kernel families: grids, compute types, scratch buffers (and
+//! outputs written through them) and 1-D launches. (Their operand checks are the SDK's
+//! `sdk::checks`.)
 
 use crate::device::CudaDevice;
 use crate::kernels::{set_geometry, Args, Module, Operand};
@@ -36,12 +37,22 @@ impl Scratch {
     /// `x` itself when it is dense row-major, else a dense copy of it (with the elementwise
     /// module's strided copy kernel).
     pub fn contiguous(&mut self, device: &CudaDevice, op: &Op, x: &Operand) -> Result<Operand> {
-        if x.strides == contiguous_strides(&x.shape) || x.numel() <= 1 {
+        if is_dense(x) {
             return Ok(x.clone());
         }
         let y = self.dense(device, x.dtype, &x.shape)?;
         copy(device, op, x, &y)?;
         Ok(y)
+    }
+
+    /// Where kernels that take dense operands write output `y`: `y` itself when it is dense
+    /// row-major, else a dense scratch buffer that `copy_back` then copies into `y`.
+    pub fn dense_output(&mut self, device: &CudaDevice, y: &Operand) -> Result<Operand> {
+        if is_dense(y) {
+            Ok(y.clone())
+        } else {
+            self.dense(device, y.dtype, &y.shape)
+        }
     }
 
     /// Free every buffer; the first error wins.
@@ -55,6 +66,31 @@ impl Scratch {
         }
         result
     }
+}
+
+/// Runs `body` with a fresh scratch set and frees the set afterwards, whether or not `body`
+/// failed; the body's error wins over the free's.
+pub fn with_scratch<T>(device: &CudaDevice, body: impl FnOnce(&mut Scratch) -> Result<T>) -> Result<T> {
+    let mut scratch = Scratch::default();
+    let result = body(&mut scratch);
+    let freed = scratch.free(device);
+    result.and_then(|value| freed.map(|()| value))
+}
+
+/// Whether `x` is dense row-major (an operand of at most one element is, whatever its strides).
+pub fn is_dense(x: &Operand) -> bool {
+    x.numel() <= 1 || x.strides == contiguous_strides(&x.shape)
+}
+
+/// The last step of an op whose kernels wrote through `Scratch::dense_output`: copies each
+/// scratch output in `written` into the output of `outs` it stands for.
+pub fn copy_back(device: &CudaDevice, op: &Op, outs: &[Operand], written: &[Operand]) -> Result<()> {
+    for (y, w) in outs.iter().zip(written) {
+        if y.ptr != w.ptr {
+            copy(device, op, w, y)?;
+        }
+    }
+    Ok(())
 }
 
 /// `y = x` elementwise (same shape and dtype, any strides) with the strided copy kernel.

@@ -8,7 +8,7 @@
 
 use super::launch;
 use super::{arity, Family};
-use crate::blas::{compute, data_type, Blas, Gemm};
+use crate::blas::{gemm_types, Blas, Gemm};
 use crate::device::CudaDevice;
 use crate::kernels::{merge_dims, set_geometry, Args, Operand};
 use genesis_backend_api::{contiguous_strides, BackendError, BufferId, DType, Op, OpKind, Result, TensorDesc};
@@ -246,16 +246,7 @@ fn product(
         }
     };
     let (yo, ld_y) = out;
-    let (dtype_code, compute_type) = match a.dtype {
-        DType::F32 if std::env::var_os("GENESIS_CUDA_ALLOW_TF32").is_some_and(|v| v != "0") => {
-            (data_type::R_32F, compute::F32_FAST_TF32)
-        }
-        DType::F32 => (data_type::R_32F, compute::F32),
-        DType::F64 => (data_type::R_64F, compute::F64),
-        DType::F16 => (data_type::R_16F, compute::F32),
-        DType::BF16 => (data_type::R_16BF, compute::F32),
-        other => return Err(BackendError::unsupported(format!("cuda: matmul is not implemented for {other}"))),
-    };
+    let (dtype_code, compute_type) = gemm_types(a.dtype, "matmul")?;
     // Batch dims merged across the three operands; all but the last merged dim loop here.
     let batch_shape = &yo.shape[..r - 2];
     let (bshape, bstrides) = merge_dims(batch_shape, &[&a.strides[..r - 2], &b.strides[..r - 2], &yo.strides[..r - 2]]);

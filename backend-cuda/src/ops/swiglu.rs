@@ -5,13 +5,13 @@
 //! dense tensors and the gate and up halves of one stacked projection; any other layout is
 //! copied to dense scratch buffers first (inputs) or written through one (outputs).
 
-use super::launch::{self, Scratch};
+use super::launch::{self, with_scratch};
 use super::{resolve, Family};
 use crate::device::CudaDevice;
 use crate::kernels::{merge_dims, Operand};
 use genesis_backend_api::sdk::checks;
 use genesis_backend_api::sdk::domain;
-use genesis_backend_api::{contiguous_strides, BackendError, DType, Op, OpKind, Result, TensorDesc};
+use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
 kernel_module! {
     /// SwiGLU, forward and backward.
@@ -34,10 +34,6 @@ struct SwiGluArgs {
 /// What this family runs.
 fn claims() -> Vec<(OpKind, DType)> {
     domain::claims(&[Op::SwiGlu, Op::SwiGluBackward])
-}
-
-fn is_dense(o: &Operand) -> bool {
-    o.numel() <= 1 || o.strides == contiguous_strides(&o.shape)
 }
 
 /// The operands as rows: `(d, row strides)` when every operand is rows of `d` contiguous
@@ -83,18 +79,14 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
     if n == 0 {
         return Ok(());
     }
-    let mut scratch = Scratch::default();
-    let mut launch = || -> Result<()> {
+    with_scratch(device, |scratch| {
         let all: Vec<&Operand> = ins.iter().chain(outs).collect();
         // Rows as they are, or dense copies when the layout is more irregular.
         let (dense_ins, dense_outs) = if rows(&all).is_some() {
             (ins.to_vec(), outs.to_vec())
         } else {
             let dense_ins = ins.iter().map(|x| scratch.contiguous(device, op, x)).collect::<Result<Vec<_>>>()?;
-            let dense_outs = outs
-                .iter()
-                .map(|y| if is_dense(y) { Ok(y.clone()) } else { scratch.dense(device, dtype, &y.shape) })
-                .collect::<Result<Vec<_>>>()?;
+            let dense_outs = outs.iter().map(|y| scratch.dense_output(device, y)).collect::<Result<Vec<_>>>()?;
             (dense_ins, dense_outs)
         };
         let operands: Vec<&Operand> = dense_ins.iter().chain(&dense_outs).collect();
@@ -109,16 +101,8 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
         let work = n.div_ceil(if packed { pack } else { 1 }) as u64;
         let blocks = launch::grid(device, work.div_ceil(256), 32).max(1);
         launch::launch_1d(device, op.name(), &MODULE, dtype, kernel, &mut args, (blocks, 256, 0))?;
-        for (y, written) in outs.iter().zip(&dense_outs) {
-            if y.ptr != written.ptr {
-                launch::copy(device, op, written, y)?;
-            }
-        }
-        Ok(())
-    };
-    let result = launch();
-    let freed = scratch.free(device);
-    result.and(freed)
+        launch::copy_back(device, op, outs, &dense_outs)
+    })
 }
 
 #[cfg(test)]

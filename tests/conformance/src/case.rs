@@ -205,6 +205,13 @@ pub struct OpCase {
     pub expected: Vec<Option<Expected>>,
 }
 
+impl OpCase {
+    /// A case with one output, checked against `expected`.
+    pub fn single(op: Op, inputs: Vec<Spec>, output: Spec, expected: Expected) -> OpCase {
+        OpCase { op, inputs, outputs: vec![output], expected: vec![Some(expected)] }
+    }
+}
+
 /// Run `case` on `target`: place operands, execute, compare outputs and guard regions.
 /// An `Unsupported` error becomes `NotSupported`; the caller turns that into a failure when
 /// the pair is claimed.

@@ -20,6 +20,48 @@ fn tap(o: usize, k: usize, stride: i64, pad: i64, dil: i64, n: usize) -> Option<
     (0..n as i64).contains(&at).then_some(at as usize)
 }
 
+/// Output extents `(oh, ow)` of a pooling window over `x (.., h, w)` with `dilation` (the
+/// window's for max pooling; average pooling has none, 1).
+fn pool_out(xs: [usize; 4], win: &Window2d, dilation: [i64; 2]) -> (usize, usize) {
+    let [kh, kw] = [win.kernel[0] as usize, win.kernel[1] as usize];
+    (
+        out_len(xs[2], kh, win.stride[0], win.padding[0], dilation[0]),
+        out_len(xs[3], kw, win.stride[1], win.padding[1], dilation[1]),
+    )
+}
+
+/// The number of outputs of a pooling window over `x (n, c, h, w)` (see [`pool_out`]).
+fn pool_outputs(xs: [usize; 4], win: &Window2d, dilation: [i64; 2]) -> usize {
+    let (oh, ow) = pool_out(xs, win, dilation);
+    xs[0] * xs[1] * oh * ow
+}
+
+/// Visit every in-bounds (output position, input position) pair of a pooling window over the
+/// planes of `x (n, c, h, w)`: `f(y index, x index, input position in its plane)`, flat and
+/// row-major, each output's taps in row-major window order.
+fn pool_taps(xs: [usize; 4], win: &Window2d, dilation: [i64; 2], mut f: impl FnMut(usize, usize, usize)) {
+    let [n, c, h, w] = xs;
+    let [kh, kw] = [win.kernel[0] as usize, win.kernel[1] as usize];
+    let (oh, ow) = pool_out(xs, win, dilation);
+    for plane in 0..n * c {
+        for i in 0..oh {
+            for j in 0..ow {
+                let yi = (plane * oh + i) * ow + j;
+                for ki in 0..kh {
+                    for kj in 0..kw {
+                        if let (Some(r), Some(s)) = (
+                            tap(i, ki, win.stride[0], win.padding[0], dilation[0], h),
+                            tap(j, kj, win.stride[1], win.padding[1], dilation[1], w),
+                        ) {
+                            f(yi, plane * h * w + r * w + s, r * w + s);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// `conv2d(x (n,c,h,w), weight (o,c/g,kh,kw), bias)`: `(y, Σ|terms|, K)`.
 #[allow(clippy::too_many_arguments)]
 pub fn conv2d(
@@ -31,105 +73,37 @@ pub fn conv2d(
     win: &Window2d,
     groups: usize,
 ) -> (Vec<f64>, Vec<f64>, usize) {
-    let [n, c, h, wd] = xs;
-    let [o, cpg, kh, kw] = ws;
-    let (oh, ow) = (
-        out_len(h, kh, win.stride[0], win.padding[0], win.dilation[0]),
-        out_len(wd, kw, win.stride[1], win.padding[1], win.dilation[1]),
-    );
-    let opg = o / groups;
-    let (mut y, mut mag) = (Vec::new(), Vec::new());
-    for b in 0..n {
-        for oc in 0..o {
-            let g = oc / opg;
-            for i in 0..oh {
-                for j in 0..ow {
-                    let mut terms = vec![bias.map_or(0.0, |bs| bs[oc])];
-                    for ci in 0..cpg {
-                        for ki in 0..kh {
-                            for kj in 0..kw {
-                                let (Some(r), Some(s)) = (
-                                    tap(i, ki, win.stride[0], win.padding[0], win.dilation[0], h),
-                                    tap(j, kj, win.stride[1], win.padding[1], win.dilation[1], wd),
-                                ) else {
-                                    continue;
-                                };
-                                let xv = x[((b * c + g * cpg + ci) * h + r) * wd + s];
-                                terms.push(xv * w[((oc * cpg + ci) * kh + ki) * kw + kj]);
-                            }
-                        }
-                    }
-                    y.push(sum(&terms));
-                    mag.push(terms.iter().map(|t| t.abs()).sum());
-                }
-            }
-        }
-    }
-    (y, mag, cpg * kh * kw + 1)
+    let (oh, ow) = conv_out(xs, ws, win);
+    let (plane, o) = (oh * ow, ws[0]);
+    // Each output's terms: its bias, then its products in `conv_taps`' order.
+    let mut terms: Vec<Vec<f64>> =
+        (0..xs[0] * o * plane).map(|yi| vec![bias.map_or(0.0, |bs| bs[yi / plane % o])]).collect();
+    conv_taps(xs, ws, win, groups, |yi, xi, wi| terms[yi].push(x[xi] * w[wi]));
+    let (y, mag, _) = finish(terms);
+    (y, mag, ws[1] * ws[2] * ws[3] + 1)
 }
 
 /// Max pooling with -inf padding: `(y, argmax as ih*w+iw)`; NaN wins, first maximum on ties.
 pub fn max_pool2d(x: &[f64], xs: [usize; 4], win: &Window2d) -> (Vec<f64>, Vec<f64>) {
-    let [n, c, h, w] = xs;
-    let [kh, kw] = [win.kernel[0] as usize, win.kernel[1] as usize];
-    let (oh, ow) = (
-        out_len(h, kh, win.stride[0], win.padding[0], win.dilation[0]),
-        out_len(w, kw, win.stride[1], win.padding[1], win.dilation[1]),
-    );
-    let (mut y, mut arg) = (Vec::new(), Vec::new());
-    for plane in 0..n * c {
-        for i in 0..oh {
-            for j in 0..ow {
-                let (mut best, mut at) = (f64::NEG_INFINITY, None);
-                for ki in 0..kh {
-                    for kj in 0..kw {
-                        let (Some(r), Some(s)) = (
-                            tap(i, ki, win.stride[0], win.padding[0], win.dilation[0], h),
-                            tap(j, kj, win.stride[1], win.padding[1], win.dilation[1], w),
-                        ) else {
-                            continue;
-                        };
-                        let v = x[plane * h * w + r * w + s];
-                        if at.is_none() || (!best.is_nan() && (v.is_nan() || v > best)) {
-                            best = v;
-                            at = Some(r * w + s);
-                        }
-                    }
-                }
-                y.push(best);
-                arg.push(at.map_or(-1.0, |a| a as f64));
-            }
+    let outputs = pool_outputs(xs, win, win.dilation);
+    let (mut y, mut at) = (vec![f64::NEG_INFINITY; outputs], vec![None; outputs]);
+    pool_taps(xs, win, win.dilation, |yi, xi, p| {
+        let v = x[xi];
+        if at[yi].is_none() || (!y[yi].is_nan() && (v.is_nan() || v > y[yi])) {
+            y[yi] = v;
+            at[yi] = Some(p);
         }
-    }
-    (y, arg)
+    });
+    (y, at.iter().map(|a| a.map_or(-1.0, |a| a as f64)).collect())
 }
 
 /// Average pooling with zero padding counted in the divisor: `(y, Σ|terms|/K, K)`.
 pub fn avg_pool2d(x: &[f64], xs: [usize; 4], win: &Window2d) -> (Vec<f64>, Vec<f64>, usize) {
-    let [n, c, h, w] = xs;
-    let [kh, kw] = [win.kernel[0] as usize, win.kernel[1] as usize];
-    let (oh, ow) = (out_len(h, kh, win.stride[0], win.padding[0], 1), out_len(w, kw, win.stride[1], win.padding[1], 1));
-    let k = kh * kw;
-    let (mut y, mut mag) = (Vec::new(), Vec::new());
-    for plane in 0..n * c {
-        for i in 0..oh {
-            for j in 0..ow {
-                let mut terms = Vec::new();
-                for ki in 0..kh {
-                    for kj in 0..kw {
-                        if let (Some(r), Some(s)) = (
-                            tap(i, ki, win.stride[0], win.padding[0], 1, h),
-                            tap(j, kj, win.stride[1], win.padding[1], 1, w),
-                        ) {
-                            terms.push(x[plane * h * w + r * w + s]);
-                        }
-                    }
-                }
-                y.push(sum(&terms) / k as f64);
-                mag.push(terms.iter().map(|t| t.abs()).sum::<f64>() / k as f64);
-            }
-        }
-    }
+    let k = (win.kernel[0] * win.kernel[1]) as usize;
+    let mut terms = vec![Vec::new(); pool_outputs(xs, win, [1, 1])];
+    pool_taps(xs, win, [1, 1], |yi, xi, _| terms[yi].push(x[xi]));
+    let y = terms.iter().map(|t| sum(t) / k as f64).collect();
+    let mag = terms.iter().map(|t| t.iter().map(|v| v.abs()).sum::<f64>() / k as f64).collect();
     (y, mag, k)
 }
 
@@ -232,27 +206,9 @@ pub fn max_pool2d_vjp(dy: &[f64], argmax: &[f64], xs: [usize; 4]) -> (Vec<f64>, 
 /// `dy/(kh·kw)` over its in-bounds taps: `(dx, Σ|terms|, K)`, K the most windows covering one
 /// element.
 pub fn avg_pool2d_vjp(dy: &[f64], xs: [usize; 4], win: &Window2d) -> (Vec<f64>, Vec<f64>, usize) {
-    let [n, c, h, w] = xs;
-    let [kh, kw] = [win.kernel[0] as usize, win.kernel[1] as usize];
-    let (oh, ow) = (out_len(h, kh, win.stride[0], win.padding[0], 1), out_len(w, kw, win.stride[1], win.padding[1], 1));
-    let mut terms = vec![Vec::new(); n * c * h * w];
-    for plane in 0..n * c {
-        for i in 0..oh {
-            for j in 0..ow {
-                let share = dy[(plane * oh + i) * ow + j] / (kh * kw) as f64;
-                for ki in 0..kh {
-                    for kj in 0..kw {
-                        if let (Some(r), Some(s)) = (
-                            tap(i, ki, win.stride[0], win.padding[0], 1, h),
-                            tap(j, kj, win.stride[1], win.padding[1], 1, w),
-                        ) {
-                            terms[plane * h * w + r * w + s].push(share);
-                        }
-                    }
-                }
-            }
-        }
-    }
+    let k = (win.kernel[0] * win.kernel[1]) as f64;
+    let mut terms = vec![Vec::new(); xs.iter().product()];
+    pool_taps(xs, win, [1, 1], |yi, xi, _| terms[xi].push(dy[yi] / k));
     finish(terms)
 }
 

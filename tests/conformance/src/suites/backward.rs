@@ -2,6 +2,7 @@
 //! products (themselves checked by finite differences in the oracle's tests). Each depends
 //! on its forward op passing for the dtype.
 
+use super::nn::cross_entropy_inputs;
 use super::op_cases;
 use crate::case::{Case, OpCase, Tier};
 use crate::gen::{tensor, ValueRange};
@@ -55,16 +56,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                     };
                     let exp = Expected::normalized(dtype, dx, n, 2.0);
                     let ys = Spec::new(dtype, &shape, y);
-                    (
-                        sample.to_string(),
-                        Tier::Core,
-                        OpCase {
-                            op,
-                            inputs: vec![ys, dy],
-                            outputs: vec![Spec::out(dtype, &shape)],
-                            expected: vec![Some(exp)],
-                        },
-                    )
+                    (sample.to_string(), Tier::Core, OpCase::single(op, vec![ys, dy], Spec::out(dtype, &shape), exp))
                 })
                 .collect()
         }));
@@ -198,10 +190,8 @@ pub fn cases(t: &Target) -> Vec<Case> {
             [(0.0, "plain"), (0.1, "label_smoothing")]
                 .into_iter()
                 .map(|(smoothing, sample)| {
-                    let (n, c) = (6usize, 10usize);
-                    let x = tensor(rng, dtype, &[n, c], Layout::Contiguous, ValueRange::normal(3.0));
-                    let mut target: Vec<f64> = (0..n).map(|_| rng.below(c) as f64).collect();
-                    target[4] = -100.0;
+                    let (x, target) = cross_entropy_inputs(rng, dtype, 4);
+                    let (n, c) = (x.shape[0], x.shape[1]);
                     let (_, lse) = cross_entropy(&x.values, &target, c, -100, smoothing);
                     let dloss: Vec<f64> = (0..n).map(|_| quantize(DType::F32, rng.normal())).collect();
                     let d = cross_entropy_vjp(&x.values, &target, &dloss, c, -100, smoothing);
@@ -215,12 +205,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                     (
                         sample.to_string(),
                         Tier::Core,
-                        OpCase {
-                            op: ceb(smoothing),
-                            inputs,
-                            outputs: vec![Spec::out(dtype, &[n, c])],
-                            expected: vec![Some(exp)],
-                        },
+                        OpCase::single(ceb(smoothing), inputs, Spec::out(dtype, &[n, c]), exp),
                     )
                 })
                 .collect()
@@ -352,12 +337,12 @@ fn conv_cases(t: &Target) -> Vec<Case> {
                     let dy = tensor(rng, dtype, &[xs[0], ws[0], oh, ow], dy_layout, r);
                     let w = tensor(rng, dtype, &ws, Layout::Offset, r);
                     let (dx, mag, k) = conv2d_vjp_input(&dy.values, &w.values, xs, ws, &win, groups);
-                    let case = OpCase {
-                        op: bwd_in(win, groups),
-                        inputs: vec![dy, w],
-                        outputs: vec![Spec::out(dtype, &xs)],
-                        expected: vec![Some(Expected::accumulated(dtype, dx, &mag, k, 1.0))],
-                    };
+                    let case = OpCase::single(
+                        bwd_in(win, groups),
+                        vec![dy, w],
+                        Spec::out(dtype, &xs),
+                        Expected::accumulated(dtype, dx, &mag, k, 1.0),
+                    );
                     (name.to_string(), Tier::Core, case)
                 })
                 .collect()
@@ -435,12 +420,12 @@ fn pool_cases(t: &Target) -> Vec<Case> {
                 let ys = out_shape(&win);
                 let dy = tensor(rng, dtype, &ys, if ties { Layout::Strided } else { Layout::Contiguous }, r);
                 let (dx, mag, k) = max_pool2d_vjp(&dy.values, &argmax, xs);
-                let case = OpCase {
-                    op: Op::MaxPool2dBackward { window: win },
-                    inputs: vec![dy, Spec::new(DType::I64, &ys, argmax)],
-                    outputs: vec![Spec::out(dtype, &xs)],
-                    expected: vec![Some(Expected::accumulated(dtype, dx, &mag, k, 1.0))],
-                };
+                let case = OpCase::single(
+                    Op::MaxPool2dBackward { window: win },
+                    vec![dy, Spec::new(DType::I64, &ys, argmax)],
+                    Spec::out(dtype, &xs),
+                    Expected::accumulated(dtype, dx, &mag, k, 1.0),
+                );
                 (name.to_string(), Tier::Core, case)
             })
             .collect()
@@ -463,12 +448,12 @@ fn pool_cases(t: &Target) -> Vec<Case> {
             .map(|(name, win)| {
                 let dy = tensor(rng, dtype, &out_shape(&win), Layout::Offset, r);
                 let (dx, mag, k) = avg_pool2d_vjp(&dy.values, xs, &win);
-                let case = OpCase {
-                    op: Op::AvgPool2dBackward { window: win },
-                    inputs: vec![dy],
-                    outputs: vec![Spec::out(dtype, &xs)],
-                    expected: vec![Some(Expected::accumulated(dtype, dx, &mag, k, 1.0))],
-                };
+                let case = OpCase::single(
+                    Op::AvgPool2dBackward { window: win },
+                    vec![dy],
+                    Spec::out(dtype, &xs),
+                    Expected::accumulated(dtype, dx, &mag, k, 1.0),
+                );
                 (name.to_string(), Tier::Core, case)
             })
             .collect()

@@ -49,12 +49,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 (
                     name.to_string(),
                     Tier::Core,
-                    OpCase {
-                        op: Op::Conv2d { window, groups: groups as u32 },
-                        inputs,
-                        outputs: vec![out],
-                        expected: vec![Some(exp)],
-                    },
+                    OpCase::single(Op::Conv2d { window, groups: groups as u32 }, inputs, out, exp),
                 )
             })
             .collect()
@@ -118,12 +113,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                     (
                         name.to_string(),
                         Tier::Core,
-                        OpCase {
-                            op: Op::AvgPool2d { window },
-                            inputs: vec![x],
-                            outputs: vec![Spec::out(dtype, &[2, 3, oh, ow])],
-                            expected: vec![Some(exp)],
-                        },
+                        OpCase::single(Op::AvgPool2d { window }, vec![x], Spec::out(dtype, &[2, 3, oh, ow]), exp),
                     )
                 })
                 .collect()

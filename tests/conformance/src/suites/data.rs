@@ -11,7 +11,7 @@ use genesis_backend_api::{DType, Op};
 fn copy_case(input: Spec, out_layout: Layout) -> OpCase {
     let expected = Expected::exact_signed(input.dtype, input.values.clone());
     let out = Spec::out(input.dtype, &input.shape).with_layout(out_layout);
-    OpCase { op: Op::Copy, inputs: vec![input], outputs: vec![out], expected: vec![Some(expected)] }
+    OpCase::single(Op::Copy, vec![input], out, expected)
 }
 
 pub fn cases(t: &Target) -> Vec<Case> {
@@ -58,11 +58,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 let exp =
                     if to.is_float() { Expected::exact_signed(to, expected) } else { Expected::exact(to, expected) };
                 let out = Spec::out(to, &x.shape);
-                (
-                    format!("to_{}", short_name(to)),
-                    Tier::Core,
-                    OpCase { op: Op::Cast, inputs: vec![x], outputs: vec![out], expected: vec![Some(exp)] },
-                )
+                (format!("to_{}", short_name(to)), Tier::Core, OpCase::single(Op::Cast, vec![x], out, exp))
             })
             .collect()
     }));
@@ -83,11 +79,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 let n: usize = shape.iter().product();
                 let exp = Expected::exact_signed(dtype, vec![quantize(dtype, value); n]);
                 let out = Spec::out(dtype, &shape).with_layout(layout);
-                (
-                    format!("value{i}"),
-                    Tier::Core,
-                    OpCase { op: Op::Fill { value }, inputs: vec![], outputs: vec![out], expected: vec![Some(exp)] },
-                )
+                (format!("value{i}"), Tier::Core, OpCase::single(Op::Fill { value }, vec![], out, exp))
             })
             .collect()
     }));
@@ -112,16 +104,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 let values: Vec<f64> = (0..n).map(|i| start + i as f64 * step).collect();
                 let exp = Expected::correctly_rounded(dtype, values);
                 let out = Spec::out(dtype, &[n]).with_layout(layout);
-                (
-                    name.to_string(),
-                    Tier::Core,
-                    OpCase {
-                        op: Op::Arange { start, step },
-                        inputs: vec![],
-                        outputs: vec![out],
-                        expected: vec![Some(exp)],
-                    },
-                )
+                (name.to_string(), Tier::Core, OpCase::single(Op::Arange { start, step }, vec![], out, exp))
             })
             .collect()
         },

@@ -107,16 +107,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                         let values = s.inputs[0].values.iter().map(|&x| unary(u, x)).collect();
                         let exp = unary_expected(u, out_dtype, values);
                         let out = Spec::out(out_dtype, &s.out_shape).with_layout(s.out_layout);
-                        (
-                            s.name,
-                            s.tier,
-                            OpCase {
-                                op: Op::Unary(u),
-                                inputs: s.inputs,
-                                outputs: vec![out],
-                                expected: vec![Some(exp)],
-                            },
-                        )
+                        (s.name, s.tier, OpCase::single(Op::Unary(u), s.inputs, out, exp))
                     })
                     .collect()
             },
@@ -137,16 +128,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                     .map(|s| {
                         let exp = binary_expected(b, dtype, &s.inputs[0].values, &s.inputs[1].values, false);
                         let out = Spec::out(out_dtype(dtype), &s.out_shape).with_layout(s.out_layout);
-                        (
-                            s.name,
-                            s.tier,
-                            OpCase {
-                                op: Op::Binary(b),
-                                inputs: s.inputs,
-                                outputs: vec![out],
-                                expected: vec![Some(exp)],
-                            },
-                        )
+                        (s.name, s.tier, OpCase::single(Op::Binary(b), s.inputs, out, exp))
                     })
                     .collect()
             },
@@ -173,11 +155,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                         let exp = binary_expected(b, dtype, &x.values, &s, scalar_first);
                         let out = Spec::out(out_dtype(dtype), &x.shape);
                         let op = Op::BinaryScalar { op: b, scalar, scalar_first };
-                        (
-                            sample.to_string(),
-                            Tier::Core,
-                            OpCase { op, inputs: vec![x], outputs: vec![out], expected: vec![Some(exp)] },
-                        )
+                        (sample.to_string(), Tier::Core, OpCase::single(op, vec![x], out, exp))
                     })
                     .collect()
             },
@@ -212,12 +190,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                     (
                         format!("{name}_{}", s.name),
                         s.tier,
-                        OpCase {
-                            op: Op::Clamp { min: lo, max: hi },
-                            inputs: s.inputs,
-                            outputs: vec![out],
-                            expected: vec![Some(exp)],
-                        },
+                        OpCase::single(Op::Clamp { min: lo, max: hi }, s.inputs, out, exp),
                     )
                 })
                 .collect()
@@ -245,11 +218,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 .collect();
             let exp = Expected::exact_signed(values_dtype, values);
             let y = Spec::out(values_dtype, &[6, 5]);
-            out.push((
-                name.to_string(),
-                Tier::Core,
-                OpCase { op: Op::Where, inputs: vec![cond, a, b], outputs: vec![y], expected: vec![Some(exp)] },
-            ));
+            out.push((name.to_string(), Tier::Core, OpCase::single(Op::Where, vec![cond, a, b], y, exp)));
         }
         out
     }));

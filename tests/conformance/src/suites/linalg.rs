@@ -18,7 +18,7 @@ fn matmul_case(rng: &mut Rng, dtype: DType, batch: &[usize], mkn: [usize; 3], la
     let (y, mag) = matmul(&a.values, &b.values, nb, m, k, n);
     let exp = Expected::accumulated(dtype, y, &mag, k, 1.0);
     let out = Spec::out(dtype, &[batch, &[m, n]].concat());
-    OpCase { op: Op::Matmul, inputs: vec![a, b], outputs: vec![out], expected: vec![Some(exp)] }
+    OpCase::single(Op::Matmul, vec![a, b], out, exp)
 }
 
 fn index_values(rng: &mut Rng, n: usize, bound: usize) -> Vec<f64> {
@@ -67,16 +67,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                     .collect();
                 let exp = Expected::exact_signed(dtype, values);
                 let out = Spec::out(dtype, &ishape);
-                (
-                    name.to_string(),
-                    Tier::Core,
-                    OpCase {
-                        op: Op::Gather { dim },
-                        inputs: vec![x, idx],
-                        outputs: vec![out],
-                        expected: vec![Some(exp)],
-                    },
-                )
+                (name.to_string(), Tier::Core, OpCase::single(Op::Gather { dim }, vec![x, idx], out, exp))
             })
             .collect()
     }));
@@ -105,16 +96,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                         .collect();
                     let exp = Expected::exact_signed(dtype, values);
                     let out = Spec::out(dtype, &oshape);
-                    (
-                        name.to_string(),
-                        Tier::Core,
-                        OpCase {
-                            op: Op::IndexSelect { dim },
-                            inputs: vec![x, idx],
-                            outputs: vec![out],
-                            expected: vec![Some(exp)],
-                        },
-                    )
+                    (name.to_string(), Tier::Core, OpCase::single(Op::IndexSelect { dim }, vec![x, idx], out, exp))
                 })
                 .collect()
         },
@@ -140,12 +122,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
             vec![(
                 "dim0_duplicates".to_string(),
                 Tier::Core,
-                OpCase {
-                    op: Op::ScatterAdd { dim: 0 },
-                    inputs: vec![src, idx],
-                    outputs: vec![y0],
-                    expected: vec![Some(exp)],
-                },
+                OpCase::single(Op::ScatterAdd { dim: 0 }, vec![src, idx], y0, exp),
             )]
         },
     ));
@@ -172,12 +149,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
             vec![(
                 "dim0_duplicates".to_string(),
                 Tier::Core,
-                OpCase {
-                    op: Op::IndexAdd { dim: 0 },
-                    inputs: vec![src, idx],
-                    outputs: vec![y0],
-                    expected: vec![Some(exp)],
-                },
+                OpCase::single(Op::IndexAdd { dim: 0 }, vec![src, idx], y0, exp),
             )]
         },
     ));

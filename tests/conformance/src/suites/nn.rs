@@ -38,6 +38,16 @@ pub fn softmax_inputs(rng: &mut Rng, dtype: DType) -> Vec<(String, Tier, Spec)> 
     ]
 }
 
+/// The inputs of the cross-entropy cases, forward and backward: `(6, 10)` logits of `dtype`
+/// and a target class per row, with row `ignored` set to the ignore index -100.
+pub fn cross_entropy_inputs(rng: &mut Rng, dtype: DType, ignored: usize) -> (Spec, Vec<f64>) {
+    let (n, c) = (6usize, 10usize);
+    let x = tensor(rng, dtype, &[n, c], Layout::Contiguous, ValueRange::normal(3.0));
+    let mut target: Vec<f64> = (0..n).map(|_| rng.below(c) as f64).collect();
+    target[ignored] = -100.0;
+    (x, target)
+}
+
 pub fn cases(t: &Target) -> Vec<Case> {
     let mut cases = Vec::new();
     for (name, op) in [("softmax", Op::Softmax), ("log_softmax", Op::LogSoftmax)] {
@@ -49,7 +59,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                     let y = if op == Op::Softmax { softmax(&x.values, n) } else { log_softmax(&x.values, n) };
                     let exp = Expected::normalized(dtype, y, n, 1.0);
                     let out = Spec::out(dtype, &x.shape);
-                    (sample, tier, OpCase { op, inputs: vec![x], outputs: vec![out], expected: vec![Some(exp)] })
+                    (sample, tier, OpCase::single(op, vec![x], out, exp))
                 })
                 .collect()
         }));
@@ -142,10 +152,8 @@ pub fn cases(t: &Target) -> Vec<Case> {
         [(0.0, "plain"), (0.1, "label_smoothing")]
             .into_iter()
             .map(|(smoothing, sample)| {
-                let (n, c) = (6usize, 10usize);
-                let x = tensor(rng, dtype, &[n, c], Layout::Contiguous, ValueRange::normal(3.0));
-                let mut target: Vec<f64> = (0..n).map(|_| rng.below(c) as f64).collect();
-                target[2] = -100.0;
+                let (x, target) = cross_entropy_inputs(rng, dtype, 2);
+                let (n, c) = (x.shape[0], x.shape[1]);
                 let (loss, lse) = cross_entropy(&x.values, &target, c, -100, smoothing);
                 let tgt = Spec::new(DType::I64, &[n], target);
                 let outs = vec![Spec::out(DType::F32, &[n]), Spec::out(DType::F32, &[n])];
@@ -184,12 +192,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                     (
                         sample.to_string(),
                         Tier::Core,
-                        OpCase {
-                            op: Op::Rotary { inverse },
-                            inputs: vec![x, cos, sin],
-                            outputs: vec![out],
-                            expected: vec![Some(exp)],
-                        },
+                        OpCase::single(Op::Rotary { inverse }, vec![x, cos, sin], out, exp),
                     )
                 })
                 .collect()
@@ -209,12 +212,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
             let (gate, up) = (tensor(rng, dtype, &shape, layout, r), tensor(rng, dtype, &shape, layout, r));
             let (y, mag) = swiglu(&gate.values, &up.values);
             let exp = Expected::accumulated(dtype, y, &mag, 4, 2.0);
-            let op = OpCase {
-                op: Op::SwiGlu,
-                inputs: vec![gate, up],
-                outputs: vec![Spec::out(dtype, &shape)],
-                expected: vec![Some(exp)],
-            };
+            let op = OpCase::single(Op::SwiGlu, vec![gate, up], Spec::out(dtype, &shape), exp);
             (sample.to_string(), Tier::Core, op)
         })
         .collect()
@@ -302,12 +300,12 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 (
                     sample.to_string(),
                     tier,
-                    OpCase {
-                        op: Op::MaskedAttention { scale },
-                        inputs: vec![q, k, v, keep],
-                        outputs: vec![Spec::out(dtype, &[g.b, g.hq, g.s, g.d])],
-                        expected: vec![Some(Expected::normalized(dtype, o, g.t, 2.0))],
-                    },
+                    OpCase::single(
+                        Op::MaskedAttention { scale },
+                        vec![q, k, v, keep],
+                        Spec::out(dtype, &[g.b, g.hq, g.s, g.d]),
+                        Expected::normalized(dtype, o, g.t, 2.0),
+                    ),
                 )
             })
             .collect()

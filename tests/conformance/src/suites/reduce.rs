@@ -58,7 +58,7 @@ fn reduce_case(r: ReduceOp, x: Spec, reduced: &[bool]) -> OpCase {
     };
     let out_shape: Vec<usize> = x.shape.iter().zip(reduced).map(|(&n, &r)| if r { 1 } else { n }).collect();
     let out = Spec::out(if is_arg { DType::I64 } else { dtype }, &out_shape);
-    OpCase { op: Op::Reduce(r), inputs: vec![x], outputs: vec![out], expected: vec![Some(exp)] }
+    OpCase::single(Op::Reduce(r), vec![x], out, exp)
 }
 
 fn samples(r: ReduceOp, dtype: DType, rng: &mut Rng) -> Vec<(String, Tier, OpCase)> {
@@ -131,11 +131,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
             let (values, mag) = cumsum(&x.values, &shape, dim as usize);
             let exp = Expected::accumulated(dtype, values, &mag, shape[dim as usize], 1.0);
             let out = Spec::out(dtype, &shape);
-            (
-                name.to_string(),
-                Tier::Core,
-                OpCase { op: Op::CumSum { dim }, inputs: vec![x], outputs: vec![out], expected: vec![Some(exp)] },
-            )
+            (name.to_string(), Tier::Core, OpCase::single(Op::CumSum { dim }, vec![x], out, exp))
         })
         .collect()
     }));

@@ -72,12 +72,12 @@ pub fn cases(t: &Target) -> Vec<Case> {
         ] {
             let n = 1003;
             let (low, high) = (-2.0, 3.0);
-            let case = OpCase {
-                op: Op::RandUniform { seed, offset, low, high },
-                inputs: vec![],
-                outputs: vec![Spec::out(dtype, &[n])],
-                expected: vec![Some(Expected::exact(dtype, uniform_expected(dtype, seed, offset, n, low, high)))],
-            };
+            let case = OpCase::single(
+                Op::RandUniform { seed, offset, low, high },
+                vec![],
+                Spec::out(dtype, &[n]),
+                Expected::exact(dtype, uniform_expected(dtype, seed, offset, n, low, high)),
+            );
             cases.push(
                 Case::new(
                     "rng",
@@ -93,12 +93,12 @@ pub fn cases(t: &Target) -> Vec<Case> {
         let values: Vec<f64> =
             (0..n as u64).map(|i| quantize(dtype, 0.5 + 2.0 * philox::normal_f64(seed, offset, i))).collect();
         // Box-Muller in f64 may differ in the last bits between libms: 1 ULP of the dtype.
-        let case = OpCase {
-            op: Op::RandNormal { seed, offset, mean: 0.5, std: 2.0 },
-            inputs: vec![],
-            outputs: vec![Spec::out(dtype, &[n])],
-            expected: vec![Some(Expected::correctly_rounded(dtype, values))],
-        };
+        let case = OpCase::single(
+            Op::RandNormal { seed, offset, mean: 0.5, std: 2.0 },
+            vec![],
+            Spec::out(dtype, &[n]),
+            Expected::correctly_rounded(dtype, values),
+        );
         cases.push(
             Case::new(
                 "rng",
@@ -193,12 +193,12 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 }
             })
             .collect();
-        let case = OpCase {
-            op: Op::Dropout { seed, offset, p },
-            inputs: vec![Spec::new(dtype, &[n], x)],
-            outputs: vec![Spec::out(dtype, &[n])],
-            expected: vec![Some(Expected::ulps(dtype, y, 2.0, 0.0))],
-        };
+        let case = OpCase::single(
+            Op::Dropout { seed, offset, p },
+            vec![Spec::new(dtype, &[n], x)],
+            Spec::out(dtype, &[n]),
+            Expected::ulps(dtype, y, 2.0, 0.0),
+        );
         cases.push(
             Case::new(
                 "rng",
