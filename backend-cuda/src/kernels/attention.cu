@@ -1466,35 +1466,37 @@ ATTN_MASKED(128)
 ATTN_MASKED(256)
 
 // The splits of each row merged: weights rescaled to the row's largest max. A row's partials
-// are first read into shared memory by the whole block at once: a thread walking them in
-// global memory would wait one load latency per split (24 splits in a decode step).
+// are first read into shared memory by the whole block at once (a thread walking them in
+// global memory would wait one load latency per split, and a decode step has 24), and each
+// split's scale is computed once, so a thread's sums are multiply-adds from shared memory.
 extern "C" __global__ void attn_masked_combine(const AttnArgs a) {
     extern __shared__ __align__(16) unsigned char mc_smem[];
-    C* parts = (C*)mc_smem;  // splits · (d + 2): each split's sums, then its max and total
     const int d = (int)a.d;
     const i64 rows = a.b * a.hq * a.s, splits = (a.t + a.split - 1) / a.split, n = splits * (d + 2);
+    C* parts = (C*)mc_smem;  // splits · (d + 2): each split's sums, then its max and total
+    C* scale = parts + n;    // splits: exp(split max - row max), 0 for a split with no kept key
     T* o = (T*)a.p[3];
     for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
         const C* pr = (const C*)a.partial + row * n;
         for (i64 e = threadIdx.x; e < n; e += blockDim.x) parts[e] = pr[e];
         __syncthreads();
-        C mx = NEG_INF, l = 0;
+        C mx = NEG_INF;
         for (i64 sp = 0; sp < splits; ++sp) mx = cmax(mx, parts[sp * (d + 2) + d]);
-        for (i64 sp = 0; sp < splits; ++sp) {
+        for (i64 sp = threadIdx.x; sp < splits; sp += blockDim.x) {
             const C ms = parts[sp * (d + 2) + d];
-            if (ms != NEG_INF) l += parts[sp * (d + 2) + d + 1] * cexp(ms - mx);
+            scale[sp] = ms != NEG_INF ? cexp(ms - mx) : (C)0;
         }
+        __syncthreads();
+        C l = 0;
+        for (i64 sp = 0; sp < splits; ++sp) l += parts[sp * (d + 2) + d + 1] * scale[sp];
         const i64 i = row % a.s, h = (row / a.s) % a.hq, b = row / (a.s * a.hq);
         const i64 ob = b * a.st[3][0] + h * a.st[3][1] + i * a.st[3][2];
         for (int c = threadIdx.x; c < d; c += blockDim.x) {
             C x = 0;
-            for (i64 sp = 0; sp < splits; ++sp) {
-                const C ms = parts[sp * (d + 2) + d];
-                if (ms != NEG_INF) x += parts[sp * (d + 2) + c] * cexp(ms - mx);
-            }
+            for (i64 sp = 0; sp < splits; ++sp) x += parts[sp * (d + 2) + c] * scale[sp];
             o[ob + c * a.st[3][3]] = TT::store(x / l);  // no kept key in any split: NaN
         }
-        __syncthreads();  // parts is refilled for the next row
+        __syncthreads();  // parts and scale are refilled for the next row
     }
 }
 

@@ -90,7 +90,8 @@ const MA_CHUNK: usize = 1024;
 const MA_WARPS: usize = 8;
 /// The fewest keys a block of `attn_masked` takes when a row's keys are split.
 const MA_MIN_SPLIT: usize = 64;
-/// Shared memory of `attn_masked_combine`: one row's partials, splits · (d + 2) values.
+/// Shared memory of `attn_masked_combine`: one row's partials and scales, splits · (d + 3)
+/// values.
 const MA_COMBINE_SMEM: usize = 48 * 1024;
 
 /// The most query heads per key head `attn_decode_{d}` serves (`MD_GMAX`).
@@ -281,7 +282,7 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
             };
             let target = 4 * device.facts.sm_count as usize;
             // `attn_masked_combine` holds a row's partials in shared memory.
-            let combinable = MA_COMBINE_SMEM / ((dm.d + 2) * compute_dtype(q.dtype).size_in_bytes());
+            let combinable = MA_COMBINE_SMEM / ((dm.d + 3) * compute_dtype(q.dtype).size_in_bytes());
             let splits =
                 target.div_ceil(blocks_per_split.max(1)).min(combinable).clamp(1, dm.t.div_ceil(min_split).max(1));
             a.split = dm.t.div_ceil(splits).max(1) as i64;
@@ -305,7 +306,7 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
                     launch_1d(device, op.name(), &MODULE, q.dtype, &format!("attn_masked_{dmax}"), &mut a, shape)?;
                 }
                 if splits > 1 {
-                    let smem = (splits * (dm.d + 2) * elem) as u32;
+                    let smem = (splits * (dm.d + 3) * elem) as u32;
                     let shape = (grid(device, rows as u64, 8), 128, smem);
                     launch_1d(device, op.name(), &MODULE, q.dtype, "attn_masked_combine", &mut a, shape)?;
                 }
