@@ -92,8 +92,8 @@ __device__ __forceinline__ void load_head(C* dst, int rows, int dp, const AttnAr
 }
 
 // The K and V tiles of keys j0.. of kv head kh.
-__device__ __forceinline__ void load_kv(C* ks, C* vs, int rows, int dp, const AttnArgs& a, i64 bi, i64 kh, i64 j0,
-                                        int d) {
+__device__ __forceinline__ void load_kv_tiles(C* ks, C* vs, int rows, int dp, const AttnArgs& a, i64 bi, i64 kh,
+                                              i64 j0, int d) {
     load_head(ks, rows, dp, a, 1, bi, kh, j0, a.t, d);
     load_head(vs, rows, dp, a, 2, bi, kh, j0, a.t, d);
 }
@@ -164,7 +164,7 @@ template <int NR> __device__ void attn_fwd(const AttnArgs& a, C* sm) {
         const C* qrow = qs + warp * ROWS * dp;
         for (i64 j0 = 0; j0 < nkeys; j0 += BC) {
             __syncthreads();  // qs is loaded; the previous K/V tile is consumed
-            load_kv(ks, vs, BC, dp, a, bi, kh, j0, d);
+            load_kv_tiles(ks, vs, BC, dp, a, bi, kh, j0, d);
             __syncthreads();
             // Scores of this warp's rows against key j0 + lane.
             C sc[ROWS];
@@ -278,7 +278,7 @@ template <int NR> __device__ void attn_bwd_dq(const AttnArgs& a, C* sm) {
         const C* dorow = dos + warp * ROWS * dp;
         for (i64 j0 = 0; j0 < nkeys; j0 += BC) {
             __syncthreads();
-            load_kv(ks, vs, BC, dp, a, bi, kh, j0, d);
+            load_kv_tiles(ks, vs, BC, dp, a, bi, kh, j0, d);
             __syncthreads();
             C sc[ROWS], dpv[ROWS];
 #pragma unroll
@@ -340,7 +340,7 @@ template <int NR> __device__ void attn_bwd_dkv(const AttnArgs& a, C* sm) {
         const i64 kt = w % ktiles, bk = w / ktiles, kh = bk % a.hk, bi = bk / a.hk;
         const i64 j0 = kt * BR;
         __syncthreads();
-        load_kv(ks, vs, BR, dp, a, bi, kh, j0, d);
+        load_kv_tiles(ks, vs, BR, dp, a, bi, kh, j0, d);
         C gk[ROWS][NR], gv[ROWS][NR];
         i64 jr[ROWS];
 #pragma unroll

@@ -78,10 +78,10 @@ template <class I> __device__ __forceinline__ I sat_int(double d, double lo, dou
 template <class T> struct Ty;
 
 // A type that computes as itself: load and store are the identity, to_d a cast.
-#define TY_PLAIN(E, IS_FLOAT, FROM_D)                                              \
+#define TY_PLAIN(E, FLOATING, FROM_D)                                              \
     template <> struct Ty<E> {                                                     \
         typedef E C;                                                               \
-        static const bool is_float = IS_FLOAT;                                     \
+        static const bool is_float = FLOATING;                                     \
         static __device__ __forceinline__ C load(E v) { return v; }                \
         static __device__ __forceinline__ E store(C c) { return c; }               \
         static __device__ __forceinline__ double to_d(E v) { return (double)v; }   \
