@@ -8,35 +8,16 @@ scheduler step as {case}.lrs (f64, shape [epochs + 1, 2]). The Rust test
 genesis-core/tests/optim_reference.rs runs the same configurations (same names).
 
 Run where PyTorch is installed:  python3 tests/reference/make_optim_reference.py --out FILE
-The safetensors file is written by hand (JSON header plus raw bytes): only torch is needed.
+The safetensors file is written by hand (safetensors_file.py): only torch is needed.
 """
 
 import argparse
-import json
 import math
-import struct
 
 import torch
+from safetensors_file import write_safetensors
 
 STEPS = 5
-
-
-def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        t = tensors[name].detach().contiguous()
-        dtype = {torch.float32: "F32", torch.float64: "F64"}[t.dtype]
-        blob = t.numpy().tobytes()
-        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for blob in blobs:
-            f.write(blob)
 
 
 def initial():
@@ -129,7 +110,7 @@ def main():
             sched.step()
             lrs.append([g["lr"] for g in opt.param_groups])
         tensors[f"{name}.lrs"] = torch.tensor(lrs, dtype=torch.float64)
-    write_safetensors(args.out, tensors)
+    write_safetensors(args.out, tensors, sort_names=True, separators=(",", ":"))
     print(f"wrote {len(OPTIMIZERS)} optimizer and {len(SCHEDULERS)} scheduler cases with torch {torch.__version__}")
 
 

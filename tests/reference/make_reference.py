@@ -5,16 +5,15 @@ sum(f(inputs) * w) with respect to each input. The Rust test `genesis-core/tests
 runs the same functions (same names) on the stored inputs and compares.
 
 Run where PyTorch is installed:  python3 tests/reference/make_reference.py [out_dir]
-The safetensors file is written by hand (the format is a JSON header plus raw bytes), so the
-script needs nothing but torch.
+The safetensors file is written by hand (safetensors_file.py), so the script needs nothing
+but torch.
 """
 
-import json
-import struct
 import sys
 
 import torch
 import torch.nn.functional as F
+from safetensors_file import write_safetensors
 
 torch.manual_seed(1234)
 I = lambda values: torch.tensor(values, dtype=torch.int64)
@@ -80,24 +79,6 @@ CASES = {
 
 def shape(text):
     return [int(n) for n in text.split("x")]
-
-
-def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors.items():
-        t = t.detach().contiguous().cpu()
-        dtype = {torch.float64: "F64", torch.int64: "I64"}[t.dtype]
-        data = t.numpy().tobytes()
-        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for blob in blobs:
-            f.write(blob)
 
 
 def main():

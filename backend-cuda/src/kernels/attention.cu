@@ -79,6 +79,58 @@ __device__ __forceinline__ void load_tile(C* dst, int rows, int dp, const T* src
     }
 }
 
+// Where row i of head h of batch bi starts in operand `slot`.
+__device__ __forceinline__ i64 head_row(const AttnArgs& a, int slot, i64 bi, i64 h, i64 i) {
+    return bi * a.st[slot][0] + h * a.st[slot][1] + i * a.st[slot][2];
+}
+
+// load_tile of rows r0.. of head h of batch bi of operand `slot` (q, k, v or do).
+__device__ __forceinline__ void load_head(C* dst, int rows, int dp, const AttnArgs& a, int slot, i64 bi, i64 h, i64 r0,
+                                          i64 limit, int d) {
+    load_tile(dst, rows, dp, (const T*)a.p[slot], bi * a.st[slot][0] + h * a.st[slot][1], a.st[slot][2], a.st[slot][3],
+              r0, limit, d);
+}
+
+// The K and V tiles of keys j0.. of kv head kh.
+__device__ __forceinline__ void load_kv_tiles(C* ks, C* vs, int rows, int dp, const AttnArgs& a, i64 bi, i64 kh,
+                                              i64 j0, int d) {
+    load_head(ks, rows, dp, a, 1, bi, kh, j0, a.t, d);
+    load_head(vs, rows, dp, a, 2, bi, kh, j0, a.t, d);
+}
+
+// Keys the query tile i0.. (BR rows) streams: the mask is monotone in i, so the tile's last
+// query sees the most.
+__device__ __forceinline__ i64 tile_keys(const AttnArgs& a, i64 i0) {
+    const i64 last = (i0 + BR < a.s ? i0 + BR : a.s) - 1;
+    return visible(a, last);
+}
+
+// acc[r] += w_r(jj) · tile row jj over the streamed tile's rows (keys j0 + jj, up to nkeys)
+// that warp row r sees, w_r(jj) being lane jj's w[r]; a lane holds columns lane + 32·kk.
+// Hidden rows are skipped, not multiplied by 0 (a non-finite value under the mask must not
+// leak in).
+template <int NR>
+__device__ __forceinline__ void accumulate_tile(C (&acc)[ROWS][NR], const C* tile, int dp, int d, int lane,
+                                                const C (&w)[ROWS], const i64 (&vis)[ROWS], i64 j0, i64 nkeys) {
+    const int jn = (int)(nkeys - j0 < BC ? nkeys - j0 : BC);
+    for (int jj = 0; jj < jn; ++jj) {
+        C tv[NR];
+#pragma unroll
+        for (int kk = 0; kk < NR; ++kk) {
+            const int c = lane + 32 * kk;
+            tv[kk] = c < d ? tile[jj * dp + c] : (C)0;
+        }
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            if (j0 + jj < vis[r]) {
+                const C wj = __shfl_sync(FULL, w[r], jj);
+#pragma unroll
+                for (int kk = 0; kk < NR; ++kk) acc[r][kk] += wj * tv[kk];
+            }
+        }
+    }
+}
+
 // ---- forward ----------------------------------------------------------------------------------
 // Block: BR queries of one (batch, head); streams K and V tiles of BC keys.
 // Shared: qs (BR × dp), ks (BC × dp), vs (BC × dp).
@@ -88,9 +140,6 @@ template <int NR> __device__ void attn_fwd(const AttnArgs& a, C* sm) {
     C* qs = sm;
     C* ks = qs + BR * dp;
     C* vs = ks + BC * dp;
-    const T* q = (const T*)a.p[0];
-    const T* k = (const T*)a.p[1];
-    const T* v = (const T*)a.p[2];
     T* o = (T*)a.p[3];
     float* lse = (float*)a.p[4];
     const C scale = (C)a.scale;
@@ -99,8 +148,7 @@ template <int NR> __device__ void attn_fwd(const AttnArgs& a, C* sm) {
         const i64 qt = w % qtiles, bh = w / qtiles, h = bh % a.hq, bi = bh / a.hq, kh = h / group;
         const i64 i0 = qt * BR;
         __syncthreads();  // the previous item's readers of shared memory are done
-        load_tile(qs, BR, dp, q, bi * a.st[0][0] + h * a.st[0][1], a.st[0][2], a.st[0][3], i0, a.s, d);
-        const i64 kbase = bi * a.st[1][0] + kh * a.st[1][1], vbase = bi * a.st[2][0] + kh * a.st[2][1];
+        load_head(qs, BR, dp, a, 0, bi, h, i0, a.s, d);
         i64 vis[ROWS];
         C m[ROWS], l[ROWS], acc[ROWS][NR];
 #pragma unroll
@@ -112,14 +160,11 @@ template <int NR> __device__ void attn_fwd(const AttnArgs& a, C* sm) {
 #pragma unroll
             for (int kk = 0; kk < NR; ++kk) acc[r][kk] = (C)0;
         }
-        // The mask is monotone in i: the tile's last query sees the most keys.
-        const i64 last = (i0 + BR < a.s ? i0 + BR : a.s) - 1;
-        const i64 nkeys = visible(a, last);
+        const i64 nkeys = tile_keys(a, i0);
         const C* qrow = qs + warp * ROWS * dp;
         for (i64 j0 = 0; j0 < nkeys; j0 += BC) {
             __syncthreads();  // qs is loaded; the previous K/V tile is consumed
-            load_tile(ks, BC, dp, k, kbase, a.st[1][2], a.st[1][3], j0, a.t, d);
-            load_tile(vs, BC, dp, v, vbase, a.st[2][2], a.st[2][3], j0, a.t, d);
+            load_kv_tiles(ks, vs, BC, dp, a, bi, kh, j0, d);
             __syncthreads();
             // Scores of this warp's rows against key j0 + lane.
             C sc[ROWS];
@@ -150,32 +195,14 @@ template <int NR> __device__ void attn_fwd(const AttnArgs& a, C* sm) {
                     for (int kk = 0; kk < NR; ++kk) acc[r][kk] *= corr;
                 }
             }
-            // acc += P·V over the tile's keys; masked keys are skipped, not multiplied by 0
-            // (a non-finite value under the mask must not leak in).
-            const int jn = (int)(nkeys - j0 < BC ? nkeys - j0 : BC);
-            for (int jj = 0; jj < jn; ++jj) {
-                C vv[NR];
-#pragma unroll
-                for (int kk = 0; kk < NR; ++kk) {
-                    const int c = lane + 32 * kk;
-                    vv[kk] = c < d ? vs[jj * dp + c] : (C)0;
-                }
-#pragma unroll
-                for (int r = 0; r < ROWS; ++r) {
-                    if (j0 + jj < vis[r]) {
-                        const C pj = __shfl_sync(FULL, p[r], jj);
-#pragma unroll
-                        for (int kk = 0; kk < NR; ++kk) acc[r][kk] += pj * vv[kk];
-                    }
-                }
-            }
+            accumulate_tile<NR>(acc, vs, dp, d, lane, p, vis, j0, nkeys);  // acc += P·V
         }
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
             const i64 i = i0 + warp * ROWS + r;
             if (i >= a.s) continue;
             const bool dead = vis[r] == 0;
-            const i64 ob = bi * a.st[3][0] + h * a.st[3][1] + i * a.st[3][2];
+            const i64 ob = head_row(a, 3, bi, h, i);
 #pragma unroll
             for (int kk = 0; kk < NR; ++kk) {
                 const int c = lane + 32 * kk;
@@ -183,7 +210,7 @@ template <int NR> __device__ void attn_fwd(const AttnArgs& a, C* sm) {
             }
             if (lane == 0) {
                 const C ls = dead ? QNAN : m[r] + clog(l[r]);
-                lse[bi * a.st[4][0] + h * a.st[4][1] + i * a.st[4][2]] = (float)ls;
+                lse[head_row(a, 4, bi, h, i)] = (float)ls;
             }
         }
     }
@@ -205,8 +232,7 @@ __device__ void attn_bwd_delta(const AttnArgs& a) {
     const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
     for (i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < rows; row += warps) {
         const i64 i = row % a.s, bh = row / a.s, h = bh % a.hq, bi = bh / a.hq;
-        const i64 ob = bi * a.st[3][0] + h * a.st[3][1] + i * a.st[3][2];
-        const i64 db = bi * a.st[5][0] + h * a.st[5][1] + i * a.st[5][2];
+        const i64 ob = head_row(a, 3, bi, h, i), db = head_row(a, 5, bi, h, i);
         C s = (C)0;
         for (i64 c = lane; c < a.d; c += 32) s += TT::load(dout[db + c * a.st[5][3]]) * TT::load(o[ob + c * a.st[3][3]]);
         s = warp_sum(s);
@@ -223,11 +249,7 @@ template <int NR> __device__ void attn_bwd_dq(const AttnArgs& a, C* sm) {
     C* dos = qs + BR * dp;
     C* ks = dos + BR * dp;
     C* vs = ks + BC * dp;
-    const T* q = (const T*)a.p[0];
-    const T* k = (const T*)a.p[1];
-    const T* v = (const T*)a.p[2];
     const float* lse = (const float*)a.p[4];
-    const T* dout = (const T*)a.p[5];
     T* dq = (T*)a.p[6];
     const C* delta = (const C*)a.delta;
     const C scale = (C)a.scale;
@@ -236,9 +258,8 @@ template <int NR> __device__ void attn_bwd_dq(const AttnArgs& a, C* sm) {
         const i64 qt = w % qtiles, bh = w / qtiles, h = bh % a.hq, bi = bh / a.hq, kh = h / group;
         const i64 i0 = qt * BR;
         __syncthreads();
-        load_tile(qs, BR, dp, q, bi * a.st[0][0] + h * a.st[0][1], a.st[0][2], a.st[0][3], i0, a.s, d);
-        load_tile(dos, BR, dp, dout, bi * a.st[5][0] + h * a.st[5][1], a.st[5][2], a.st[5][3], i0, a.s, d);
-        const i64 kbase = bi * a.st[1][0] + kh * a.st[1][1], vbase = bi * a.st[2][0] + kh * a.st[2][1];
+        load_head(qs, BR, dp, a, 0, bi, h, i0, a.s, d);
+        load_head(dos, BR, dp, a, 5, bi, h, i0, a.s, d);
         i64 vis[ROWS];
         C ls[ROWS], dl[ROWS], acc[ROWS][NR];
 #pragma unroll
@@ -247,19 +268,17 @@ template <int NR> __device__ void attn_bwd_dq(const AttnArgs& a, C* sm) {
             const bool in = i < a.s;
             vis[r] = in ? visible(a, i) : 0;
             // Read only where the row sees a key: a fully masked row's lse is NaN, unused.
-            ls[r] = vis[r] > 0 ? (C)lse[bi * a.st[4][0] + h * a.st[4][1] + i * a.st[4][2]] : (C)0;
+            ls[r] = vis[r] > 0 ? (C)lse[head_row(a, 4, bi, h, i)] : (C)0;
             dl[r] = vis[r] > 0 ? delta[bh * a.s + i] : (C)0;
 #pragma unroll
             for (int kk = 0; kk < NR; ++kk) acc[r][kk] = (C)0;
         }
-        const i64 last = (i0 + BR < a.s ? i0 + BR : a.s) - 1;
-        const i64 nkeys = visible(a, last);
+        const i64 nkeys = tile_keys(a, i0);
         const C* qrow = qs + warp * ROWS * dp;
         const C* dorow = dos + warp * ROWS * dp;
         for (i64 j0 = 0; j0 < nkeys; j0 += BC) {
             __syncthreads();
-            load_tile(ks, BC, dp, k, kbase, a.st[1][2], a.st[1][3], j0, a.t, d);
-            load_tile(vs, BC, dp, v, vbase, a.st[2][2], a.st[2][3], j0, a.t, d);
+            load_kv_tiles(ks, vs, BC, dp, a, bi, kh, j0, d);
             __syncthreads();
             C sc[ROWS], dpv[ROWS];
 #pragma unroll
@@ -282,29 +301,13 @@ template <int NR> __device__ void attn_bwd_dq(const AttnArgs& a, C* sm) {
                 const C p = ok ? cexp(scale * sc[r] - ls[r]) : (C)0;
                 ds[r] = ok ? p * (dpv[r] - dl[r]) : (C)0;
             }
-            const int jn = (int)(nkeys - j0 < BC ? nkeys - j0 : BC);
-            for (int jj = 0; jj < jn; ++jj) {
-                C kv[NR];
-#pragma unroll
-                for (int kk = 0; kk < NR; ++kk) {
-                    const int c = lane + 32 * kk;
-                    kv[kk] = c < d ? ks[jj * dp + c] : (C)0;
-                }
-#pragma unroll
-                for (int r = 0; r < ROWS; ++r) {
-                    if (j0 + jj < vis[r]) {
-                        const C g = __shfl_sync(FULL, ds[r], jj);
-#pragma unroll
-                        for (int kk = 0; kk < NR; ++kk) acc[r][kk] += g * kv[kk];
-                    }
-                }
-            }
+            accumulate_tile<NR>(acc, ks, dp, d, lane, ds, vis, j0, nkeys);  // acc += dS·K
         }
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
             const i64 i = i0 + warp * ROWS + r;
             if (i >= a.s) continue;
-            const i64 ob = bi * a.st[6][0] + h * a.st[6][1] + i * a.st[6][2];
+            const i64 ob = head_row(a, 6, bi, h, i);
 #pragma unroll
             for (int kk = 0; kk < NR; ++kk) {
                 const int c = lane + 32 * kk;
@@ -327,11 +330,7 @@ template <int NR> __device__ void attn_bwd_dkv(const AttnArgs& a, C* sm) {
     C* dos = qs + BC * dp;
     C* lse_s = dos + BC * dp;
     C* del_s = lse_s + BC;
-    const T* q = (const T*)a.p[0];
-    const T* k = (const T*)a.p[1];
-    const T* v = (const T*)a.p[2];
     const float* lse = (const float*)a.p[4];
-    const T* dout = (const T*)a.p[5];
     T* dk = (T*)a.p[7];
     T* dv = (T*)a.p[8];
     const C* delta = (const C*)a.delta;
@@ -341,8 +340,7 @@ template <int NR> __device__ void attn_bwd_dkv(const AttnArgs& a, C* sm) {
         const i64 kt = w % ktiles, bk = w / ktiles, kh = bk % a.hk, bi = bk / a.hk;
         const i64 j0 = kt * BR;
         __syncthreads();
-        load_tile(ks, BR, dp, k, bi * a.st[1][0] + kh * a.st[1][1], a.st[1][2], a.st[1][3], j0, a.t, d);
-        load_tile(vs, BR, dp, v, bi * a.st[2][0] + kh * a.st[2][1], a.st[2][2], a.st[2][3], j0, a.t, d);
+        load_kv_tiles(ks, vs, BR, dp, a, bi, kh, j0, d);
         C gk[ROWS][NR], gv[ROWS][NR];
         i64 jr[ROWS];
 #pragma unroll
@@ -360,12 +358,12 @@ template <int NR> __device__ void attn_bwd_dkv(const AttnArgs& a, C* sm) {
             const i64 h = kh * group + hh, bh = bi * a.hq + h;
             for (i64 i0 = first / BC * BC; i0 < a.s; i0 += BC) {
                 __syncthreads();  // ks/vs are loaded; the previous query tile is consumed
-                load_tile(qs, BC, dp, q, bi * a.st[0][0] + h * a.st[0][1], a.st[0][2], a.st[0][3], i0, a.s, d);
-                load_tile(dos, BC, dp, dout, bi * a.st[5][0] + h * a.st[5][1], a.st[5][2], a.st[5][3], i0, a.s, d);
+                load_head(qs, BC, dp, a, 0, bi, h, i0, a.s, d);
+                load_head(dos, BC, dp, a, 5, bi, h, i0, a.s, d);
                 if (threadIdx.x < BC) {
                     const i64 i = i0 + threadIdx.x;
                     const bool live = i < a.s && visible(a, i) > 0;
-                    lse_s[threadIdx.x] = live ? (C)lse[bi * a.st[4][0] + h * a.st[4][1] + i * a.st[4][2]] : (C)0;
+                    lse_s[threadIdx.x] = live ? (C)lse[head_row(a, 4, bi, h, i)] : (C)0;
                     del_s[threadIdx.x] = live ? delta[bh * a.s + i] : (C)0;
                 }
                 __syncthreads();
@@ -418,8 +416,7 @@ template <int NR> __device__ void attn_bwd_dkv(const AttnArgs& a, C* sm) {
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
             if (jr[r] >= a.t) continue;
-            const i64 kb = bi * a.st[7][0] + kh * a.st[7][1] + jr[r] * a.st[7][2];
-            const i64 vb = bi * a.st[8][0] + kh * a.st[8][1] + jr[r] * a.st[8][2];
+            const i64 kb = head_row(a, 7, bi, kh, jr[r]), vb = head_row(a, 8, bi, kh, jr[r]);
 #pragma unroll
             for (int kk = 0; kk < NR; ++kk) {
                 const int c = lane + 32 * kk;

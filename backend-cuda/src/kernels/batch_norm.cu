@@ -79,6 +79,24 @@ template <class F> __device__ __forceinline__ void each_pack(const BnArgs& a, F 
     }
 }
 
+// This block's two sums (channel blockIdx.y, split blockIdx.x) into `partial`, [c][splits][2].
+__device__ __forceinline__ void write_partial(const BnArgs& a, C* partial, C s1, C s2) {
+    block_sum2(s1, s2);
+    if (threadIdx.x == 0) {
+        C* out = partial + (blockIdx.y * a.splits + blockIdx.x) * 2;
+        out[0] = s1;
+        out[1] = s2;
+    }
+}
+
+// Channel ch's two sums over its splits' partials, in f64, in split order.
+__device__ __forceinline__ void sum_partials(const BnArgs& a, const C* partial, u64 ch, double& s1, double& s2) {
+    for (u64 k = 0; k < a.splits; k++) {
+        s1 += (double)partial[(ch * a.splits + k) * 2];
+        s2 += (double)partial[(ch * a.splits + k) * 2 + 1];
+    }
+}
+
 // p: x, -, -, -, -, -, partial (C, [c][splits][2])
 extern "C" __global__ void bn_stats(const BnArgs a) {
     const T* x = (const T*)a.p[0];
@@ -102,12 +120,7 @@ extern "C" __global__ void bn_stats(const BnArgs a) {
             s2 += d * d;
         });
     }
-    block_sum2(s1, s2);
-    if (threadIdx.x == 0) {
-        C* out = partial + (blockIdx.y * a.splits + blockIdx.x) * 2;
-        out[0] = s1;
-        out[1] = s2;
-    }
+    write_partial(a, partial, s1, s2);
 }
 
 // p: x, -, -, -, mean, rstd, partial, stats (C, [c][2]: mean, rstd). One thread per channel.
@@ -117,10 +130,7 @@ extern "C" __global__ void bn_finalize(const BnArgs a) {
     const T* x = (const T*)a.p[0];
     const C* partial = (const C*)a.p[6];
     double s1 = 0, s2 = 0;
-    for (u64 k = 0; k < a.splits; k++) {
-        s1 += (double)partial[(ch * a.splits + k) * 2];
-        s2 += (double)partial[(ch * a.splits + k) * 2 + 1];
-    }
+    sum_partials(a, partial, ch, s1, s2);
     const double m = (double)(a.n * a.s);
     const double shift = a.n * a.s > 0 ? TT::to_d(x[ch * a.s]) : 0.0;
     const double d = s1 / m;  // 0/0 = NaN for a channel without values
@@ -181,12 +191,7 @@ extern "C" __global__ void bn_bwd_stats(const BnArgs a) {
             sgx += gc * (TT::load(x[o]) - mu) * r;
         });
     }
-    block_sum2(sg, sgx);
-    if (threadIdx.x == 0) {
-        C* out = partial + (blockIdx.y * a.splits + blockIdx.x) * 2;
-        out[0] = sg;
-        out[1] = sgx;
-    }
+    write_partial(a, partial, sg, sgx);
 }
 
 // p: -, -, -, -, -, -, dw, db, partial. One thread per channel.
@@ -195,10 +200,7 @@ extern "C" __global__ void bn_bwd_finalize(const BnArgs a) {
     if (ch >= a.c) return;
     const C* partial = (const C*)a.p[8];
     double sg = 0, sgx = 0;
-    for (u64 k = 0; k < a.splits; k++) {
-        sg += (double)partial[(ch * a.splits + k) * 2];
-        sgx += (double)partial[(ch * a.splits + k) * 2 + 1];
-    }
+    sum_partials(a, partial, ch, sg, sgx);
     ((float*)a.p[6])[ch] = (float)sgx;
     ((float*)a.p[7])[ch] = (float)sg;
 }

@@ -77,67 +77,38 @@ template <class I> __device__ __forceinline__ I sat_int(double d, double lo, dou
 
 template <class T> struct Ty;
 
-template <> struct Ty<float> {
-    typedef float C;
-    static const bool is_float = true;
-    static __device__ __forceinline__ C load(float v) { return v; }
-    static __device__ __forceinline__ float store(C c) { return c; }
-    static __device__ __forceinline__ double to_d(float v) { return (double)v; }
-    static __device__ __forceinline__ float from_d(double d) { return __double2float_rn(d); }
-};
-template <> struct Ty<double> {
-    typedef double C;
-    static const bool is_float = true;
-    static __device__ __forceinline__ C load(double v) { return v; }
-    static __device__ __forceinline__ double store(C c) { return c; }
-    static __device__ __forceinline__ double to_d(double v) { return v; }
-    static __device__ __forceinline__ double from_d(double d) { return d; }
-};
-template <> struct Ty<h16> {
-    typedef float C;
-    static const bool is_float = true;
-    static __device__ __forceinline__ C load(h16 v) { return h2f(v.x); }
-    static __device__ __forceinline__ h16 store(C c) { h16 r; r.x = f2h(c); return r; }
-    static __device__ __forceinline__ double to_d(h16 v) { return (double)h2f(v.x); }
-    static __device__ __forceinline__ h16 from_d(double d) { h16 r; r.x = f2h(d2f_odd(d)); return r; }
-};
-template <> struct Ty<b16> {
-    typedef float C;
-    static const bool is_float = true;
-    static __device__ __forceinline__ C load(b16 v) { return bf2f(v.x); }
-    static __device__ __forceinline__ b16 store(C c) { b16 r; r.x = f2bf(c); return r; }
-    static __device__ __forceinline__ double to_d(b16 v) { return (double)bf2f(v.x); }
-    static __device__ __forceinline__ b16 from_d(double d) { b16 r; r.x = f2bf(d2f_odd(d)); return r; }
-};
-template <> struct Ty<i64> {
-    typedef i64 C;
-    static const bool is_float = false;
-    static __device__ __forceinline__ C load(i64 v) { return v; }
-    static __device__ __forceinline__ i64 store(C c) { return c; }
-    static __device__ __forceinline__ double to_d(i64 v) { return (double)v; }
-    static __device__ __forceinline__ i64 from_d(double d) {
-        return sat_int<i64>(d, -9223372036854775808.0, 9223372036854775808.0, (i64)(-9223372036854775807LL - 1),
-                            9223372036854775807LL);
-    }
-};
-template <> struct Ty<int> {
-    typedef int C;
-    static const bool is_float = false;
-    static __device__ __forceinline__ C load(int v) { return v; }
-    static __device__ __forceinline__ int store(C c) { return c; }
-    static __device__ __forceinline__ double to_d(int v) { return (double)v; }
-    static __device__ __forceinline__ int from_d(double d) {
-        return sat_int<int>(d, -2147483648.0, 2147483647.0, (int)(-2147483647 - 1), 2147483647);
-    }
-};
-template <> struct Ty<u8> {
-    typedef u8 C;
-    static const bool is_float = false;
-    static __device__ __forceinline__ C load(u8 v) { return v; }
-    static __device__ __forceinline__ u8 store(C c) { return c; }
-    static __device__ __forceinline__ double to_d(u8 v) { return (double)v; }
-    static __device__ __forceinline__ u8 from_d(double d) { return sat_int<u8>(d, 0.0, 255.0, (u8)0, (u8)255); }
-};
+// A type that computes as itself: load and store are the identity, to_d a cast.
+#define TY_PLAIN(E, FLOATING, FROM_D)                                              \
+    template <> struct Ty<E> {                                                     \
+        typedef E C;                                                               \
+        static const bool is_float = FLOATING;                                     \
+        static __device__ __forceinline__ C load(E v) { return v; }                \
+        static __device__ __forceinline__ E store(C c) { return c; }               \
+        static __device__ __forceinline__ double to_d(E v) { return (double)v; }   \
+        static __device__ __forceinline__ E from_d(double d) { return FROM_D; }    \
+    };
+TY_PLAIN(float, true, __double2float_rn(d))
+TY_PLAIN(double, true, d)
+TY_PLAIN(i64, false,
+         (sat_int<i64>(d, -9223372036854775808.0, 9223372036854775808.0, (i64)(-9223372036854775807LL - 1),
+                       9223372036854775807LL)))
+TY_PLAIN(int, false, (sat_int<int>(d, -2147483648.0, 2147483647.0, (int)(-2147483647 - 1), 2147483647)))
+TY_PLAIN(u8, false, (sat_int<u8>(d, 0.0, 255.0, (u8)0, (u8)255)))
+
+// A 16-bit float held in `x` that computes in f32 (TO_F and FROM_F convert the bits; from
+// f64 it rounds to odd first, so that the value is rounded once).
+#define TY_HALF(E, TO_F, FROM_F)                                                                                 \
+    template <> struct Ty<E> {                                                                                   \
+        typedef float C;                                                                                         \
+        static const bool is_float = true;                                                                       \
+        static __device__ __forceinline__ C load(E v) { return TO_F(v.x); }                                      \
+        static __device__ __forceinline__ E store(C c) { E r; r.x = FROM_F(c); return r; }                       \
+        static __device__ __forceinline__ double to_d(E v) { return (double)TO_F(v.x); }                         \
+        static __device__ __forceinline__ E from_d(double d) { E r; r.x = FROM_F(d2f_odd(d)); return r; }       \
+    };
+TY_HALF(h16, h2f, f2h)
+TY_HALF(b16, bf2f, f2bf)
+
 // Bool computes as 0/1 bytes. From f64 it goes through u8 as the CPU backend does (0.5 ->
 // false); casts and fills to bool use `!= 0` instead, in their own kernels.
 template <> struct Ty<bool8> {
@@ -149,32 +120,26 @@ template <> struct Ty<bool8> {
     static __device__ __forceinline__ bool8 from_d(double d) { return store(Ty<u8>::from_d(d)); }
 };
 
+// Adds to off[k] the element offset of linear position r under stride set k, the index
+// arithmetic in U.
+template <class U, int N> __device__ __forceinline__ void add_offsets(const Args& a, U r, i64* off) {
+    for (int d = a.ndim - 1; d >= 0; --d) {
+        U sz = (U)a.shape[d];
+        U q = r / sz;
+        U c = r - q * sz;
+        r = q;
+#pragma unroll
+        for (int k = 0; k < N; ++k) off[k] += (i64)c * a.st[k][d];
+    }
+}
+
 // Element offsets of linear position `i` under each of N stride sets. 32-bit division when
 // the whole index space fits, which is most tensors and several times cheaper.
 template <int N> __device__ __forceinline__ void offsets(const Args& a, u64 i, i64* off) {
 #pragma unroll
     for (int k = 0; k < N; ++k) off[k] = 0;
-    if (a.n <= 0xffffffffull) {
-        u32 r = (u32)i;
-        for (int d = a.ndim - 1; d >= 0; --d) {
-            u32 sz = (u32)a.shape[d];
-            u32 q = r / sz;
-            u32 c = r - q * sz;
-            r = q;
-#pragma unroll
-            for (int k = 0; k < N; ++k) off[k] += (i64)c * a.st[k][d];
-        }
-    } else {
-        u64 r = i;
-        for (int d = a.ndim - 1; d >= 0; --d) {
-            u64 sz = (u64)a.shape[d];
-            u64 q = r / sz;
-            u64 c = r - q * sz;
-            r = q;
-#pragma unroll
-            for (int k = 0; k < N; ++k) off[k] += (i64)c * a.st[k][d];
-        }
-    }
+    if (a.n <= 0xffffffffull) add_offsets<u32, N>(a, (u32)i, off);
+    else add_offsets<u64, N>(a, i, off);
 }
 
 __device__ __forceinline__ u64 gtid() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }

@@ -56,11 +56,13 @@ struct RowArgs {
 __device__ __forceinline__ float csqrt(float v) { return sqrtf(v); }
 __device__ __forceinline__ double csqrt(double v) { return sqrt(v); }
 
-// Element offsets of row `row` for every slot.
-__device__ __forceinline__ void row_offsets(const RowArgs& a, i64 row, i64* off) {
+// Element offsets of row `row` for every slot; whether the row exists. A row past the end,
+// which still joins its group's barriers, gets row 0's offsets.
+__device__ __forceinline__ bool row_offsets(const RowArgs& a, i64 row, i64* off) {
+    const bool active = row < a.rows;
 #pragma unroll
     for (int s = 0; s < 8; ++s) off[s] = 0;
-    u64 r = (u64)row;
+    u64 r = (u64)(active ? row : 0);
     for (int dd = a.ndim - 1; dd >= 0; --dd) {
         u64 sz = (u64)a.shape[dd];
         u64 q = r / sz;
@@ -69,6 +71,7 @@ __device__ __forceinline__ void row_offsets(const RowArgs& a, i64 row, i64* off)
 #pragma unroll
         for (int s = 0; s < 8; ++s) off[s] += c * a.st[s][dd];
     }
+    return active;
 }
 
 // The column of register slot (k, i) of thread t. Vectorized: thread t holds packs k*G + t;
@@ -179,9 +182,8 @@ template <bool LN, int MODE> __device__ void norm_fwd(const RowArgs& a) {
     C x[NE];
     for (i64 base = (i64)blockIdx.x * rpb; base < a.rows; base += (i64)gridDim.x * rpb) {
         const i64 row = base + row0;
-        const bool active = row < a.rows;
         i64 off[8];
-        row_offsets(a, active ? row : 0, off);
+        const bool active = row_offsets(a, row, off);
         C mu = (C)0, q = (C)0;
         if (!big) {
             if (active) load_row(a, S_X, off[S_X], vec, G, t, x);
@@ -357,9 +359,8 @@ template <bool LN, int MODE> __device__ void norm_bwd(const RowArgs& a) {
     }
     for (i64 base = (i64)blockIdx.x * rpb; base < a.rows; base += (i64)gridDim.x * rpb) {
         const i64 row = base + row0;
-        const bool active = row < a.rows;
         i64 off[8];
-        row_offsets(a, active ? row : 0, off);
+        const bool active = row_offsets(a, row, off);
         C mu = (C)0, r = (C)0;
         if (active) {
             if (LN) mu = (C)((const float*)a.p[S_MEAN])[off[S_MEAN]];
@@ -473,6 +474,15 @@ template <> __device__ __forceinline__ void PackIO<b16>::load(const Pack<b16, 8>
     }
 }
 
+// Sums a and b over the warp, each by group_sum's shuffle tree.
+__device__ __forceinline__ void warp_sum2(C& a, C& b) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+        b += __shfl_xor_sync(0xffffffffu, b, o);
+    }
+}
+
 template <bool LN, int PK, int S> __device__ void norm_bwd_pipe(const RowArgs& a) {
     __shared__ C red[2][64];
     extern __shared__ __align__(16) unsigned char norm_stage[];
@@ -539,6 +549,11 @@ template <bool LN, int PK, int S> __device__ void norm_bwd_pipe(const RowArgs& a
     for (int s = 0; s < S; ++s) issue(s);
     float smu = 0.f, sr = 0.f;
     int s = 0;
+    // Pack k of this thread's x and dy in stage s.
+    auto unstage = [&](int k, C* xv, C* dv) {
+        IO::load(stage[((s * 2) * PK + k) * blockDim.x], xv);
+        IO::load(stage[((s * 2 + 1) * PK + k) * blockDim.x], dv);
+    };
     i64 row = first;
     for (i64 it = 0; it < iters; ++it, row += stride) {
         if ((it & 31) == 0) {
@@ -559,8 +574,7 @@ template <bool LN, int PK, int S> __device__ void norm_bwd_pipe(const RowArgs& a
             // Past the row's end the packs are zeros; xhat = -mean*rstd could be inf there.
             if (k * G + t < np) {
                 C xv[NV], dv[NV];
-                IO::load(stage[((s * 2) * PK + k) * blockDim.x], xv);
-                IO::load(stage[((s * 2 + 1) * PK + k) * blockDim.x], dv);
+                unstage(k, xv, dv);
 #pragma unroll
                 for (int i = 0; i < NV; ++i) {
                     const C xh = (xv[i] - mu) * r;
@@ -576,11 +590,7 @@ template <bool LN, int PK, int S> __device__ void norm_bwd_pipe(const RowArgs& a
         // Lane w of each warp then reads warp w's sums and a shuffle tree adds them in a fixed
         // order (deterministic): group_sum's loop of up to 16 dependent shared loads per value
         // would be a visible share of a 512-thread group's row time.
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            sg += __shfl_xor_sync(0xffffffffu, sg, o);
-            sgx += __shfl_xor_sync(0xffffffffu, sgx, o);
-        }
+        warp_sum2(sg, sgx);
         if (G > 32) {
             C* buf = red[phase];
             phase ^= 1;
@@ -591,11 +601,7 @@ template <bool LN, int PK, int S> __device__ void norm_bwd_pipe(const RowArgs& a
             __syncthreads();
             sg = lane < wpg ? buf[wfirst + lane] : (C)0;
             sgx = lane < wpg ? buf[32 + wfirst + lane] : (C)0;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                sg += __shfl_xor_sync(0xffffffffu, sg, o);
-                sgx += __shfl_xor_sync(0xffffffffu, sgx, o);
-            }
+            warp_sum2(sg, sgx);
         }
         const C mean_g = LN ? (pow2 ? sg * inv_n : sg / n) : (C)0;
         const C mean_gx = pow2 ? sgx * inv_n : sgx / n;
@@ -606,8 +612,7 @@ template <bool LN, int PK, int S> __device__ void norm_bwd_pipe(const RowArgs& a
                 const int pk = k * G + t;
                 if (pk < np) {
                     C xv[NV], dv[NV];
-                    IO::load(stage[((s * 2) * PK + k) * blockDim.x], xv);
-                    IO::load(stage[((s * 2 + 1) * PK + k) * blockDim.x], dv);
+                    unstage(k, xv, dv);
 #pragma unroll
                     for (int i = 0; i < NV; ++i) {
                         // xhat recomputed with the same operations as above, so the same value.

@@ -39,9 +39,7 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
     match *op {
         Op::MaxPool2d { window } => {
             let (g, [x, y, idx]) = Geom::max(op, &window, &ins, &outs)?;
-            let mut a = args(&g, x, y);
-            a.zs = strides(idx);
-            a.p = [x.ptr, y.ptr, idx.ptr, 0];
+            let mut a = args(&g, x, y, Some(idx), [x.ptr, y.ptr, idx.ptr, 0]);
             launch(device, op, x.dtype, "max_pool2d", &mut a, out_elems(&g))
         }
         Op::MaxPool2dBackward { window } => {
@@ -49,31 +47,32 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
             // The gather only matches argmax values inside each output's window, so a corrupt
             // index is ignored (the CPU reference reports one outside the plane) but never
             // read or written out of bounds.
-            let mut a = args(&g, dx, dy);
-            a.zs = strides(idx);
-            a.p = [dy.ptr, idx.ptr, dx.ptr, 0];
+            let mut a = args(&g, dx, dy, Some(idx), [dy.ptr, idx.ptr, dx.ptr, 0]);
             launch(device, op, dy.dtype, "max_pool2d_backward", &mut a, in_elems(&g))
         }
         Op::AvgPool2d { window } => {
             let (g, [x, y]) = Geom::avg(op, &window, &ins, &outs)?;
-            let mut a = args(&g, x, y);
-            a.p = [x.ptr, y.ptr, 0, 0];
+            let mut a = args(&g, x, y, None, [x.ptr, y.ptr, 0, 0]);
             launch(device, op, x.dtype, "avg_pool2d", &mut a, out_elems(&g))
         }
         Op::AvgPool2dBackward { window } => {
             let (g, [dy, dx]) = Geom::avg_backward(op, &window, &ins, &outs)?;
-            let mut a = args(&g, dx, dy);
-            a.p = [dy.ptr, dx.ptr, 0, 0];
+            let mut a = args(&g, dx, dy, None, [dy.ptr, dx.ptr, 0, 0]);
             launch(device, op, dy.dtype, "avg_pool2d_backward", &mut a, in_elems(&g))
         }
         _ => Err(BackendError::unsupported(format!("cuda: {} is not a pooling op", op.name()))),
     }
 }
 
-/// The argument block with the geometry, x-side strides from `x` and y-side from `y`.
-fn args(g: &Geom, x: &Operand, y: &Operand) -> ConvArgs {
+/// The argument block with the geometry, x-side strides from `x`, y-side from `y`, the argmax
+/// strides from `idx` (max pooling), and the kernel's pointers `p`.
+fn args(g: &Geom, x: &Operand, y: &Operand, idx: Option<&Operand>, p: [u64; 4]) -> ConvArgs {
     let mut a = ConvArgs::window(g.n, g.c, &g.rows, &g.cols);
     a.xs = strides(x);
     a.ys = strides(y);
+    if let Some(idx) = idx {
+        a.zs = strides(idx);
+    }
+    a.p = p;
     a
 }

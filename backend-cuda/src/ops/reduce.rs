@@ -104,18 +104,7 @@ fn rows(device: &CudaDevice, op: &Op, r: ReduceOp, dtype: DType, mut args: Args)
     let units = n_rows * parts;
     let blocks = if block { units } else { units.div_ceil(THREADS as u64 / 32) };
     let grid = (blocks.min(sms * 64) as u32, 1);
-    with_parts(device, op, r, dtype, args, parts, |a| {
-        device.launch_grid(
-            op.name(),
-            &super::ELEMENTWISE,
-            dtype,
-            &format!("reduce_rows_{}", r.name()),
-            a,
-            grid,
-            (THREADS, 1),
-            SMEM,
-        )
-    })
+    launch_parts(device, op, r, dtype, args, parts, "rows", grid)
 }
 
 /// Columns: the last kept dim is contiguous in the input; threads lie side by side along it
@@ -137,31 +126,26 @@ fn cols(device: &CudaDevice, op: &Op, r: ReduceOp, dtype: DType, mut args: Args,
     args.u[1] = parts;
     args.flag = (tx.trailing_zeros() << 8) as i32 | if packs { 2 } else { 0 };
     let grid = (tiles.min(sms * 64) as u32, parts as u32);
-    with_parts(device, op, r, dtype, args, parts, |a| {
-        device.launch_grid(
-            op.name(),
-            &super::ELEMENTWISE,
-            dtype,
-            &format!("reduce_cols_{}", r.name()),
-            a,
-            grid,
-            (THREADS, 1),
-            SMEM,
-        )
-    })
+    launch_parts(device, op, r, dtype, args, parts, "cols", grid)
 }
 
-/// Run `main` with a scratch array for `parts` partial states per output when `parts > 1`,
-/// then fold them into the output.
-fn with_parts(
+/// Launch `reduce_{kind}_{r}` on `grid` (blocks of `THREADS`), with a scratch array for
+/// `parts` partial states per output when `parts > 1`, then fold them into the output.
+#[allow(clippy::too_many_arguments)]
+fn launch_parts(
     device: &CudaDevice,
     op: &Op,
     r: ReduceOp,
     dtype: DType,
     mut args: Args,
     parts: u64,
-    main: impl FnOnce(&mut Args) -> Result<()>,
+    kind: &str,
+    grid: (u32, u32),
 ) -> Result<()> {
+    let main = |a: &mut Args| {
+        let kernel = format!("reduce_{kind}_{}", r.name());
+        device.launch_grid(op.name(), &super::ELEMENTWISE, dtype, &kernel, a, grid, (THREADS, 1), SMEM)
+    };
     if parts == 1 {
         return main(&mut args);
     }

@@ -268,6 +268,25 @@ fn check_pool_padding(name: &str, kernel: [usize; 2], padding: [usize; 2]) -> Re
     Ok(())
 }
 
+/// The fused pooling's output `(n, c, oh, ow)`, uninitialized.
+fn pool_output(x: &Tensor, g: &Geometry) -> Result<Tensor> {
+    let (n, c) = (x.shape()[0], x.shape()[1]);
+    Tensor::empty(&[n, c, g.output[0], g.output[1]], x.dtype(), x.device())
+}
+
+/// The fused pooling backward `bop` of `gy` (and max pooling's `argmax`) into a new dx of
+/// `x_shape`; `None` when the composition is to run instead (gradients of the gradient are
+/// recorded, or the backend does not claim `bop`).
+fn fused_pool_backward(bop: &Op, gy: &Tensor, argmax: Option<&Tensor>, x_shape: &[usize]) -> Result<Option<Tensor>> {
+    if is_grad_enabled() || !super::fused::use_fused(bop, gy)? {
+        return Ok(None);
+    }
+    let dx = Tensor::empty(x_shape, gy.dtype(), gy.device())?;
+    let ins: Vec<_> = std::iter::once(gy).chain(argmax).map(|t| (t, t.layout())).collect();
+    exec(bop, &ins, &[&dx])?;
+    Ok(Some(dx))
+}
+
 /// 2-D max pooling (`F.max_pool2d`, floor output size, -inf padding). The gradient goes to
 /// the first maximum of each window in the fused kernel; the composition shares it evenly
 /// among tied maxima.
@@ -285,17 +304,14 @@ pub fn max_pool2d(
     if !super::fused::use_fused(&op, x)? {
         return g.unfold(&g.pad(x, f64::NEG_INFINITY)?)?.max_dims(&[2], false);
     }
-    let (n, c) = (x.shape()[0], x.shape()[1]);
-    let y = Tensor::empty(&[n, c, g.output[0], g.output[1]], x.dtype(), x.device())?;
+    let y = pool_output(x, &g)?;
     let argmax = Tensor::empty(y.shape(), DType::I64, x.device())?;
     exec(&op, &[(x, x.layout())], &[&y, &argmax])?;
     let x_shape = x.shape().to_vec();
     let backward = Box::new(move |gr: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
         let gy = gr[0].as_ref().ok_or_else(|| Error::invalid("missing gradient"))?;
         let bop = Op::MaxPool2dBackward { window: g.window() };
-        if !is_grad_enabled() && super::fused::use_fused(&bop, gy)? {
-            let dx = Tensor::empty(&x_shape, gy.dtype(), gy.device())?;
-            exec(&bop, &[(gy, gy.layout()), (&argmax, argmax.layout())], &[&dx])?;
+        if let Some(dx) = fused_pool_backward(&bop, gy, Some(&argmax), &x_shape)? {
             return Ok(vec![Some(dx)]);
         }
         let (n, c) = (x_shape[0] as isize, x_shape[1] as isize);
@@ -316,16 +332,13 @@ pub fn avg_pool2d(x: &Tensor, kernel: [usize; 2], stride: [usize; 2], padding: [
     if !super::fused::use_fused(&op, x)? {
         return g.unfold(&g.pad(x, 0.0)?)?.mean_dims(&[2], false);
     }
-    let (n, c) = (x.shape()[0], x.shape()[1]);
-    let y = Tensor::empty(&[n, c, g.output[0], g.output[1]], x.dtype(), x.device())?;
+    let y = pool_output(x, &g)?;
     exec(&op, &[(x, x.layout())], &[&y])?;
     let x_shape = x.shape().to_vec();
     let backward = Box::new(move |gr: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
         let gy = gr[0].as_ref().ok_or_else(|| Error::invalid("missing gradient"))?;
         let bop = Op::AvgPool2dBackward { window: g.window() };
-        if !is_grad_enabled() && super::fused::use_fused(&bop, gy)? {
-            let dx = Tensor::empty(&x_shape, gy.dtype(), gy.device())?;
-            exec(&bop, &[(gy, gy.layout())], &[&dx])?;
+        if let Some(dx) = fused_pool_backward(&bop, gy, None, &x_shape)? {
             return Ok(vec![Some(dx)]);
         }
         let s = gy.shape().iter().map(|&d| d as isize).collect::<Vec<_>>();

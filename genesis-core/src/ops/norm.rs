@@ -135,14 +135,8 @@ fn layer_norm_fused(x: &Tensor, w: &Option<Tensor>, b: &Option<Tensor>, eps: f64
     let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
         let g = grad0(g)?;
         let (x, w) = (sx.get("layer_norm")?, sw.get("layer_norm")?);
-        if !is_grad_enabled() && super::fused::use_fused(&Op::LayerNormBackward, g)? {
-            let dx = Tensor::empty(x.shape(), x.dtype(), x.device())?;
-            let dw = Tensor::empty(w.shape(), w.dtype(), w.device())?;
-            let db = Tensor::empty(w.shape(), w.dtype(), w.device())?;
-            let ins = [g, x, w, &mean, &rstd];
-            let ins: Vec<_> = ins.iter().map(|t| (*t, t.layout())).collect();
-            exec(&Op::LayerNormBackward, &ins, &[&dx, &dw, &db])?;
-            return Ok(vec![Some(dx), Some(dw), Some(db)]);
+        if let Some(grads) = fused_norm_backward(&Op::LayerNormBackward, &[g, x, w, &mean, &rstd], &[x, w, w])? {
+            return Ok(grads);
         }
         // The composition, differentiable in x, w and g (higher-order gradients).
         let mu = x.mean_dims(&[-1], true)?;
@@ -157,6 +151,20 @@ fn layer_norm_fused(x: &Tensor, w: &Option<Tensor>, b: &Option<Tensor>, eps: f64
     let inputs: Vec<&Tensor> = [Some(x), w.as_ref(), b.as_ref()].into_iter().flatten().collect();
     let mut out = record("layer_norm", &inputs, vec![y], wrap_backward(backward, w.is_some(), b.is_some()));
     Ok(out.remove(0))
+}
+
+/// The fused backward `op` of a normalization on `ins` (dy, x, weight, statistics), with
+/// one new output shaped like each of `like` (dx like x, the parameter gradients like the
+/// weight); `None` when the composition is to run instead (gradients of the gradient are
+/// recorded, or the backend does not claim `op`).
+fn fused_norm_backward(op: &Op, ins: &[&Tensor], like: &[&Tensor]) -> Result<Option<Vec<Option<Tensor>>>> {
+    if is_grad_enabled() || !super::fused::use_fused(op, ins[0])? {
+        return Ok(None);
+    }
+    let outs = like.iter().map(|t| Tensor::empty(t.shape(), t.dtype(), t.device())).collect::<Result<Vec<_>>>()?;
+    let ins: Vec<_> = ins.iter().map(|t| (*t, t.layout())).collect();
+    exec(op, &ins, &outs.iter().collect::<Vec<_>>())?;
+    Ok(Some(outs.into_iter().map(Some).collect()))
 }
 
 /// Adapt a backward that always returns `[dx, dweight, dbias]` to the inputs actually
@@ -199,13 +207,9 @@ pub fn rms_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>,
         let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
             let g = grad0(g)?;
             let (x, w) = (sx.get("rms_norm")?, sw.get("rms_norm")?);
-            if !is_grad_enabled() && super::fused::use_fused(&Op::RmsNormBackward, g)? {
-                let dx = Tensor::empty(x.shape(), x.dtype(), x.device())?;
-                let dw = Tensor::empty(w.shape(), w.dtype(), w.device())?;
-                let ins = [g, x, w, &rstd];
-                let ins: Vec<_> = ins.iter().map(|t| (*t, t.layout())).collect();
-                exec(&Op::RmsNormBackward, &ins, &[&dx, &dw])?;
-                return Ok(vec![Some(dx), Some(dw), None]);
+            if let Some(mut grads) = fused_norm_backward(&Op::RmsNormBackward, &[g, x, w, &rstd], &[x, w])? {
+                grads.push(None); // no bias
+                return Ok(grads);
             }
             let r = x.square()?.mean_dims(&[-1], true)?.add_scalar(eps)?.rsqrt()?;
             let xhat = x.mul(&r)?;
@@ -336,14 +340,9 @@ fn batch_norm_fused(
     let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
         let g = grad0(g)?;
         let (x, w) = (sx.get("batch_norm")?, sw.get("batch_norm")?);
-        if !is_grad_enabled() && super::fused::use_fused(&Op::BatchNormBackward, g)? {
-            let dx = Tensor::empty(x.shape(), x.dtype(), x.device())?;
-            let dw = Tensor::empty(w.shape(), DType::F32, w.device())?;
-            let db = Tensor::empty(w.shape(), DType::F32, w.device())?;
-            let ins = [g, x, w, &smean, &srstd];
-            let ins: Vec<_> = ins.iter().map(|t| (*t, t.layout())).collect();
-            exec(&Op::BatchNormBackward, &ins, &[&dx, &dw, &db])?;
-            return Ok(vec![Some(dx), Some(dw), Some(db)]);
+        // w is the f32 parameter the op took, so dw and db come out f32.
+        if let Some(grads) = fused_norm_backward(&Op::BatchNormBackward, &[g, x, w, &smean, &srstd], &[x, w, w])? {
+            return Ok(grads);
         }
         // The composition, differentiable in x, w and g (higher-order gradients), in f32.
         let (g32, x32) = (g.to_dtype(DType::F32)?, x.to_dtype(DType::F32)?);

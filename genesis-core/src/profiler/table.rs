@@ -185,24 +185,11 @@ pub(crate) fn render(events: &[Event], options: &TableOptions, device_time: bool
     let mut out = format!("{rule}\n{header}\n{rule}\n");
     for r in rows.iter().take(options.row_limit) {
         let name: String = r.name.chars().take(name_width).collect();
-        let _ = write!(
-            out,
-            "{name:<name_width$}  {:>10.2}%  {:>12}  {:>12}  {:>12}  {:>8}",
-            percent(r.self_ns, all_self),
-            fmt_time(r.self_ns),
-            fmt_time(r.total_ns),
-            fmt_time(avg(r)),
-            r.calls
-        );
+        let host = time_columns(10, r.self_ns, all_self, r.total_ns, avg(r));
+        let _ = write!(out, "{name:<name_width$}  {host}  {:>8}", r.calls);
         if with_device {
-            let _ = write!(
-                out,
-                "  {:>12.2}%  {:>12}  {:>12}  {:>12}",
-                percent(r.self_device_ns, all_self_device),
-                fmt_time(r.self_device_ns),
-                fmt_time(r.device_total_ns),
-                fmt_time(device_avg(r))
-            );
+            let device = time_columns(12, r.self_device_ns, all_self_device, r.device_total_ns, device_avg(r));
+            let _ = write!(out, "  {device}");
         }
         if with_memory {
             let _ = write!(out, "  {:>12}", fmt_bytes(r.allocated));
@@ -234,6 +221,18 @@ pub(crate) fn render(events: &[Event], options: &TableOptions, device_time: bool
         let _ = writeln!(out, "Device time on {}: {how}; host times there are the time to issue the work.", t.device);
     }
     out
+}
+
+/// One clock's columns of a row: self time as a percentage of `all` (`width` characters before
+/// the sign), self time, total and average.
+fn time_columns(width: usize, self_ns: u64, all: u64, total_ns: u64, avg_ns: u64) -> String {
+    format!(
+        "{:>width$.2}%  {:>12}  {:>12}  {:>12}",
+        percent(self_ns, all),
+        fmt_time(self_ns),
+        fmt_time(total_ns),
+        fmt_time(avg_ns)
+    )
 }
 
 /// `part` as a percentage of `all` (0 when `all` is 0).

@@ -1,8 +1,9 @@
 //! Batch normalization: per-channel statistics over the batch and spatial dims of `(n, c, s)`.
 
+use super::rows::expect_eps;
 use super::{dims, expect_dtype, expect_like, expect_shape, operands, Meta};
 use crate::dtype::DType;
-use crate::error::{BackendError, Result};
+use crate::error::Result;
 use crate::op::Op;
 
 /// A per-channel f32 operand (weight, bias, statistics and their gradients): shape `[c]`.
@@ -21,9 +22,7 @@ pub fn batch_norm<'a, T: Meta>(
 ) -> Result<(&'a [T; 3], &'a [T; 3])> {
     let (ins @ [x, w, b], outs @ [y, mean, rstd]) = operands(op, inputs, outputs)?;
     let [_, c, _] = dims::<3>(op, "x", x)?;
-    if eps.is_nan() || eps < 0.0 {
-        return Err(BackendError::invalid(format!("{}: eps must be >= 0, got {eps}", op.name())));
-    }
+    expect_eps(op, eps)?;
     expect_channel(op, "weight", w, c)?;
     expect_channel(op, "bias", b, c)?;
     expect_like(op, "y", y, x)?;

@@ -24,7 +24,8 @@ pub fn softmax_backward<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T])
     Ok((ins, outs))
 }
 
-fn expect_eps(op: &Op, eps: f64) -> Result<()> {
+/// The normalizations' eps: not NaN, >= 0 (batch norm's rule too).
+pub(super) fn expect_eps(op: &Op, eps: f64) -> Result<()> {
     if eps.is_nan() || eps < 0.0 {
         return Err(BackendError::invalid(format!("{}: eps must be >= 0, got {eps}", op.name())));
     }
