@@ -307,21 +307,20 @@ impl<M: Memory> CachingAllocator<M> {
         self.block_mut(i).allocated = false;
         if let Some(p) = self.block(i).prev.filter(|&p| !self.block(p).allocated) {
             self.remove_free(p);
-            self.absorb_next(p);
+            self.absorb(p, i);
             i = p;
         }
         if let Some(n) = self.block(i).next.filter(|&n| !self.block(n).allocated) {
             self.remove_free(n);
-            self.absorb_next(i);
+            self.absorb(i, n);
         }
         self.insert_free(i);
         Ok(())
     }
 
-    /// Merge the block after block `i` in its segment into `i`, which grows by its size and
-    /// takes its place in the segment's list.
-    fn absorb_next(&mut self, i: usize) {
-        let next = self.block(i).next.expect("a block to absorb");
+    /// Merge block `next`, the one after block `i` in its segment, into `i`, which grows by
+    /// its size and takes its place in the segment's list.
+    fn absorb(&mut self, i: usize, next: usize) {
         let absorbed = self.remove_block(next);
         let block = self.block_mut(i);
         block.size += absorbed.size;

@@ -93,6 +93,17 @@ pub struct Facts {
     pub max_smem_optin: u32,
 }
 
+/// The plugin's own kernels that an environment variable can turn off, read once when the
+/// device opens (so that A/B runs need no rebuild and the launch path reads no environment).
+#[derive(Debug, Clone, Copy)]
+pub struct Switches {
+    /// Products of one or two rows on `gemv_{1,2}` (`GENESIS_CUDA_GEMV=0` sends them to cuBLAS).
+    pub gemv: bool,
+    /// One-query masked attention on `attn_decode_{64,128}` (`GENESIS_CUDA_DECODE_ATTENTION=0`
+    /// sends it to `attn_masked`).
+    pub decode_attention: bool,
+}
+
 /// An opened CUDA device.
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
@@ -111,6 +122,8 @@ pub struct CudaDevice {
     events: Mutex<EventPool>,
     /// Facts about the device.
     pub facts: Facts,
+    /// Which of the plugin's optional kernels are on.
+    pub switches: Switches,
     sync_each_op: bool,
     /// The op name whose launches are replaced by a faulting kernel (fault-handling tests).
     plant_fault: Option<String>,
@@ -169,6 +182,10 @@ impl CudaDevice {
                 sm_count: sm_count.max(1) as u32,
                 driver,
                 max_smem_optin,
+            },
+            switches: Switches {
+                gemv: std::env::var_os("GENESIS_CUDA_GEMV").is_none_or(|v| v != "0"),
+                decode_attention: std::env::var_os("GENESIS_CUDA_DECODE_ATTENTION").is_none_or(|v| v != "0"),
             },
             sync_each_op: std::env::var_os("GENESIS_CUDA_SYNC").is_some_and(|v| v != "0"),
             plant_fault: std::env::var("GENESIS_CUDA_PLANT_FAULT").ok().filter(|v| !v.is_empty()),

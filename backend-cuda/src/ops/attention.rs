@@ -85,7 +85,8 @@ fn variant(op: &Op, d: usize, dtype: DType) -> Result<usize> {
     }
 }
 
-/// `attn_masked_{dmax}`: keys per chunk (`MA_CHUNK`) and warps (`MA_WARPS`).
+/// `attn_masked_{dmax}`: keys per chunk (`MA_CHUNK`) and warps (`MA_WARPS`, also
+/// `attn_decode_{d}`'s `MD_WARPS`).
 const MA_CHUNK: usize = 1024;
 const MA_WARPS: usize = 8;
 /// The fewest keys a block of `attn_masked` takes when a row's keys are split.
@@ -101,8 +102,8 @@ const MD_GMAX: usize = 8;
 /// row (a decode step), a head dim of 64 or 128, at most [`MD_GMAX`] query heads per key head,
 /// and key and value rows dense along the head dim and 16-byte aligned (it loads 16-byte
 /// packs). `GENESIS_CUDA_DECODE_ATTENTION=0` sends every masked attention to `attn_masked`.
-fn decode_pass(dm: &Dims, dtype: DType, k: &Operand, v: &Operand) -> Option<usize> {
-    if std::env::var_os("GENESIS_CUDA_DECODE_ATTENTION").is_some_and(|x| x == "0") {
+fn decode_pass(device: &CudaDevice, dm: &Dims, dtype: DType, k: &Operand, v: &Operand) -> Option<usize> {
+    if !device.switches.decode_attention {
         return None;
     }
     let pack = 16 / dtype.size_in_bytes();
@@ -115,8 +116,8 @@ fn decode_pass(dm: &Dims, dtype: DType, k: &Operand, v: &Operand) -> Option<usiz
         && dm.hq / dm.hk <= MD_GMAX
         && packed(k)
         && packed(v);
-    // A key row is `min(32, d / pack)` lanes; 8 warps take 32 / that many rows each.
-    fits.then(|| 8 * 32 / (dm.d / pack).min(32))
+    // A key row is `min(32, d / pack)` lanes; each of the block's warps takes 32 / that many.
+    fits.then(|| MA_WARPS * 32 / (dm.d / pack).min(32))
 }
 
 /// Tensor-core kernels (`attn_*_tc_*`): threads per block (4 warps), rows of a 64-row tile.
@@ -274,20 +275,20 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
             // Enough (row, key range) blocks for 4 per SM, ranges of at least a minimum of keys:
             // per query row for `attn_masked`; per (batch, key head) and one pass of keys for
             // `attn_decode`, which serves a key head's query heads together.
-            let decode = decode_pass(&dm, q.dtype, k, v);
+            let decode = decode_pass(device, &dm, q.dtype, k, v);
             let rows = dm.b * dm.hq * dm.s;
             let (blocks_per_split, min_split) = match decode {
                 Some(pass) => (dm.b * dm.hk, pass),
                 None => (rows, MA_MIN_SPLIT),
             };
             let target = 4 * device.facts.sm_count as usize;
+            let elem = compute_dtype(q.dtype).size_in_bytes();
             // `attn_masked_combine` holds a row's partials in shared memory.
-            let combinable = MA_COMBINE_SMEM / ((dm.d + 3) * compute_dtype(q.dtype).size_in_bytes());
+            let combinable = MA_COMBINE_SMEM / ((dm.d + 3) * elem);
             let splits =
                 target.div_ceil(blocks_per_split.max(1)).min(combinable).clamp(1, dm.t.div_ceil(min_split).max(1));
             a.split = dm.t.div_ceil(splits).max(1) as i64;
             let splits = dm.t.div_ceil(a.split as usize).max(1);
-            let elem = compute_dtype(q.dtype).size_in_bytes();
             with_scratch(device, |scratch| {
                 if splits > 1 {
                     a.partial = scratch.dense(device, compute_dtype(q.dtype), &[rows * splits, dm.d + 2])?.ptr;

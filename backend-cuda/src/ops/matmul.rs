@@ -41,6 +41,8 @@ struct GemvArgs {
 /// weight; from 4 rows on, cuBLAS's tiles are faster (H100, Qwen2.5-0.5B decode at batch 4:
 /// 1,785 against 1,990 tokens/s; batch 2: 1,194 against 1,093).
 const GEMV_MAX_ROWS: usize = 2;
+/// Warps per block of `gemv_{1,2}` (`WARPS` in gemv.cu): outputs per block times warps per output.
+const GEMV_WARPS: usize = 8;
 
 /// What this family runs.
 fn claims() -> Vec<(OpKind, DType)> {
@@ -161,10 +163,10 @@ fn fold_shared_batch(a: Operand, b: Operand, y: Operand) -> (Operand, Operand, O
 
 /// The few-row kernel, when it applies: at most [`GEMV_MAX_ROWS`] rows, no batch, `b` the
 /// transpose of a weight stored (n, k) with unit stride along k, and `a` and that weight
-/// packed (16-byte aligned, row strides and k multiples of the 16-byte pack). Returns whether
-/// it ran.
+/// packed (16-byte aligned, row strides and k multiples of the 16-byte pack), unless
+/// `GENESIS_CUDA_GEMV=0` turned it off. Returns whether it ran.
 fn gemv(device: &CudaDevice, a: &Operand, b: &Operand, y: &Operand, (m, n, k): (usize, usize, usize)) -> Result<bool> {
-    if std::env::var_os("GENESIS_CUDA_GEMV").is_some_and(|v| v == "0") {
+    if !device.switches.gemv {
         return Ok(false);
     }
     let r = a.shape.len();
@@ -189,10 +191,10 @@ fn gemv(device: &CudaDevice, a: &Operand, b: &Operand, y: &Operand, (m, n, k): (
     let sms = device.facts.sm_count as usize;
     let chunks = k.div_ceil(32 * pack);
     let mut slices = 1;
-    while slices < 8 && slices * 2 <= chunks && n.div_ceil(8 / slices) < 4 * sms {
+    while slices < GEMV_WARPS && slices * 2 <= chunks && n.div_ceil(GEMV_WARPS / slices) < 4 * sms {
         slices *= 2;
     }
-    let rows = 8 / slices;
+    let rows = GEMV_WARPS / slices;
     let name = if m == 1 { "gemv_1" } else { "gemv_2" };
     let mut args = GemvArgs {
         a: a.ptr,
@@ -209,7 +211,8 @@ fn gemv(device: &CudaDevice, a: &Operand, b: &Operand, y: &Operand, (m, n, k): (
     };
     let blocks = u32::try_from(n.div_ceil(rows))
         .map_err(|_| BackendError::unsupported(format!("matmul: {n} outputs exceed one grid")))?;
-    launch::launch_1d(device, "matmul", &MODULE, a.dtype, name, &mut args, (blocks, 256, 0))?;
+    let threads = 32 * GEMV_WARPS as u32;
+    launch::launch_1d(device, "matmul", &MODULE, a.dtype, name, &mut args, (blocks, threads, 0))?;
     Ok(true)
 }
 

@@ -51,9 +51,9 @@ pub enum GraphUse {
     /// than the launches it saves.
     SingleSequence,
     /// Whenever the model and backend can (the default). Measured on an H100 with the
-    /// Qwen2.5-0.5B shape after a 512-token prompt (benches/qwen2/RESULTS.md): 598-693 tokens/s
-    /// captured against 373 uncaptured at batch 1, 1,208 against 591 at batch 2, 7,119 against
-    /// 6,401 at batch 32.
+    /// Qwen2.5-0.5B shape after a 512-token prompt (benches/qwen2/RESULTS.md), captured
+    /// against uncaptured in the same runs: 598 against 373 and 681 against 301 tokens/s at
+    /// batch 1, 1,208 against 591 at batch 2, 11,936 against 5,880 at batch 32.
     #[default]
     Always,
 }
