@@ -688,6 +688,26 @@ declare_ops! {
     /// `dbias = Σ dy`, `dweight = Σ dy · x̂` (sums per channel), `dx = weight · rstd · (dy -
     /// dbias/m - x̂ · dweight/m)`.
     BatchNormBackward = 40 => "batch_norm_backward" in Floats,
+    /// `[x, residual, weight (d)] -> [y, sum, rstd(f32)]`, `x` and `residual` of one shape
+    /// `(.., d)` and dtype, `y` and `sum` like them: the residual addition of a pre-norm
+    /// transformer fused with the RMS norm that follows it. `sum = x + residual`, rounded to
+    /// the dtype (what an `add` op stores), then `RmsNorm` of `sum`: `y = sum · rstd · weight`
+    /// with `rstd = 1/sqrt(mean(sum²) + eps)` over the last dim, in the compute type. The
+    /// backward is `RmsNormBackward` on `sum`, its `dx` plus the gradient of `sum`, for both
+    /// inputs.
+    AddRmsNorm {
+        /// Added to the mean square.
+        eps: f64 => float[0],
+    } = 41 => "add_rms_norm" in Floats,
+    /// `[q (b, hq, s, d), k (b, hk, s, d), v (b, hk, s, d), cos (s, d/2), sin (s, d/2),
+    /// position (i64, 1)] -> [q_out (like q), k_cache (b, hk, t, d), v_cache (b, hk, t, d)]`,
+    /// all float operands of one dtype, the caches written in place: with `p = position[0]`,
+    /// `q_out = rotary(q)`, `k_cache[:, :, p + i] = rotary(k)[:, :, i]` and
+    /// `v_cache[:, :, p + i] = v[:, :, i]` for `i < s`, `rotary` as in `Rotary` (the angle of
+    /// row `i` of `cos`/`sin`); the caches' other positions are left as they are. A `p`
+    /// outside `[0, t - s]` is an error and writes nothing. The step of incremental decoding
+    /// whose position lives on the device (a captured graph). Forward only.
+    RotaryKvWrite = 42 => "rotary_kv_write" in Floats,
 }
 
 /// An op kind: the wire code of an [`Op`] without its attributes. Used in capability lists.
@@ -931,6 +951,8 @@ mod tests {
             Op::MaskedAttention { scale: 0.125 },
             Op::BatchNorm { eps: 1e-5 },
             Op::BatchNormBackward,
+            Op::AddRmsNorm { eps: 1e-6 },
+            Op::RotaryKvWrite,
         ]
     }
 
@@ -995,5 +1017,7 @@ mod tests {
         swiglu_backward 0x525 [] []\n\
         masked_attention 0x526 [0.125] []\n\
         batch_norm 0x527 [1e-5] []\n\
-        batch_norm_backward 0x528 [] []\n";
+        batch_norm_backward 0x528 [] []\n\
+        add_rms_norm 0x529 [1e-6] []\n\
+        rotary_kv_write 0x52a [] []\n";
 }
