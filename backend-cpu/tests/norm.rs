@@ -1,4 +1,5 @@
-//! LayerNorm and RmsNorm, forward and backward, against the f64 references below (see
+//! LayerNorm and RmsNorm, forward and backward, and AddRmsNorm, against the f64 references
+//! below (see
 //! `common::fused` for the method and the tolerances).
 
 mod common;
@@ -155,6 +156,29 @@ fn rms_norm(
     let (dx, dw) = rms_norm_backward_ref(&dy, &x, &w, &rstd);
     assert_close("dx", &h.download(&dxt), &dx, 16.0 * eps_of_compute(dtype));
     assert_close("dweight", &h.download(&dwt), &dw, 16.0 * eps_of_compute(dtype));
+}
+
+#[rstest]
+fn add_rms_norm(#[values(F32, F64, F16, BF16)] dtype: DType, #[values(Dense, Strided)] layout: Layout) {
+    let h = Harness::new();
+    let mut rng = Rng(7);
+    let (shape, d) = ([5usize, 24], 24);
+    let n = shape.iter().product::<usize>();
+    let (x, r, w) = (round(dtype, &rng.vec(n, 2.0)), round(dtype, &rng.vec(n, 2.0)), round(dtype, &rng.vec(d, 1.5)));
+    let eps = 1e-6;
+    let (xt, res, wt) =
+        (h.input(dtype, &shape, layout, &x), h.input(dtype, &shape, Dense, &r), h.input(dtype, &[d], layout, &w));
+    let (yt, st, rt) = (h.output(dtype, &shape, layout), h.output(dtype, &shape, Dense), h.output(F32, &[5], layout));
+    h.ok(Op::AddRmsNorm { eps }, &[&xt, &res, &wt], &[&yt, &st, &rt]);
+    // The sum is rounded to the dtype before it is normalized.
+    let sum = round(dtype, &x.iter().zip(&r).map(|(a, b)| a + b).collect::<Vec<_>>());
+    assert_eq!(h.download(&st), sum);
+    let (y, rstd) = rms_norm_ref(&sum, &w, eps);
+    assert_close("y", &h.download(&yt), &y, 8.0 * eps_of_compute(dtype));
+    assert_close("rstd", &h.download(&rt), &rstd, STAT_TOL);
+    let r3 = h.input(dtype, &[5, 3, 8], Dense, &r);
+    let m = h.fails(Op::AddRmsNorm { eps }, &[&xt, &r3, &wt], &[&yt, &st, &rt], ErrorKind::ShapeMismatch);
+    assert!(m.contains("add_rms_norm") && m.contains("residual"), "{m}");
 }
 
 #[test]

@@ -393,3 +393,64 @@ fn f64_gradients_through_the_norms_attention_and_cross_entropy_are_f64_exact() {
     ];
     assert!(errors.iter().all(|&e| e < 1e-11), "{errors:?}");
 }
+
+#[test]
+fn add_rms_norm_fused_matches_the_addition_then_the_norm() {
+    // f32 (f64 always takes the composition). The loss reads both outputs, so the gradient of
+    // the sum flows into x and the residual beside the norm's; a strided residual; the second
+    // run records the gradient's own graph (create_graph) and differentiates it again.
+    let f32 = |t: Tensor| t.to_dtype(DType::F32).unwrap().detach().requires_grad_(true).unwrap();
+    let x = f32(rand(&[3, 5], 60));
+    let r = f32(rand(&[5, 3], 61));
+    let w = f32(rand(&[5], 62));
+    let run = |composite: bool| -> Vec<Vec<f64>> {
+        let go = || -> Result<Vec<Vec<f64>>> {
+            for t in [&x, &r, &w] {
+                t.zero_grad();
+            }
+            let (y, sum) = F::add_rms_norm(&x, &r.t()?, &[5], Some(&w), Some(1e-6))?;
+            let loss = y.mul(&y)?.sum()?.add(&sum.mul(&y)?.sum()?)?;
+            let g = genesis::grad(&[loss], &[x.clone(), w.clone()], None, true, true)?;
+            let (gx, gw) = (g[0].clone().unwrap(), g[1].clone().unwrap());
+            gx.square()?.sum()?.add(&gw.square()?.sum()?)?.backward()?;
+            Ok(vec![
+                y.to_vec::<f64>()?,
+                sum.to_vec::<f64>()?,
+                gx.to_vec::<f64>()?,
+                gw.to_vec::<f64>()?,
+                x.grad().unwrap().to_vec::<f64>()?,
+                r.grad().unwrap().to_vec::<f64>()?,
+                w.grad().unwrap().to_vec::<f64>()?,
+            ])
+        };
+        if composite {
+            genesis::testing::composites_only(go).unwrap()
+        } else {
+            go().unwrap()
+        }
+    };
+    let (fused, composite) = (run(false), run(true));
+    for (a, b) in fused.iter().flatten().zip(composite.iter().flatten()) {
+        assert!((a - b).abs() < 1e-5 * (1.0 + b.abs()), "{a} vs {b}");
+    }
+    // The sum is exactly what `add` stores, and the fused node is the one recorded.
+    let (y, sum) = F::add_rms_norm(&x, &r.t().unwrap(), &[5], Some(&w), Some(1e-6)).unwrap();
+    assert_eq!(sum.to_vec::<f32>().unwrap(), x.add(&r.t().unwrap()).unwrap().to_vec::<f32>().unwrap());
+    assert_eq!(y.grad_fn_name(), Some("add_rms_norm"));
+}
+
+#[test]
+fn add_rms_norm_gradcheck_and_errors() {
+    let (x, r, w) = (rand(&[2, 4], 63), rand(&[2, 4], 64), rand(&[4], 65));
+    check(
+        |t| {
+            let (y, sum) = F::add_rms_norm(&t[0], &t[1], &[4], Some(&t[2]), Some(1e-6))?;
+            y.mul(&sum)
+        },
+        &[x.clone(), r, w],
+    );
+    let kind = |r: Result<(Tensor, Tensor)>| r.unwrap_err().kind();
+    assert_eq!(kind(F::add_rms_norm(&x, &rand(&[2, 4], 1), &[3], None, None)), ErrorKind::ShapeMismatch);
+    assert_eq!(kind(F::add_rms_norm(&x, &rand(&[2, 3], 1), &[4], None, None)), ErrorKind::ShapeMismatch);
+    assert_eq!(kind(F::add_rms_norm(&x, &x, &[4], None, Some(-1.0))), ErrorKind::InvalidArgument);
+}

@@ -1,4 +1,5 @@
-//! LayerNorm and RmsNorm over the last dim, and their backward ops.
+//! LayerNorm and RmsNorm over the last dim, their backward ops, and RmsNorm after a residual
+//! addition (`AddRmsNorm`).
 //!
 //! Statistics are computed in the compute type (f32 for f16/bf16, f64 for f64) and saved as
 //! f32, as the interface asks. The weight gradients are summed over rows in fixed blocks so
@@ -13,7 +14,13 @@ use genesis_backend_api::{DType, Op, OpKind, Result};
 use rayon::prelude::*;
 
 fn claims() -> Vec<(OpKind, DType)> {
-    domain::claims(&[Op::LayerNorm { eps: 0.0 }, Op::LayerNormBackward, Op::RmsNorm { eps: 0.0 }, Op::RmsNormBackward])
+    domain::claims(&[
+        Op::LayerNorm { eps: 0.0 },
+        Op::LayerNormBackward,
+        Op::RmsNorm { eps: 0.0 },
+        Op::RmsNormBackward,
+        Op::AddRmsNorm { eps: 0.0 },
+    ])
 }
 
 fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
@@ -29,6 +36,10 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
         Op::RmsNorm { eps } => {
             let ([x, w], [y, rstd]) = checks::rms_norm(op, eps, inputs, outputs)?;
             with_float!(op, x.dtype, T => rms_norm::<T>(op, eps, [x, w], [y, rstd]))
+        }
+        Op::AddRmsNorm { eps } => {
+            let ([x, residual, w], [y, sum, rstd]) = checks::add_rms_norm(op, eps, inputs, outputs)?;
+            with_float!(op, x.dtype, T => add_rms_norm::<T>(op, eps, [x, residual, w], [y, sum, rstd]))
         }
         Op::RmsNormBackward => {
             let ([dy, x, w, rstd], [dx, dw]) = checks::rms_norm_backward(op, inputs, outputs)?;
@@ -161,9 +172,29 @@ fn layer_norm_backward<T: Float>(op: &Op, [dy, x, w, mean, rstd]: [&View; 5], [d
 }
 
 fn rms_norm<T: Float>(op: &Op, eps: f64, [x, w]: [&View; 2], [y, rstd]: [&View; 2]) -> Result<()> {
-    let (xs, ws) = (dense::<T>(op, x)?, dense::<T>(op, w)?);
+    let xs = dense::<T>(op, x)?;
+    rms_rows::<T>(op, eps, &xs, w, [y, rstd])
+}
+
+/// `sum = x + residual` rounded to `T` (as the `add` op stores it), then [`rms_norm`] of `sum`.
+fn add_rms_norm<T: Float>(op: &Op, eps: f64, [x, r, w]: [&View; 3], [y, sum, rstd]: [&View; 3]) -> Result<()> {
+    let (xs, rs) = (dense::<T>(op, x)?, dense::<T>(op, r)?);
+    let mut sums = Dense::<T>::output(op, sum)?;
+    sums.slice()
+        .par_iter_mut()
+        .zip(xs.par_iter().zip(rs.par_iter()))
+        .with_min_len(4096)
+        .for_each(|(o, (a, b))| *o = T::store(a.compute() + b.compute()));
+    rms_rows::<T>(op, eps, sums.slice(), w, [y, rstd])?;
+    sums.finish();
+    Ok(())
+}
+
+/// The RMS norm of the dense rows `xs` (the shape of `y`) with weight `w`.
+fn rms_rows<T: Float>(op: &Op, eps: f64, xs: &[T], w: &View, [y, rstd]: [&View; 2]) -> Result<()> {
+    let ws = dense::<T>(op, w)?;
     let (mut ys, mut rstds) = (Dense::<T>::output(op, y)?, Dense::<f32>::output(op, rstd)?);
-    let (_, d) = rows_of(&x.shape);
+    let (_, d) = rows_of(&y.shape);
     let eps = C::<T>::from_f64(eps);
     let n = C::<T>::from_f64(d as f64);
     if d == 0 {

@@ -1,4 +1,6 @@
-// Layer norm and RMS norm over the last dim, forward and backward, for float type T.
+// Layer norm and RMS norm over the last dim, forward and backward, for float type T; and RMS
+// norm after a residual addition (add_rms_norm: sum = x + residual rounded to T, then the RMS
+// norm of sum), which saves a decoder layer a pass over its residual stream.
 //
 // Work split: a group of G threads (a power of two, 32..MAXG) owns one row at a time; a block
 // holds blockDim/G groups and strides over the rows. Each thread keeps its share of the row
@@ -36,6 +38,9 @@ typedef typename TT::C C;
 #define S_B 5     // bias
 #define S_DY 6    // dy
 #define S_PART 7  // backward partial sums, dense [parts][nout][d] of C
+// add_rms_norm's forward takes two slots only the backward otherwise uses.
+#define S_RES S_DY   // residual
+#define S_SUM S_PART // sum = x + residual
 
 // Mirror of `RowArgs` in ops/norm.rs (a test compares the two layouts).
 struct RowArgs {
@@ -168,8 +173,9 @@ __device__ __forceinline__ C load_el(const RowArgs& a, int slot, i64 off, i64 c)
 // RMS: y = x * rstd * w, rstd = 1/sqrt(mean(x²) + eps).
 // An empty row (d = 0) gives 0/0 = NaN statistics, as PyTorch and the CPU reference do.
 // MODE (flag bits): 0 registers, element by element; 1 registers, packs; 2 big rows. A
-// compile-time MODE keeps each path's register demand apart.
-template <bool LN, int MODE> __device__ void norm_fwd(const RowArgs& a) {
+// compile-time MODE keeps each path's register demand apart. ADD (RMS only): x is first
+// replaced by sum = x + residual, rounded to T and stored.
+template <bool LN, int MODE, bool ADD = false> __device__ void norm_fwd(const RowArgs& a) {
     __shared__ C red[2][32];
     int phase = 0;
     const int G = a.group, t = threadIdx.x % G, rpb = blockDim.x / G;
@@ -185,9 +191,20 @@ template <bool LN, int MODE> __device__ void norm_fwd(const RowArgs& a) {
         i64 off[8];
         const bool active = row_offsets(a, row, off);
         C mu = (C)0, q = (C)0;
+        // The row's source: x, or the sum once ADD has stored it (each thread re-reads only
+        // the columns it wrote itself).
+        const int src = ADD ? S_SUM : S_X;
         if (!big) {
-            if (active) load_row(a, S_X, off[S_X], vec, G, t, x);
-            else
+            if (active) {
+                load_row(a, S_X, off[S_X], vec, G, t, x);
+                if (ADD) {
+                    C r[NE];
+                    load_row(a, S_RES, off[S_RES], vec, G, t, r);
+#pragma unroll
+                    for (int e = 0; e < NE; ++e) x[e] = TT::load(TT::store(x[e] + r[e]));
+                    store_row(a, S_SUM, off[S_SUM], vec, G, t, x);
+                }
+            } else
 #pragma unroll
                 for (int e = 0; e < NE; ++e) x[e] = (C)0;
             if (LN) {
@@ -204,15 +221,20 @@ template <bool LN, int MODE> __device__ void norm_fwd(const RowArgs& a) {
                     if (col_of(vec, G, t, k, i) < d) q += c * c;
                 }
         } else {
+            if (ADD && active) {
+                T* sum = (T*)a.p[S_SUM] + off[S_SUM];
+                for (i64 c = t; c < d; c += G)
+                    sum[c * a.cs[S_SUM]] = TT::store(load_el(a, S_X, off[S_X], c) + load_el(a, S_RES, off[S_RES], c));
+            }
             if (LN) {
                 C s = (C)0;
                 if (active)
-                    for (i64 c = t; c < d; c += G) s += load_el(a, S_X, off[S_X], c);
+                    for (i64 c = t; c < d; c += G) s += load_el(a, src, off[src], c);
                 mu = group_sum(s, G, red, phase) / n;
             }
             if (active)
                 for (i64 c = t; c < d; c += G) {
-                    C v = load_el(a, S_X, off[S_X], c) - mu;
+                    C v = load_el(a, src, off[src], c) - mu;
                     q += v * v;
                 }
         }
@@ -234,7 +256,7 @@ template <bool LN, int MODE> __device__ void norm_fwd(const RowArgs& a) {
         } else {
             T* y = (T*)a.p[S_Y] + off[S_Y];
             for (i64 c = t; c < d; c += G) {
-                C v = load_el(a, S_X, off[S_X], c), wv = load_el(a, S_W, 0, c);
+                C v = load_el(a, src, off[src], c), wv = load_el(a, S_W, 0, c);
                 C o = LN ? (v - mu) * r * wv + load_el(a, S_B, 0, c) : v * r * wv;
                 y[c * a.cs[S_Y]] = TT::store(o);
             }
@@ -253,7 +275,7 @@ template <bool LN, int MODE> __device__ void norm_fwd(const RowArgs& a) {
 // row takes half the registers of its f32 values) and converts on each use; fewer registers
 // per row means more rows in flight per SM, which is what this memory-bound kernel lacks.
 // Thread t of a group holds packs k*G + t, so a warp's loads are contiguous.
-template <bool LN, int PK> __device__ void norm_fwd_vec(const RowArgs& a) {
+template <bool LN, int PK, bool ADD = false> __device__ void norm_fwd_vec(const RowArgs& a) {
     __shared__ C red[2][32];
     int phase = 0;
     const int G = a.group, t = threadIdx.x % G, rpb = blockDim.x / G;
@@ -274,6 +296,20 @@ template <bool LN, int PK> __device__ void norm_fwd_vec(const RowArgs& a) {
             const int pk = k * G + t;
             if (active && pk < np) raw[k] = xp[pk];
             else raw[k] = P{};
+        }
+        if (ADD && active) {
+            const P* rp = (const P*)((const T*)a.p[S_RES] + row * a.st[S_RES][0]);
+            P* sp = (P*)((T*)a.p[S_SUM] + row * a.st[S_SUM][0]);
+#pragma unroll
+            for (int k = 0; k < PK; ++k) {
+                const int pk = k * G + t;
+                if (pk < np) {
+                    const P r = rp[pk];
+#pragma unroll
+                    for (int i = 0; i < NV; ++i) raw[k].v[i] = TT::store(TT::load(raw[k].v[i]) + TT::load(r.v[i]));
+                    sp[pk] = raw[k];
+                }
+            }
         }
         C mu = (C)0;
         if (LN) {
@@ -673,6 +709,9 @@ extern "C" __global__ void __launch_bounds__(MAXG) norm_colsum(const RowArgs a) 
     extern "C" __global__ void __launch_bounds__(MAXG) NAME##_2(const RowArgs a) { F<LN, 2>(a); }
 KERNELS(norm_fwd_ln, norm_fwd, true)
 KERNELS(norm_fwd_rms, norm_fwd, false)
+extern "C" __global__ void __launch_bounds__(MAXG) norm_fwd_add_rms_0(const RowArgs a) { norm_fwd<false, 0, true>(a); }
+extern "C" __global__ void __launch_bounds__(MAXG) norm_fwd_add_rms_1(const RowArgs a) { norm_fwd<false, 1, true>(a); }
+extern "C" __global__ void __launch_bounds__(MAXG) norm_fwd_add_rms_2(const RowArgs a) { norm_fwd<false, 2, true>(a); }
 // The forward's fast path (mode 3; ops/norm.rs sizes its groups for 4 packs per thread, the
 // count measured fastest: RESULTS.md, "Kernel design notes"). A register cap of 42 (three
 // 512-thread blocks) suits every type but bf16, whose float conversions spill under it, so
@@ -684,6 +723,9 @@ extern "C" __global__ void __launch_bounds__(MAXG, VMinBlocks<T>::value) norm_fw
 }
 extern "C" __global__ void __launch_bounds__(MAXG, VMinBlocks<T>::value) norm_fwd_rms_v(const RowArgs a) {
     norm_fwd_vec<false, 4>(a);
+}
+extern "C" __global__ void __launch_bounds__(MAXG, VMinBlocks<T>::value) norm_fwd_add_rms_v(const RowArgs a) {
+    norm_fwd_vec<false, 4, true>(a);
 }
 KERNELS(norm_bwd_ln, norm_bwd, true)
 KERNELS(norm_bwd_rms, norm_bwd, false)

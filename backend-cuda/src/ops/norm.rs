@@ -1,4 +1,5 @@
-//! Layer norm and RMS norm over the last dim, forward and backward (`kernels/norm.cu`), with
+//! Layer norm and RMS norm over the last dim, forward and backward, and RMS norm after a
+//! residual addition (`kernels/norm.cu`), with
 //! the CPU backend's checks and dtype rules: float tensors, f32 `mean`/`rstd`, statistics in
 //! f32 (f64 for f64).
 //!
@@ -47,6 +48,9 @@ const S_W: usize = 4;
 const S_B: usize = 5;
 const S_DY: usize = 6;
 const S_PART: usize = 7;
+// add_rms_norm's residual and sum (slots only the backward otherwise uses).
+const S_RES: usize = S_DY;
+const S_SUM: usize = S_PART;
 
 /// An operand in its slot.
 type Slot<'a> = (usize, &'a Operand);
@@ -70,7 +74,13 @@ struct RowArgs {
 
 /// What this family runs.
 fn claims() -> Vec<(OpKind, DType)> {
-    let ops = [Op::LayerNorm { eps: 0.0 }, Op::LayerNormBackward, Op::RmsNorm { eps: 0.0 }, Op::RmsNormBackward];
+    let ops = [
+        Op::LayerNorm { eps: 0.0 },
+        Op::LayerNormBackward,
+        Op::RmsNorm { eps: 0.0 },
+        Op::RmsNormBackward,
+        Op::AddRmsNorm { eps: 0.0 },
+    ];
     domain::claims(&ops)
 }
 
@@ -136,23 +146,27 @@ fn blocks(device: &CudaDevice, a: &RowArgs, threads: u32, per_sm: u32) -> u32 {
 /// Run one op of this family.
 fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     match *op {
-        Op::LayerNorm { eps } | Op::RmsNorm { eps } => {
-            let ln = matches!(op, Op::LayerNorm { .. });
+        Op::LayerNorm { eps } | Op::RmsNorm { eps } | Op::AddRmsNorm { eps } => {
             let (ins, outs) = resolve(device, inputs, outputs)?;
-            if ln {
-                checks::layer_norm(op, eps, &ins, &outs)?;
-            } else {
-                checks::rms_norm(op, eps, &ins, &outs)?;
-            }
             let x = &ins[0];
-            let (stats, params): (Vec<Slot>, Vec<Slot>) = if ln {
-                (vec![(S_MEAN, &outs[1]), (S_RSTD, &outs[2])], vec![(S_W, &ins[1]), (S_B, &ins[2])])
-            } else {
-                (vec![(S_RSTD, &outs[1])], vec![(S_W, &ins[1])])
+            let mut rows: Vec<Slot> = vec![(S_X, x), (S_Y, &outs[0])];
+            let (stem, stats, params): (_, Vec<Slot>, Vec<Slot>) = match op {
+                Op::LayerNorm { .. } => {
+                    checks::layer_norm(op, eps, &ins, &outs)?;
+                    ("norm_fwd_ln", vec![(S_MEAN, &outs[1]), (S_RSTD, &outs[2])], vec![(S_W, &ins[1]), (S_B, &ins[2])])
+                }
+                Op::RmsNorm { .. } => {
+                    checks::rms_norm(op, eps, &ins, &outs)?;
+                    ("norm_fwd_rms", vec![(S_RSTD, &outs[1])], vec![(S_W, &ins[1])])
+                }
+                _ => {
+                    checks::add_rms_norm(op, eps, &ins, &outs)?;
+                    rows.extend([(S_RES, &ins[1]), (S_SUM, &outs[1])]);
+                    ("norm_fwd_add_rms", vec![(S_RSTD, &outs[2])], vec![(S_W, &ins[2])])
+                }
             };
-            let (mut a, mut threads) = row_args(x, &[(S_X, x), (S_Y, &outs[0])], &stats, &params);
+            let (mut a, mut threads) = row_args(x, &rows, &stats, &params);
             a.eps = eps;
-            let stem = if ln { "norm_fwd_ln" } else { "norm_fwd_rms" };
             let mut per_sm = 2048;
             let mut name = format!("{stem}_{}", a.flag & 3);
             // The fast path (mode 3): dense aligned rows whose leading dims merge into one, in

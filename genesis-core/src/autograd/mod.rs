@@ -146,11 +146,22 @@ pub(crate) fn record1_reading_output(
     output: Tensor,
     backward: impl FnOnce(SavedOutput) -> BackwardFn,
 ) -> Tensor {
-    let saved = SavedOutput { saved: Saved::new(&output), node: Arc::new(OnceLock::new()) };
+    record_reading_output(name, inputs, vec![output], backward).pop().expect("one output")
+}
+
+/// [`record`] for an op whose backward reads its first output: `backward` receives that
+/// output as a [`SavedOutput`].
+pub(crate) fn record_reading_output(
+    name: &'static str,
+    inputs: &[&Tensor],
+    outputs: Vec<Tensor>,
+    backward: impl FnOnce(SavedOutput) -> BackwardFn,
+) -> Vec<Tensor> {
+    let saved = SavedOutput { saved: Saved::new(&outputs[0]), node: Arc::new(OnceLock::new()) };
     let link = saved.node.clone();
-    let y = record1(name, inputs, output, backward(saved));
-    if let Some(node) = y.grad_node() {
+    let ys = record(name, inputs, outputs, backward(saved));
+    if let Some(node) = ys[0].grad_node() {
         let _ = link.set(Arc::downgrade(node));
     }
-    y
+    ys
 }

@@ -8,7 +8,7 @@ pub use crate::ops::linear_loss::linear_cross_entropy;
 pub use crate::ops::loss::{
     binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy, l1_loss, mse_loss, nll_loss, Reduction,
 };
-pub use crate::ops::norm::{batch_norm, layer_norm, rms_norm};
+pub use crate::ops::norm::{add_rms_norm, batch_norm, layer_norm, rms_norm};
 pub use crate::ops::rotary::rotary_embedding;
 pub use crate::ops::swiglu::swiglu;
 

@@ -84,6 +84,13 @@ impl RMSNorm {
         let weight = if elementwise_affine { Some(affine(normalized_shape, device, false)?.0) } else { None };
         Ok(RMSNorm { normalized_shape: normalized_shape.to_vec(), eps, weight })
     }
+
+    /// `(self(x + residual), x + residual)`: the residual addition before the norm done in the
+    /// same pass ([`functional::add_rms_norm`]); the sum is the residual stream that goes on.
+    pub fn forward_residual(&self, x: &Tensor, residual: &Tensor) -> Result<(Tensor, Tensor)> {
+        let w = self.weight.as_ref().map(Param::get);
+        functional::add_rms_norm(x, residual, &self.normalized_shape, w.as_ref(), self.eps)
+    }
 }
 
 impl Module for RMSNorm {

@@ -29,6 +29,7 @@ fn keeps_f32_statistics(op: &Op) -> bool {
             | Op::LayerNormBackward
             | Op::RmsNorm { .. }
             | Op::RmsNormBackward
+            | Op::AddRmsNorm { .. }
             | Op::Attention { .. }
             | Op::AttentionBackward { .. }
             | Op::CrossEntropy { .. }

@@ -1,9 +1,9 @@
-//! Layer norm, RMS norm (fused kernels when claimed, compositions otherwise) and batch norm
-//! (a composition, with the running statistics update).
+//! Layer norm, RMS norm and RMS norm after a residual addition (fused kernels when claimed,
+//! compositions otherwise), and batch norm (with the running statistics update).
 
 use super::{common_device, dtype_err, exec, shape_err};
 use crate::amp::{cast_for, CastPolicy};
-use crate::autograd::{is_grad_enabled, no_grad, record, BackwardFn, Saved};
+use crate::autograd::{is_grad_enabled, no_grad, record, record_reading_output, BackwardFn, Saved};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use genesis_backend_api::{DType, Op};
@@ -187,15 +187,7 @@ fn wrap_backward(f: BackwardFn, has_w: bool, has_b: bool) -> BackwardFn {
 pub fn rms_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>, eps: Option<f64>) -> Result<Tensor> {
     let x = cast_for(CastPolicy::Float32, x)?;
     let weight = weight.map(|w| cast_for(CastPolicy::Float32, w)).transpose()?;
-    let eps = eps.unwrap_or(match x.dtype() {
-        DType::F64 => f64::EPSILON,
-        DType::F16 => 0.0009765625,
-        DType::BF16 => 0.0078125,
-        _ => f32::EPSILON as f64,
-    });
-    if eps.is_nan() || eps < 0.0 {
-        return Err(Error::invalid(format!("rms_norm: eps must be >= 0, got {eps}")));
-    }
+    let eps = rms_eps("rms_norm", eps, x.dtype())?;
     let (x2, p) = prepare("rms_norm", &x, normalized_shape, &[weight.as_ref()])?;
     let w = &p[0];
     let y = if super::fused::use_fused(&Op::RmsNorm { eps }, &x2)? {
@@ -205,17 +197,8 @@ pub fn rms_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>,
         exec(&Op::RmsNorm { eps }, &[(&x2, x2.layout()), (&wk, wk.layout())], &[&y, &rstd])?;
         let (sx, sw) = (Saved::new(&x2), Saved::new(&wk));
         let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
-            let g = grad0(g)?;
-            let (x, w) = (sx.get("rms_norm")?, sw.get("rms_norm")?);
-            if let Some(mut grads) = fused_norm_backward(&Op::RmsNormBackward, &[g, x, w, &rstd], &[x, w])? {
-                grads.push(None); // no bias
-                return Ok(grads);
-            }
-            let r = x.square()?.mean_dims(&[-1], true)?.add_scalar(eps)?.rsqrt()?;
-            let xhat = x.mul(&r)?;
-            let gw = g.mul(w)?;
-            let dx = r.mul(&gw.sub(&xhat.mul(&gw.mul(&xhat)?.mean_dims(&[-1], true)?)?)?)?;
-            Ok(vec![Some(dx), Some(sum_rows(&g.mul(&xhat)?)?), None])
+            let (dx, dw) = rms_norm_vjp(grad0(g)?, sx.get("rms_norm")?, sw.get("rms_norm")?, &rstd, eps)?;
+            Ok(vec![Some(dx), Some(dw), None])
         });
         let inputs: Vec<&Tensor> = [Some(&x2), w.as_ref()].into_iter().flatten().collect();
         record("rms_norm", &inputs, vec![y], wrap_backward(backward, w.is_some(), false)).remove(0)
@@ -224,6 +207,107 @@ pub fn rms_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>,
         affine(&x2.mul(&r)?, w, &None)?
     };
     restore_shape(y, &x)
+}
+
+/// The eps of an RMS norm: the given one (>= 0) or the dtype's machine epsilon.
+fn rms_eps(name: &str, eps: Option<f64>, dtype: DType) -> Result<f64> {
+    let eps = eps.unwrap_or(match dtype {
+        DType::F64 => f64::EPSILON,
+        DType::F16 => 0.0009765625,
+        DType::BF16 => 0.0078125,
+        _ => f32::EPSILON as f64,
+    });
+    if eps.is_nan() || eps < 0.0 {
+        return Err(Error::invalid(format!("{name}: eps must be >= 0, got {eps}")));
+    }
+    Ok(eps)
+}
+
+/// `(dx, dweight)` of an RMS norm of rows `x (.., d)` with weight `w (d)` (ones when it had
+/// none) for the output gradient `g`: the backend's `rms_norm_backward` when it claims it, a
+/// composition (differentiable in x, w and g) when gradients of the gradient are recorded.
+fn rms_norm_vjp(g: &Tensor, x: &Tensor, w: &Tensor, rstd: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+    if let Some(grads) = fused_norm_backward(&Op::RmsNormBackward, &[g, x, w, rstd], &[x, w])? {
+        let [dx, dw]: [Option<Tensor>; 2] =
+            grads.try_into().map_err(|_| Error::invalid("rms_norm_backward: expected two gradients"))?;
+        if let (Some(dx), Some(dw)) = (dx, dw) {
+            return Ok((dx, dw));
+        }
+    }
+    let r = x.square()?.mean_dims(&[-1], true)?.add_scalar(eps)?.rsqrt()?;
+    let xhat = x.mul(&r)?;
+    let gw = g.mul(w)?;
+    let dx = r.mul(&gw.sub(&xhat.mul(&gw.mul(&xhat)?.mean_dims(&[-1], true)?)?)?)?;
+    Ok((dx, sum_rows(&g.mul(&xhat)?)?))
+}
+
+/// The residual addition of a pre-norm transformer and the RMS norm after it:
+/// `(rms_norm(x + residual), x + residual)`, what
+/// `let h = x.add(residual)?; (rms_norm(&h, ..)?, h)` gives, type promotion and autocast
+/// included, in one pass of the backend's `add_rms_norm` when it claims it (the sum is read
+/// once instead of written by one kernel and read back by the next). Not in PyTorch; the
+/// fused residual norm of inference engines (vLLM's `fused_add_rms_norm`), differentiable.
+pub fn add_rms_norm(
+    x: &Tensor,
+    residual: &Tensor,
+    normalized_shape: &[usize],
+    weight: Option<&Tensor>,
+    eps: Option<f64>,
+) -> Result<(Tensor, Tensor)> {
+    let dtype = super::promote_types(x.dtype(), residual.dtype());
+    // Under autocast a half-precision sum is normalized in f32 (rms_norm's policy), which the
+    // kernel, writing y in the sum's dtype, does not do: that case takes the composition.
+    let half_under_autocast = crate::amp::is_autocast_enabled() && matches!(dtype, DType::F16 | DType::BF16);
+    if x.shape() != residual.shape() || !dtype.is_float() || half_under_autocast {
+        let h = x.add(residual)?;
+        return Ok((rms_norm(&h, normalized_shape, weight, eps)?, h));
+    }
+    let (x, residual) = (x.to_dtype(dtype)?, residual.to_dtype(dtype)?);
+    let weight = weight.map(|w| cast_for(CastPolicy::Float32, w)).transpose()?;
+    let eps = rms_eps("add_rms_norm", eps, dtype)?;
+    let (x2, p) = prepare("add_rms_norm", &x, normalized_shape, &[weight.as_ref()])?;
+    let op = Op::AddRmsNorm { eps };
+    if !super::fused::use_fused(&op, &x2)? {
+        let h = x.add(&residual)?;
+        return Ok((rms_norm(&h, normalized_shape, weight.as_ref(), Some(eps))?, h));
+    }
+    let r2 = residual.reshape(&x2.shape().iter().map(|&n| n as isize).collect::<Vec<_>>())?;
+    let w = &p[0];
+    let wk = or_const(w, 1.0, &x2)?;
+    let (y, sum) = (Tensor::empty(x2.shape(), dtype, x2.device())?, Tensor::empty(x2.shape(), dtype, x2.device())?);
+    let rstd = Tensor::empty(&x2.shape()[..x2.rank() - 1], DType::F32, x2.device())?;
+    exec(&op, &[(&x2, x2.layout()), (&r2, r2.layout()), (&wk, wk.layout())], &[&y, &sum, &rstd])?;
+    let sw = Saved::new(&wk);
+    let has_w = w.is_some();
+    // Outputs in the order [sum, y]: the backward reads the sum (with its history when
+    // gradients of the gradient are recorded).
+    let backward = move |saved_sum: crate::autograd::SavedOutput| -> BackwardFn {
+        Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
+            let (g_sum, g_y) = (g[0].as_ref(), g[1].as_ref());
+            let (d_norm, dw) = match g_y {
+                Some(g_y) => {
+                    let (dx, dw) =
+                        rms_norm_vjp(g_y, &saved_sum.get("add_rms_norm")?, sw.get("add_rms_norm")?, &rstd, eps)?;
+                    (Some(dx), Some(dw))
+                }
+                None => (None, None),
+            };
+            let d_sum = match (d_norm, g_sum) {
+                (Some(a), Some(b)) => Some(a.add(b)?),
+                (a, b) => a.or_else(|| b.cloned()),
+            };
+            let mut grads = vec![d_sum.clone(), d_sum];
+            if has_w {
+                grads.push(dw);
+            }
+            Ok(grads)
+        })
+    };
+    let inputs: Vec<&Tensor> = [Some(&x2), Some(&r2), w.as_ref()].into_iter().flatten().collect();
+    let mut outs = record_reading_output("add_rms_norm", &inputs, vec![sum, y], backward);
+    let y = outs.pop().ok_or_else(|| Error::invalid("add_rms_norm: missing output"))?;
+    let sum = outs.pop().ok_or_else(|| Error::invalid("add_rms_norm: missing output"))?;
+    Ok((restore_shape(y, &x)?, restore_shape(sum, &x)?))
 }
 
 /// Batch normalization of `x (n, c, ..)` per channel (`F.batch_norm`). In training mode the

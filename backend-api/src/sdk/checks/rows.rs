@@ -113,6 +113,25 @@ pub fn rms_norm_backward<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]
     Ok((ins, outs))
 }
 
+/// Operands of `AddRmsNorm { eps }`, `[x, residual, weight] -> [y, sum, rstd]`: residual, y
+/// and sum like x, the rest with [`rms_norm`]'s rules.
+#[allow(clippy::type_complexity)]
+pub fn add_rms_norm<'a, T: Meta>(
+    op: &Op,
+    eps: f64,
+    inputs: &'a [T],
+    outputs: &'a [T],
+) -> Result<(&'a [T; 3], &'a [T; 3])> {
+    let (ins @ [x, residual, w], outs @ [y, sum, rstd]) = operands(op, inputs, outputs)?;
+    expect_eps(op, eps)?;
+    expect_like(op, "residual", residual, x)?;
+    expect_param(op, "weight", w, x)?;
+    expect_like(op, "y", y, x)?;
+    expect_like(op, "sum", sum, x)?;
+    expect_stat(op, "rstd", rstd, x)?;
+    Ok((ins, outs))
+}
+
 /// Logits `(.., c)` and an i64 target of their leading dims; label smoothing in `[0, 1)`.
 fn expect_logits(op: &Op, logits: &impl Meta, target: &impl Meta, smoothing: f64) -> Result<()> {
     if !(0.0..1.0).contains(&smoothing) {
@@ -223,6 +242,26 @@ mod tests {
         assert_eq!(
             (err.kind, err.message.as_str()),
             (ErrorKind::DtypeMismatch, "cross_entropy: lse is float16, expected float32")
+        );
+    }
+
+    #[test]
+    fn add_rms_norm_takes_a_residual_like_x() {
+        let f = |shape: &[usize]| Fake::new(DType::F32, shape);
+        let op = Op::AddRmsNorm { eps: 1e-6 };
+        let outs = [f(&[2, 3]), f(&[2, 3]), f(&[2])];
+        assert!(add_rms_norm(&op, 1e-6, &[f(&[2, 3]), f(&[2, 3]), f(&[3])], &outs).is_ok());
+        let err = add_rms_norm(&op, 1e-6, &[f(&[2, 3]), f(&[3, 2]), f(&[3])], &outs).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::ShapeMismatch);
+        assert!(err.message.starts_with("add_rms_norm: residual has shape [3, 2]"), "{}", err.message);
+        let ins = [f(&[2, 3]), Fake::new(DType::F16, &[2, 3]), f(&[3])];
+        assert_eq!(add_rms_norm(&op, 1e-6, &ins, &outs).unwrap_err().kind, ErrorKind::DtypeMismatch);
+        let outs = [f(&[2, 3]), f(&[2, 3]), Fake::new(DType::F16, &[2])];
+        let ins = [f(&[2, 3]), f(&[2, 3]), f(&[3])];
+        assert_eq!(add_rms_norm(&op, 1e-6, &ins, &outs).unwrap_err().kind, ErrorKind::DtypeMismatch);
+        assert_eq!(
+            add_rms_norm(&op, f64::NAN, &ins, &[f(&[2, 3]), f(&[2, 3]), f(&[2])]).unwrap_err().kind,
+            ErrorKind::InvalidArgument
         );
     }
 

@@ -233,6 +233,37 @@ impl Module for Qwen2Mlp {
     }
 }
 
+/// The residual stream between layers, `h + pending`: a layer leaves its last addition
+/// pending, and the norm that reads the stream next does it in the same pass
+/// ([`RMSNorm::forward_residual`]).
+pub(crate) struct Stream {
+    h: Tensor,
+    pending: Option<Tensor>,
+}
+
+impl Stream {
+    /// `(norm(h + pending), h + pending)`.
+    fn norm(self, norm: &RMSNorm) -> Result<(Tensor, Tensor)> {
+        match self.pending {
+            Some(pending) => norm.forward_residual(&self.h, &pending),
+            None => Ok((norm.forward(&self.h)?, self.h)),
+        }
+    }
+
+    /// The same view (`f`) of both parts, such as the last position.
+    fn view(self, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Stream> {
+        Ok(Stream { h: f(&self.h)?, pending: self.pending.as_ref().map(f).transpose()? })
+    }
+
+    /// `h + pending` as one tensor.
+    fn sum(self) -> Result<Tensor> {
+        match self.pending {
+            Some(pending) => self.h.add(&pending),
+            None => Ok(self.h),
+        }
+    }
+}
+
 /// One decoder layer: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
 #[derive(Debug)]
 pub struct Qwen2DecoderLayer {
@@ -256,16 +287,18 @@ impl Qwen2DecoderLayer {
         })
     }
 
-    fn forward_ctx(&self, x: &Tensor, ctx: &Context<'_>, cache: Option<(&mut KvCache, usize)>) -> Result<Tensor> {
-        let x = x.add(&self.self_attn.forward_ctx(&self.input_layernorm.forward(x)?, ctx, cache)?)?;
-        x.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?)
+    fn forward_ctx(&self, x: Stream, ctx: &Context<'_>, cache: Option<(&mut KvCache, usize)>) -> Result<Stream> {
+        let (normed, x) = x.norm(&self.input_layernorm)?;
+        let attn = self.self_attn.forward_ctx(&normed, ctx, cache)?;
+        let (normed, x) = Stream { h: x, pending: Some(attn) }.norm(&self.post_attention_layernorm)?;
+        Ok(Stream { h: x, pending: Some(self.mlp.forward(&normed)?) })
     }
 }
 
 impl Module for Qwen2DecoderLayer {
     /// A causal pass over the whole sequence `x (b, s, hidden)`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.forward_ctx(x, &FULL_SEQUENCE, None)
+        self.forward_ctx(Stream { h: x.clone(), pending: None }, &FULL_SEQUENCE, None)?.sum()
     }
 
     fn visit(&self, f: &mut dyn FnMut(&str, Entry<'_>)) {
@@ -304,15 +337,15 @@ impl Qwen2Model {
         })
     }
 
-    /// Hidden states `(b, s, hidden)` of `ids (b, s)` whose first position is `start`,
-    /// appending to `cache` when given.
+    /// The residual stream `(b, s, hidden)` after the last layer (before the final norm) of
+    /// `ids (b, s)` whose first position is `start`, appending to `cache` when given.
     pub(crate) fn forward_from(
         &self,
         ids: &Tensor,
         start: usize,
         mask: Option<&Tensor>,
         mut cache: Option<&mut KvCache>,
-    ) -> Result<Tensor> {
+    ) -> Result<Stream> {
         let ctx = Context { start, mask, at: None };
         let x = self.layers_forward(ids, &ctx, cache.as_deref_mut())?;
         if let Some(cache) = cache {
@@ -321,19 +354,24 @@ impl Qwen2Model {
         Ok(x)
     }
 
-    fn layers_forward(&self, ids: &Tensor, ctx: &Context<'_>, mut cache: Option<&mut KvCache>) -> Result<Tensor> {
-        let mut x = self.embed_tokens.forward(ids)?;
+    fn layers_forward(&self, ids: &Tensor, ctx: &Context<'_>, mut cache: Option<&mut KvCache>) -> Result<Stream> {
+        let mut x = Stream { h: self.embed_tokens.forward(ids)?, pending: None };
         for (i, layer) in self.layers.iter().enumerate() {
-            x = layer.forward_ctx(&x, ctx, cache.as_deref_mut().map(|c| (c, i)))?;
+            x = layer.forward_ctx(x, ctx, cache.as_deref_mut().map(|c| (c, i)))?;
         }
         Ok(x)
+    }
+
+    /// The final norm of the stream: the hidden states the head reads.
+    fn final_norm(&self, x: Stream) -> Result<Tensor> {
+        Ok(x.norm(&self.norm)?.0)
     }
 }
 
 impl Module for Qwen2Model {
     /// Final hidden states `(b, s, hidden)` of `ids (b, s)` (causal, no cache).
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        self.norm.forward(&self.forward_from(ids, 0, None, None)?)
+        self.final_norm(self.forward_from(ids, 0, None, None)?)
     }
 
     fn visit(&self, f: &mut dyn FnMut(&str, Entry<'_>)) {
@@ -413,7 +451,7 @@ impl Qwen2ForCausalLM {
             None => None,
         };
         let h = self.model.forward_from(ids, 0, mask.as_ref(), None)?;
-        self.logits(&self.model.norm.forward(&h)?)
+        self.logits(&self.model.final_norm(h)?)
     }
 
     /// Final (normalized) hidden states `(b, s, hidden)` of `ids (b, s)`, causal, or with
@@ -437,7 +475,7 @@ impl Qwen2ForCausalLM {
                 )));
             }
         }
-        self.model.norm.forward(&self.model.forward_from(ids, 0, attention_mask, None)?)
+        self.model.final_norm(self.model.forward_from(ids, 0, attention_mask, None)?)
     }
 
     /// One step of incremental decoding: the new `ids (b, s)` at positions `cache.len()..`,
@@ -451,8 +489,8 @@ impl Qwen2ForCausalLM {
             None => None,
         };
         let h = self.model.forward_from(ids, start, mask.as_ref(), Some(cache))?;
-        let last = h.narrow(1, s - 1, 1)?.squeeze(Some(1))?;
-        self.logits(&self.model.norm.forward(&last)?)
+        let last = h.view(|t| t.narrow(1, s - 1, 1)?.squeeze(Some(1)))?;
+        self.logits(&self.model.final_norm(last)?)
     }
 
     /// One decode step whose position is the device tensor `position (1,)` (i64) instead of
@@ -487,7 +525,7 @@ impl Qwen2ForCausalLM {
         };
         let ctx = Context { start: 0, mask: Some(key_mask), at: Some(&at) };
         let h = self.model.layers_forward(ids, &ctx, Some(cache))?;
-        self.logits(&self.model.norm.forward(&h.squeeze(Some(1))?)?)
+        self.logits(&self.model.final_norm(h.view(|t| t.squeeze(Some(1)))?)?)
     }
 
     /// A cache for this model holding `capacity` positions before it grows (in blocks of 256).

@@ -2,6 +2,8 @@
 //! products (checked against central finite differences in the tests below).
 
 use super::tensor::sum;
+use crate::values::quantize;
+use genesis_backend_api::DType;
 
 /// Softmax of each row of length `n`; an all `-inf` row gives NaN.
 pub fn softmax(x: &[f64], n: usize) -> Vec<f64> {
@@ -138,6 +140,21 @@ pub fn rms_norm(x: &[f64], w: &[f64], n: usize, eps: f64) -> (Vec<f64>, Vec<f64>
         rstds.push(rstd);
     }
     (y, rstds)
+}
+
+/// RMS norm after a residual addition: `(y, sum, rstd)` with `sum = x + residual` rounded to
+/// `dtype` (what the op stores) and `y, rstd` the RMS norm of that rounded sum.
+pub fn add_rms_norm(
+    x: &[f64],
+    residual: &[f64],
+    w: &[f64],
+    n: usize,
+    eps: f64,
+    dtype: DType,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let sum: Vec<f64> = x.iter().zip(residual).map(|(a, b)| quantize(dtype, a + b)).collect();
+    let (y, rstd) = rms_norm(&sum, w, n, eps);
+    (y, sum, rstd)
 }
 
 /// RMS norm VJP: `(dx, dweight)`.

@@ -1,12 +1,13 @@
-//! Suite `nn`: fused softmax, log-softmax, layer norm, RMS norm, cross-entropy, rotary,
+//! Suite `nn`: fused softmax, log-softmax, layer norm, RMS norm (alone and after a residual
+//! addition), cross-entropy, rotary,
 //! SwiGLU, attention forward, masked attention and batch norm.
 
 use super::{no_deps, op_cases};
 use crate::case::{Case, OpCase, Tier};
 use crate::gen::{tensor, ValueRange};
 use crate::oracle::nn::{
-    attention, batch_norm, cross_entropy, layer_norm, log_softmax, masked_attention, rms_norm, rotary, softmax, swiglu,
-    AttnShape,
+    add_rms_norm, attention, batch_norm, cross_entropy, layer_norm, log_softmax, masked_attention, rms_norm, rotary,
+    softmax, swiglu, AttnShape,
 };
 use crate::target::{Layout, Spec, Target};
 use crate::tolerance::Expected;
@@ -146,6 +147,33 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 )
             })
             .collect()
+    }));
+    let add_norm = Op::AddRmsNorm { eps };
+    cases.extend(op_cases(t, "nn", "add_rms_norm", add_norm.kind(), &FLOATS, &no_deps, &|dtype, rng| {
+        // The CUDA kernel's paths: dense rows (packs), a decoder's width, rows read through
+        // strides, and rows longer than its registers hold (8,192 elements).
+        [
+            (vec![6usize, 32], Layout::Contiguous, Layout::Contiguous, "rows6x32", Tier::Core),
+            (vec![2, 896], Layout::Contiguous, Layout::Offset, "hidden896", Tier::Core),
+            (vec![4, 77], Layout::Transposed, Layout::Strided, "odd_transposed", Tier::Core),
+            (vec![2, 8200], Layout::Contiguous, Layout::Contiguous, "long_rows", Tier::Full),
+        ]
+        .into_iter()
+        .map(|(shape, x_layout, r_layout, sample, tier)| {
+            let n = shape[1];
+            let x = tensor(rng, dtype, &shape, x_layout, ValueRange::normal(3.0));
+            let r = tensor(rng, dtype, &shape, r_layout, ValueRange::normal(3.0));
+            let w = tensor(rng, dtype, &[n], Layout::Contiguous, ValueRange::normal(1.0));
+            let (y, sum, rstd) = add_rms_norm(&x.values, &r.values, &w.values, n, eps, dtype);
+            let outs = vec![Spec::out(dtype, &shape), Spec::out(dtype, &shape), Spec::out(DType::F32, &shape[..1])];
+            let exp = vec![
+                Some(Expected::normalized(dtype, y, n, 1.0)),
+                Some(Expected::correctly_rounded(dtype, sum)),
+                Some(Expected::normalized(DType::F32, rstd, n, 1.0)),
+            ];
+            (sample.to_string(), tier, OpCase { op: add_norm, inputs: vec![x, r, w], outputs: outs, expected: exp })
+        })
+        .collect()
     }));
     let ce = |ignore_index, label_smoothing| Op::CrossEntropy { ignore_index, label_smoothing };
     cases.extend(op_cases(t, "nn", "cross_entropy", ce(-100, 0.0).kind(), &FLOATS, &no_deps, &|dtype, rng| {
