@@ -1506,7 +1506,11 @@ extern "C" __global__ void attn_masked_combine(const AttnArgs a) {
 // registers. A pass loads its keys and values together (the values do not wait on the
 // scores), writes the group's scores to shared memory, and warp g turns head g's scores into
 // weights with an online softmax across passes. With several ranges the partial outputs go to
-// `partial` for `attn_masked_combine` exactly as `attn_masked` writes them (row = (b, h)).
+// `partial` as `attn_masked` writes them (row = (b, h)), and the last block of a (batch, key
+// head) to finish merges them as `attn_masked_combine` does (same arithmetic, same order): a
+// decode step then needs no second launch. The blocks count themselves in `md_count`, which
+// that last block sets back to zero for the next launch (one stream per device, so launches
+// never overlap).
 // Taken when the head dim is D (64 or 128), the key and value rows are dense and 16-byte
 // aligned, and group <= MD_GMAX; other shapes take `attn_masked`. Dynamic shared memory: the
 // warps' partial outputs, MD_WARPS · group · D values of type C.
@@ -1514,6 +1518,36 @@ extern "C" __global__ void attn_masked_combine(const AttnArgs a) {
 #define MD_THREADS 256
 #define MD_WARPS (MD_THREADS / 32)
 #define MD_GMAX 8
+// (batch, key head) pairs the counters cover (MD_COUNTERS in ops/attention.rs; more pairs
+// take `attn_masked`).
+#define MD_COUNTERS 4096
+__device__ unsigned int md_count[MD_COUNTERS];
+
+// Warp `g` of the last block merges the ranges of query head g (row = b·hq + h) and writes
+// its output, as `attn_masked_combine`. The partials come from other SMs: read past L1.
+template <int D>
+__device__ __forceinline__ void md_merge(const AttnArgs& a, i64 b, i64 h, i64 splits) {
+    const int lane = threadIdx.x & 31;
+    const C* pr = (const C*)a.partial + (b * a.hq + h) * splits * (D + 2);
+    C mx = NEG_INF;
+    for (i64 sp = lane; sp < splits; sp += 32) mx = cmax(mx, __ldcg(pr + sp * (D + 2) + D));
+    mx = warp_max(mx);
+    C l = 0, x[D / 32];
+#pragma unroll
+    for (int u = 0; u < D / 32; ++u) x[u] = 0;
+#pragma unroll 4
+    for (i64 sp = 0; sp < splits; ++sp) {
+        const C* part = pr + sp * (D + 2);
+        const C ms = __ldcg(part + D);
+        const C scale = ms != NEG_INF ? cexp(ms - mx) : (C)0;
+        l += __ldcg(part + D + 1) * scale;
+#pragma unroll
+        for (int u = 0; u < D / 32; ++u) x[u] += __ldcg(part + u * 32 + lane) * scale;
+    }
+    T* o = (T*)a.p[3] + b * a.st[3][0] + h * a.st[3][1];
+#pragma unroll
+    for (int u = 0; u < D / 32; ++u) o[(u * 32 + lane) * a.st[3][3]] = TT::store(x[u] / l);  // no kept key: NaN
+}
 
 template <int D>
 __device__ __forceinline__ void attn_decode(const AttnArgs& a) {
@@ -1527,6 +1561,7 @@ __device__ __forceinline__ void attn_decode(const AttnArgs& a) {
     C* accs = (C*)md_smem;                               // [warp][g][D]
     __shared__ C sc[MD_GMAX][KPP];                       // a pass's scores, then its weights
     __shared__ C st_m[MD_GMAX], st_l[MD_GMAX], st_corr[MD_GMAX];
+    __shared__ bool last;  // this block is the last of its (batch, key head) to finish
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int slot = warp * KPW + lane / LPK, dp = lane % LPK;
     const int group = (int)(a.hq / a.hk);
@@ -1650,6 +1685,17 @@ __device__ __forceinline__ void attn_decode(const AttnArgs& a) {
                     part[D + 1] = st_l[g];
                 }
             }
+        }
+        if (splits > 1) {
+            // Every thread's partials visible device-wide before the block counts itself.
+            __threadfence();
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                last = atomicAdd(&md_count[bk], 1u) == (unsigned int)(splits - 1);
+                if (last) md_count[bk] = 0;
+            }
+            __syncthreads();
+            if (last && warp < group) md_merge<D>(a, b, kh * group + warp, splits);
         }
         __syncthreads();  // accs and the softmax state are reused by the next work item
     }

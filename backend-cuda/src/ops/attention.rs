@@ -98,10 +98,15 @@ const MA_COMBINE_SMEM: usize = 48 * 1024;
 /// The most query heads per key head `attn_decode_{d}` serves (`MD_GMAX`).
 const MD_GMAX: usize = 8;
 
+/// (batch, key head) pairs whose blocks `attn_decode_{d}` counts to find the last one, which
+/// merges the key ranges (`MD_COUNTERS` in attention.cu).
+const MD_COUNTERS: usize = 4096;
+
 /// Keys per pass of `attn_decode_{d}` when it applies to this masked attention: one query per
 /// row (a decode step), a head dim of 64 or 128, at most [`MD_GMAX`] query heads per key head,
-/// and key and value rows dense along the head dim and 16-byte aligned (it loads 16-byte
-/// packs). `GENESIS_CUDA_DECODE_ATTENTION=0` sends every masked attention to `attn_masked`.
+/// at most [`MD_COUNTERS`] (batch, key head) pairs, and key and value rows dense along the head
+/// dim and 16-byte aligned (it loads 16-byte packs). `GENESIS_CUDA_DECODE_ATTENTION=0` sends
+/// every masked attention to `attn_masked`.
 fn decode_pass(device: &CudaDevice, dm: &Dims, dtype: DType, k: &Operand, v: &Operand) -> Option<usize> {
     if !device.switches.decode_attention {
         return None;
@@ -114,6 +119,7 @@ fn decode_pass(device: &CudaDevice, dm: &Dims, dtype: DType, k: &Operand, v: &Op
         && dm.hk > 0
         && dm.hq % dm.hk == 0
         && dm.hq / dm.hk <= MD_GMAX
+        && dm.b * dm.hk <= MD_COUNTERS
         && packed(k)
         && packed(v);
     // A key row is `min(32, d / pack)` lanes; each of the block's warps takes 32 / that many.
@@ -306,7 +312,8 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
                     let shape = (grid(device, work, 8), THREADS, smem);
                     launch_1d(device, op.name(), &MODULE, q.dtype, &format!("attn_masked_{dmax}"), &mut a, shape)?;
                 }
-                if splits > 1 {
+                // The decode kernel merges its own key ranges.
+                if splits > 1 && decode.is_none() {
                     let smem = (splits * (dm.d + 3) * elem) as u32;
                     let shape = (grid(device, rows as u64, 8), 128, smem);
                     launch_1d(device, op.name(), &MODULE, q.dtype, "attn_masked_combine", &mut a, shape)?;
