@@ -248,6 +248,62 @@ fn decoding_through_a_captured_graph_gives_the_same_ids() {
     }
 }
 
+/// Positioned decode steps (`forward_step_at`, the captured step) after a prefill: each step's
+/// logits and its greedy token, fed to the next.
+fn positioned_steps(m: &Qwen2ForCausalLM, steps: usize) -> Vec<(Vec<f64>, u32)> {
+    let cpu = Device::cpu().unwrap();
+    no_grad(|| {
+        let mut cache = m.new_cache(16);
+        m.forward_step(&ids(&[3, 17, 42, 5]), None, &mut cache).unwrap();
+        let len = cache.len();
+        cache.zero_from(len).unwrap();
+        let keys = Tensor::arange(0.0, cache.capacity() as f64, 1.0, DType::I64, &cpu).unwrap();
+        let mut next = 7u32;
+        (0..steps)
+            .map(|step| {
+                let position = Tensor::from_vec(vec![(len + step) as i64], &[1], &cpu).unwrap();
+                let mask = keys.le(&position).unwrap().reshape(&[1, 1, 1, -1]).unwrap();
+                let logits = m.forward_step_at(&ids(&[next]), &position, &mask, &mut cache).unwrap();
+                next = logits.argmax(Some(-1), false).unwrap().to_vec::<i64>().unwrap()[0] as u32;
+                (logits.to_f64_vec().unwrap(), next)
+            })
+            .collect()
+    })
+}
+
+#[test]
+fn the_fused_rotary_cache_write_matches_its_composite() {
+    let m = model(false);
+    let cpu = Device::cpu().unwrap();
+    assert!(cpu.supports(&genesis_backend_api::Op::RotaryKvWrite, DType::F32).unwrap(), "the CPU runs the fused op");
+    let fused = positioned_steps(&m, 6);
+    // The composites of the other nn ops (norms, attention, SwiGLU) round differently, so the
+    // logits agree to f32 accuracy (the op itself is compared bit for bit below) and the
+    // tokens exactly.
+    let composite = genesis::testing::composites_only(|| positioned_steps(&m, 6));
+    let diff = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+    for (step, ((fl, fid), (cl, cid))) in fused.iter().zip(&composite).enumerate() {
+        assert!(diff(fl, cl) < 1e-5, "step {step}: {}", diff(fl, cl));
+        assert_eq!(fid, cid, "step {step}");
+    }
+    // And both are the decode of the appending steps.
+    let mut cache = m.new_cache(16);
+    no_grad(|| m.forward_step(&ids(&[3, 17, 42, 5]), None, &mut cache)).unwrap();
+    let mut next = 7u32;
+    for (step, (logits, id)) in fused.iter().enumerate() {
+        let plain = no_grad(|| m.forward_step(&ids(&[next]), None, &mut cache)).unwrap();
+        assert!(diff(&plain.to_f64_vec().unwrap(), logits) < 1e-5, "step {step}");
+        next = plain.argmax(Some(-1), false).unwrap().to_vec::<i64>().unwrap()[0] as u32;
+        assert_eq!(next, *id, "step {step}");
+    }
+    // Generation through a captured graph gives the same ids on either path.
+    let config = GenerationConfig { max_new_tokens: 8, graph: GraphUse::Always, ..Default::default() };
+    let prompts = [vec![3, 17, 42, 5, 88], vec![9, 60]];
+    let config = GenerationConfig { pad_token_id: Some(0), ..config };
+    let graphed = generate(&m, &prompts, &config).unwrap();
+    assert_eq!(graphed, genesis::testing::composites_only(|| generate(&m, &prompts, &config)).unwrap());
+}
+
 #[test]
 fn the_rotated_cache_write_refuses_a_position_outside_the_cache() {
     let cpu = Device::cpu().unwrap();
