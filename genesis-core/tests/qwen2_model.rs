@@ -247,3 +247,129 @@ fn decoding_through_a_captured_graph_gives_the_same_ids() {
         assert_eq!(plain, graphed, "prompts {prompts:?}");
     }
 }
+
+/// Positioned decode steps (`forward_step_at`, the captured step) after a prefill: each step's
+/// logits and its greedy token, fed to the next.
+fn positioned_steps(m: &Qwen2ForCausalLM, steps: usize) -> Vec<(Vec<f64>, u32)> {
+    let cpu = Device::cpu().unwrap();
+    no_grad(|| {
+        let mut cache = m.new_cache(16);
+        m.forward_step(&ids(&[3, 17, 42, 5]), None, &mut cache).unwrap();
+        let len = cache.len();
+        cache.zero_from(len).unwrap();
+        let keys = Tensor::arange(0.0, cache.capacity() as f64, 1.0, DType::I64, &cpu).unwrap();
+        let mut next = 7u32;
+        (0..steps)
+            .map(|step| {
+                let position = Tensor::from_vec(vec![(len + step) as i64], &[1], &cpu).unwrap();
+                let mask = keys.le(&position).unwrap().reshape(&[1, 1, 1, -1]).unwrap();
+                let logits = m.forward_step_at(&ids(&[next]), &position, &mask, &mut cache).unwrap();
+                next = logits.argmax(Some(-1), false).unwrap().to_vec::<i64>().unwrap()[0] as u32;
+                (logits.to_f64_vec().unwrap(), next)
+            })
+            .collect()
+    })
+}
+
+#[test]
+fn the_fused_rotary_cache_write_matches_its_composite() {
+    let m = model(false);
+    let cpu = Device::cpu().unwrap();
+    assert!(cpu.supports(&genesis_backend_api::Op::RotaryKvWrite, DType::F32).unwrap(), "the CPU runs the fused op");
+    let fused = positioned_steps(&m, 6);
+    // The composites of the other nn ops (norms, attention, SwiGLU) round differently, so the
+    // logits agree to f32 accuracy (the op itself is compared bit for bit below) and the
+    // tokens exactly.
+    let composite = genesis::testing::composites_only(|| positioned_steps(&m, 6));
+    let diff = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+    for (step, ((fl, fid), (cl, cid))) in fused.iter().zip(&composite).enumerate() {
+        assert!(diff(fl, cl) < 1e-5, "step {step}: {}", diff(fl, cl));
+        assert_eq!(fid, cid, "step {step}");
+    }
+    // And both are the decode of the appending steps.
+    let mut cache = m.new_cache(16);
+    no_grad(|| m.forward_step(&ids(&[3, 17, 42, 5]), None, &mut cache)).unwrap();
+    let mut next = 7u32;
+    for (step, (logits, id)) in fused.iter().enumerate() {
+        let plain = no_grad(|| m.forward_step(&ids(&[next]), None, &mut cache)).unwrap();
+        assert!(diff(&plain.to_f64_vec().unwrap(), logits) < 1e-5, "step {step}");
+        next = plain.argmax(Some(-1), false).unwrap().to_vec::<i64>().unwrap()[0] as u32;
+        assert_eq!(next, *id, "step {step}");
+    }
+    // Generation through a captured graph gives the same ids on either path.
+    let config = GenerationConfig { max_new_tokens: 8, graph: GraphUse::Always, ..Default::default() };
+    let prompts = [vec![3, 17, 42, 5, 88], vec![9, 60]];
+    let config = GenerationConfig { pad_token_id: Some(0), ..config };
+    let graphed = generate(&m, &prompts, &config).unwrap();
+    assert_eq!(graphed, genesis::testing::composites_only(|| generate(&m, &prompts, &config)).unwrap());
+}
+
+#[test]
+fn the_rotated_cache_write_refuses_a_position_outside_the_cache() {
+    let cpu = Device::cpu().unwrap();
+    // Values from a formula, not the global generator (which the other tests seed while
+    // building their models).
+    let f = |shape: &[usize], seed: u64| {
+        let n: usize = shape.iter().product();
+        let values: Vec<f32> = (0..n).map(|i| ((i as f64 * 0.73 + seed as f64 * 1.9).sin() * 1.5) as f32).collect();
+        Tensor::from_vec(values, shape, &cpu).unwrap()
+    };
+    let (q, k, v) = (f(&[1, 4, 1, 8], 1), f(&[1, 2, 1, 8], 2), f(&[1, 2, 1, 8], 3));
+    let (cos, sin) = (f(&[1, 4], 4), f(&[1, 4], 5));
+    let at = |p: i64| Tensor::from_vec(vec![p], &[1], &cpu).unwrap();
+    let mut written = Vec::new();
+    for composite in [false, true] {
+        let run = || {
+            let mut cache = genesis::models::KvCache::with_capacity(1, 6, 6);
+            // No buffers before the first append.
+            let err = no_grad(|| cache.write_rotated_at(0, &at(0), &q, &k, &v, &cos, &sin)).unwrap_err();
+            assert!(err.message().contains("no buffers"), "{err}");
+            no_grad(|| cache.append(0, &f(&[1, 2, 2, 8], 6), &f(&[1, 2, 2, 8], 7))).unwrap();
+            cache.advance(2);
+            cache.zero_from(2).unwrap();
+            let (_, kb, vb) = no_grad(|| cache.write_rotated_at(0, &at(2), &q, &k, &v, &cos, &sin)).unwrap();
+            let before = (kb.to_f64_vec().unwrap(), vb.to_f64_vec().unwrap());
+            for p in [-1, 6, 7] {
+                let err = no_grad(|| cache.write_rotated_at(0, &at(p), &q, &k, &v, &cos, &sin)).unwrap_err();
+                assert_eq!(err.kind(), genesis::ErrorKind::InvalidArgument, "{err}");
+                assert_eq!((kb.to_f64_vec().unwrap(), vb.to_f64_vec().unwrap()), before, "position {p}");
+            }
+            // The last position: rotary(q) back, rotary(k) and v in the buffers' last row.
+            let (q_out, kb, vb) = no_grad(|| cache.write_rotated_at(0, &at(5), &q, &k, &v, &cos, &sin)).unwrap();
+            let rotated =
+                |x: &Tensor| genesis::nn::functional::rotary_embedding(x, &cos, &sin).unwrap().to_f64_vec().unwrap();
+            assert_eq!(q_out.to_f64_vec().unwrap(), rotated(&q));
+            assert_eq!(kb.narrow(2, 5, 1).unwrap().to_f64_vec().unwrap(), rotated(&k));
+            assert_eq!(vb.narrow(2, 5, 1).unwrap().to_f64_vec().unwrap(), v.to_f64_vec().unwrap());
+            let mut outputs = [q_out, kb.clone(), vb.clone()].map(|t| t.to_f64_vec().unwrap()).to_vec();
+            // Several new positions (3, at 2..5 of a cache whose first position holds a key).
+            let mut three = genesis::models::KvCache::with_capacity(1, 6, 6);
+            no_grad(|| three.append(0, &f(&[1, 2, 1, 8], 9), &f(&[1, 2, 1, 8], 10))).unwrap();
+            three.advance(1);
+            three.zero_from(1).unwrap();
+            let (q3, k3, v3) = (f(&[1, 4, 3, 8], 11), f(&[1, 2, 3, 8], 12), f(&[1, 2, 3, 8], 13));
+            let (cos3, sin3) = (f(&[3, 4], 14), f(&[3, 4], 15));
+            let (q_out, kb3, vb3) = no_grad(|| three.write_rotated_at(0, &at(2), &q3, &k3, &v3, &cos3, &sin3)).unwrap();
+            assert_eq!(vb3.narrow(2, 2, 3).unwrap().to_f64_vec().unwrap(), v3.to_f64_vec().unwrap());
+            assert!(vb3.narrow(2, 5, 1).unwrap().to_f64_vec().unwrap().iter().all(|&x| x == 0.0));
+            assert!(no_grad(|| three.write_rotated_at(0, &at(4), &q3, &k3, &v3, &cos3, &sin3)).is_err());
+            outputs.extend([q_out, kb3, vb3].map(|t| t.to_f64_vec().unwrap()));
+            // Not differentiable: a tensor that takes part in autograd is refused.
+            let q_grad = q.clone().requires_grad_(true).unwrap();
+            let err = cache.write_rotated_at(0, &at(4), &q_grad, &k, &v, &cos, &sin).unwrap_err();
+            assert!(err.message().contains("autograd"), "{err}");
+            // Shapes and dtypes are checked with the op's name.
+            let err = no_grad(|| cache.write_rotated_at(0, &at(4), &q, &k, &v, &sin, &f(&[2, 4], 8))).unwrap_err();
+            assert!(err.message().starts_with("rotary_kv_write: sin must have shape [1, 4]"), "{err}");
+            let err =
+                no_grad(|| cache.write_rotated_at(0, &at(4), &q, &k.to_dtype(DType::F64).unwrap(), &v, &cos, &sin))
+                    .unwrap_err();
+            assert_eq!(err.kind(), genesis::ErrorKind::DtypeMismatch, "{err}");
+            outputs
+        };
+        written.push(if composite { genesis::testing::composites_only(run) } else { run() });
+    }
+    // f32 rotary rounds each product and their sum alike in the kernel and in the composite,
+    // and the composite adds into zeros: the fused op and its composite agree bit for bit.
+    assert_eq!(written[0], written[1]);
+}

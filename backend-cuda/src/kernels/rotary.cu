@@ -66,3 +66,81 @@ extern "C" __global__ void rotary_c(const Args a) {
         *(P*)(y + row * 2 * half + half + col) = y2;
     }
 }
+
+// ---- rotary_kv_write: the decode step's rotary embedding and cache write in one launch ----
+// With p = *position: q_out = rotary(q), k_cache[:, :, p + i] = rotary(k)[:, :, i] and
+// v_cache[:, :, p + i] = v[:, :, i] for i < s. Every operand has its own strides over
+// (b, heads, positions, last dim); cos and sin over (0, 0, s, d/2). One grid-stride loop over
+// nq + nk + nv items: the q pairs (b, hq, s, d/2), then the k pairs (b, hk, s, d/2), then the
+// v elements (b, hk, s, d).
+//
+// The position lives on the device (a captured graph rewrites it between replays), so the
+// kernel checks it itself: every thread reads it, and outside [0, t - s] thread 0 records the
+// fault in this module's index_fault (index_check.cu; the host reports it at the next
+// synchronization as the error of this launch's check `number`) and every thread returns
+// without writing. While an earlier fault of this module is unreported, nothing is written.
+struct KvWriteArgs {
+    char* p[9];     // q, k, v, cos, sin, position, q_out, k_cache, v_cache
+    i64 st[9][4];   // strides of each operand of p[] over (b, heads, positions, last dim)
+    u64 b, hq, hk, s, t, half;
+    u64 nq, nk, nv; // q pairs, k pairs, v elements
+    u64 number;     // the index check's number (from 1), recorded on a bad position
+};
+
+// Element offset of (b, h, i, j) under the strides st.
+__device__ __forceinline__ i64 kv_at(const i64* st, u64 b, u64 h, u64 i, u64 j) {
+    return (i64)b * st[0] + (i64)h * st[1] + (i64)i * st[2] + (i64)j * st[3];
+}
+
+// (b, h, i, j) of row-major position r over (., heads, seq, inner); all sizes nonzero.
+__device__ __forceinline__ void kv_split(u64 r, u64 heads, u64 seq, u64 inner, u64& b, u64& h, u64& i, u64& j) {
+    j = r % inner;
+    r /= inner;
+    i = r % seq;
+    r /= seq;
+    h = r % heads;
+    b = r / heads;
+}
+
+extern "C" __global__ void rotary_kv_write(const KvWriteArgs a) {
+    if (index_faulted()) return;
+    const i64 pos = *(const i64*)a.p[5];
+    if (pos < 0 || (u64)pos > a.t - a.s) {
+        if (gtid() == 0 && atomicCAS(&index_fault[0], 0ull, a.number) == 0ull) index_fault[1] = (unsigned long long)pos;
+        return;
+    }
+    const u64 p = (u64)pos;
+    const T* q = (const T*)a.p[0];
+    const T* k = (const T*)a.p[1];
+    const T* v = (const T*)a.p[2];
+    const T* cs = (const T*)a.p[3];
+    const T* sn = (const T*)a.p[4];
+    T* qo = (T*)a.p[6];
+    T* kc = (T*)a.p[7];
+    T* vc = (T*)a.p[8];
+    const u64 total = a.nq + a.nk + a.nv;
+    for (u64 r = gtid(); r < total; r += gstride()) {
+        u64 b, h, i, j;
+        if (r < a.nq + a.nk) {
+            // A pair (j, j + d/2) of q or of k, at new position i.
+            const bool is_q = r < a.nq;
+            const T* x = is_q ? q : k;
+            T* y = is_q ? qo : kc;
+            const i64* sx = is_q ? a.st[0] : a.st[1];
+            const i64* sy = is_q ? a.st[6] : a.st[7];
+            kv_split(is_q ? r : r - a.nq, is_q ? a.hq : a.hk, a.s, a.half, b, h, i, j);
+            const C c = TT::load(cs[kv_at(a.st[3], 0, 0, i, j)]), s = TT::load(sn[kv_at(a.st[4], 0, 0, i, j)]);
+            const i64 x1 = kv_at(sx, b, h, i, j), x2 = kv_at(sx, b, h, i, j + a.half);
+            // q_out keeps the position; the cache takes it at p + i.
+            const u64 at = is_q ? i : p + i;
+            const i64 y1 = kv_at(sy, b, h, at, j), y2 = kv_at(sy, b, h, at, j + a.half);
+            C ya, yb;
+            rotate(TT::load(x[x1]), TT::load(x[x2]), c, s, ya, yb);
+            y[y1] = TT::store(ya);
+            y[y2] = TT::store(yb);
+        } else {
+            kv_split(r - a.nq - a.nk, a.hk, a.s, 2 * a.half, b, h, i, j);
+            vc[kv_at(a.st[8], b, h, p + i, j)] = v[kv_at(a.st[2], b, h, i, j)];
+        }
+    }
+}

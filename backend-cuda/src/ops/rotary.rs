@@ -1,38 +1,69 @@
 //! Rotary position embedding, forward and inverse (`kernels/rotary.cu`), with the SDK's
-//! checks: x `(b, h, s, d)` with `d` even, cos and sin `(s, d/2)`, all of x's dtype.
+//! checks: x `(b, h, s, d)` with `d` even, cos and sin `(s, d/2)`, all of x's dtype. And the
+//! decode step's `RotaryKvWrite`: q and k rotated and k and v written into the caches at a
+//! position held on the device, in one launch that checks the position itself.
 //!
-//! Strided operands are handled in the kernel (per-operand strides over the merged
+//! Strided operands are handled in the kernels (per-operand strides over the merged
 //! `(b, h, s, d/2)` pair space), so no copies are made; dense, aligned operands take a
-//! vectorized kernel.
+//! vectorized rotary kernel.
 
 use super::resolve;
 use super::Family;
-use crate::device::CudaDevice;
+use crate::device::{CudaDevice, IndexCheck};
 use crate::kernels::{merge_dims, Args, Operand};
 use genesis_backend_api::sdk::checks;
 use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result, TensorDesc};
 
 kernel_module! {
-    /// Rotary position embedding.
+    /// Rotary position embedding, and its fused cache write (which records a bad position
+    /// in the module's `index_fault`, hence `index_check.cu`).
     MODULE = "rotary", for &DType::FLOATS,
-    from "rotary.cu"
+    from "index_check.cu", "rotary.cu"
 }
 inventory::submit! { Family { claims, run } }
 
+/// Mirror of `struct KvWriteArgs` in rotary.cu (a test compares the layouts).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct KvWriteArgs {
+    /// q, k, v, cos, sin, position, q_out, k_cache, v_cache.
+    p: [u64; 9],
+    /// Strides of each operand of `p` over (b, heads, positions, last dim).
+    st: [[i64; 4]; 9],
+    b: u64,
+    hq: u64,
+    hk: u64,
+    s: u64,
+    t: u64,
+    half: u64,
+    /// q pairs, k pairs, v elements.
+    nq: u64,
+    nk: u64,
+    nv: u64,
+    /// The index check's number, recorded on a bad position.
+    number: u64,
+}
+
+/// Threads per block of `rotary_kv_write`: small blocks, so that a decode step's few thousand
+/// items still spread over several SMs.
+const KV_WRITE_THREADS: u64 = 128;
+
 /// What this family runs.
 fn claims() -> Vec<(OpKind, DType)> {
-    domain::claims(&[Op::Rotary { inverse: false }])
+    domain::claims(&[Op::Rotary { inverse: false }, Op::RotaryKvWrite])
 }
 
 fn is_dense(o: &Operand) -> bool {
     genesis_backend_api::is_contiguous(&o.shape, &o.strides)
 }
 
-/// Run the rotation.
+/// Run the rotation, or the fused cache write.
 fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-    let Op::Rotary { inverse } = *op else {
-        return Err(BackendError::unsupported(format!("cuda: {} is not rotary", op.name())));
+    let inverse = match *op {
+        Op::Rotary { inverse } => inverse,
+        Op::RotaryKvWrite => return kv_write(device, op, inputs, outputs),
+        _ => return Err(BackendError::unsupported(format!("cuda: {} is not rotary", op.name()))),
     };
     let (ins, outs) = resolve(device, inputs, outputs)?;
     let ([b, h, s, d], [x, cos, sin], [y]) = checks::rotary(op, &ins, &outs)?;
@@ -70,4 +101,86 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
     let grid = wanted.min(device.facts.sm_count as u64 * 32).max(1) as u32;
     // Every operand was validated against its buffer with the shapes and strides in `args`.
     device.launch_grid("rotary", &MODULE, x.dtype, kernel, &mut args, (grid, 1), (threads as u32, 1), 0)
+}
+
+/// The strides of a rank-4 operand as the kernel takes them; cos and sin `(s, d/2)` get zero
+/// strides over (b, heads).
+fn strides4(o: &Operand) -> [i64; 4] {
+    match o.strides[..] {
+        [s0, s1, s2, s3] => [s0 as i64, s1 as i64, s2 as i64, s3 as i64],
+        [s2, s3] => [0, 0, s2 as i64, s3 as i64],
+        _ => [0; 4],
+    }
+}
+
+/// `RotaryKvWrite`: one launch over the q pairs, the k pairs and the v elements. The position
+/// is never read on the host (the step runs inside captured graphs): the kernel checks it and
+/// records a bad one as this launch's index check, reported at the next synchronization.
+fn kv_write(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+    let (ins, outs) = resolve(device, inputs, outputs)?;
+    let (dims, [q, k, v, cos, sin, position], [q_out, k_cache, v_cache]) = checks::rotary_kv_write(op, &ins, &outs)?;
+    let dtype = q.dtype;
+    let half = dims.d / 2;
+    let (nq, nk, nv) =
+        (dims.b * dims.hq * dims.s * half, dims.b * dims.hk * dims.s * half, dims.b * dims.hk * dims.s * dims.d);
+    let operands = [q, k, v, cos, sin, position, q_out, k_cache, v_cache];
+    let mut args = KvWriteArgs {
+        b: dims.b as u64,
+        hq: dims.hq as u64,
+        hk: dims.hk as u64,
+        s: dims.s as u64,
+        t: dims.t as u64,
+        half: half as u64,
+        nq: nq as u64,
+        nk: nk as u64,
+        nv: nv as u64,
+        ..KvWriteArgs::default()
+    };
+    for (j, o) in operands.iter().enumerate() {
+        args.p[j] = o.ptr;
+        if j != 5 {
+            args.st[j] = strides4(o);
+        }
+    }
+    // At least one block even with nothing to write: the position is checked all the same.
+    let total = (nq + nk + nv) as u64;
+    let grid = total.div_ceil(KV_WRITE_THREADS).min(device.facts.sm_count as u64 * 32).max(1) as u32;
+    let fault = device.module_global(&MODULE, dtype, "index_fault")?;
+    let check = IndexCheck { fault, op: op.name(), what: "position", bound: dims.position_bound(), ignore: None };
+    device.queue_index_check(check, |number| {
+        args.number = number as u64;
+        // Every operand was validated against its buffer with the shapes and strides in `args`.
+        device.launch_grid(
+            op.name(),
+            &MODULE,
+            dtype,
+            "rotary_kv_write",
+            &mut args,
+            (grid, 1),
+            (KV_WRITE_THREADS as u32, 1),
+            0,
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_argument_block_has_the_c_layout() {
+        use crate::kernels::layout::assert_c_layout;
+        assert_c_layout!(
+            KvWriteArgs { p, st, b, hq, hk, s, t, half, nq, nk, nv, number },
+            MODULE.source(),
+            "KvWriteArgs"
+        );
+    }
+
+    #[test]
+    fn cos_and_sin_are_broadcast_over_batch_and_heads() {
+        let o = |strides: Vec<isize>| Operand { ptr: 0, dtype: DType::F32, shape: vec![1; strides.len()], strides };
+        assert_eq!(strides4(&o(vec![64, 1])), [0, 0, 64, 1]);
+        assert_eq!(strides4(&o(vec![896, 64, 896, 1])), [896, 64, 896, 1]);
+    }
 }

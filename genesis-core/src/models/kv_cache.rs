@@ -121,6 +121,43 @@ impl KvCache {
     /// must exist and their positions from `position` on must be zero
     /// ([`zero_from`](KvCache::zero_from)): the write adds into them.
     pub fn write_at(&mut self, layer: usize, position: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (kb, vb) = self.buffers(layer)?;
+        no_grad(|| -> Result<()> {
+            kb.index_add_(2, position, k)?;
+            vb.index_add_(2, position, v)
+        })?;
+        Ok((kb.clone(), vb.clone()))
+    }
+
+    /// The decode step's rotary embedding and cache write in one op: rotates `q (batch,
+    /// heads, s, head_dim)` and `k (batch, kv_heads, s, head_dim)` by `cos, sin (s,
+    /// head_dim / 2)` (the angles of the new positions), writes the rotated keys and `v` into
+    /// `layer`'s buffers at the positions `p..p + s`, with `p` the value of the device tensor
+    /// `position (1,)` (i64), and returns the rotated queries and the layer's whole buffers,
+    /// all [`capacity`](KvCache::capacity) positions. As for [`write_at`](KvCache::write_at),
+    /// the buffers must exist and the positions written must be zero
+    /// ([`zero_from`](KvCache::zero_from)): where the device has no fused kernel for this
+    /// step, the write adds into them. A position outside the buffers is an error and writes
+    /// nothing. Not differentiable: run it under `no_grad`, as generation does.
+    #[allow(clippy::too_many_arguments)]
+    pub fn write_rotated_at(
+        &mut self,
+        layer: usize,
+        position: &Tensor,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let (kb, vb) = self.buffers(layer)?;
+        let q = crate::ops::rotary::rotary_kv_write(q, k, v, cos, sin, position, kb, vb)?;
+        Ok((q, kb.clone(), vb.clone()))
+    }
+
+    /// `layer`'s key and value buffers, or an error when there is no such layer or it has
+    /// no buffers yet.
+    fn buffers(&self, layer: usize) -> Result<(&Tensor, &Tensor)> {
         let n = self.layers.len();
         let (kb, vb) = self
             .layers
@@ -128,11 +165,7 @@ impl KvCache {
             .ok_or_else(|| Error::invalid(format!("kv cache: layer {layer} of {n}")))?
             .as_ref()
             .ok_or_else(|| Error::invalid(format!("kv cache: layer {layer} has no buffers to write into")))?;
-        no_grad(|| -> Result<()> {
-            kb.index_add_(2, position, k)?;
-            vb.index_add_(2, position, v)
-        })?;
-        Ok((kb.clone(), vb.clone()))
+        Ok((kb, vb))
     }
 
     /// Set every layer's positions from `start` to the capacity to zero (before

@@ -1,11 +1,12 @@
 //! Rotary position embedding in the "rotate half" layout: the fused kernel when the device
-//! claims it, a composition otherwise; the backward is the inverse rotation.
+//! claims it, a composition otherwise; the backward is the inverse rotation. And the decode
+//! step's fused rotary embedding and key/value cache write ([`rotary_kv_write`]).
 
 use super::{common_device, dtype_err, exec, shape_err};
 use crate::autograd::record1;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
-use genesis_backend_api::Op;
+use genesis_backend_api::{DType, Op};
 
 /// Rotary position embedding of `x (b, h, s, d)` in the "rotate half" layout with `cos, sin`
 /// of shape `(s, d/2)` (x's dtype): pairs `(i, i + d/2)` are rotated by the angle of their
@@ -50,4 +51,98 @@ fn rotary(x: &Tensor, cos: &Tensor, sin: &Tensor, inverse: bool) -> Result<Tenso
         Ok(vec![Some(rotary(g, &c, &s, !inverse)?)])
     });
     Ok(record1("rotary", &[x], y, backward))
+}
+
+/// The decode step's rotary embedding and cache write: returns `rotary(q)` for `q (b, hq, s,
+/// d)` and writes `rotary(k)` and `v` (both `(b, hk, s, d)`) into the caches `k_cache,
+/// v_cache (b, hk, t, d)` at positions `p..p + s`, with `p` the value of the device tensor
+/// `position (1,)` (i64) and `cos, sin (s, d/2)` the angles of those positions. One fused
+/// kernel when the device claims `RotaryKvWrite`; else `rotary_embedding` of q and k and
+/// `index_add_` of k and v into the caches, which writes the values only where the caches
+/// hold zeros: **the positions `p..p + s` of both caches must be zero**, as for
+/// [`KvCache::write_at`](crate::models::KvCache::write_at). Either way a `p` outside
+/// `[0, t - s]` is an error (on a device that checks indices on the device, from the next
+/// synchronization) and writes nothing into the caches. The position is never read on the
+/// host, so the call can be captured in a graph. Not differentiable: tensors that take part
+/// in autograd are refused (run it under `no_grad`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rotary_kv_write(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    position: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+) -> Result<Tensor> {
+    const NAME: &str = "rotary_kv_write";
+    k_cache.check_in_place(NAME, &[v_cache, q, k, v, cos, sin])?;
+    let [b, _, s, d] = q.shape()[..] else {
+        return Err(shape_err(format!("{NAME}: q must be (b, heads, s, head_dim), got {:?}", q.shape())));
+    };
+    if d % 2 != 0 {
+        return Err(shape_err(format!("{NAME}: the head dim of q {:?} must be even", q.shape())));
+    }
+    let [_, hk, _, _] = k.shape()[..] else {
+        return Err(shape_err(format!("{NAME}: k must be (b, kv_heads, s, head_dim), got {:?}", k.shape())));
+    };
+    if k.shape() != [b, hk, s, d] || v.shape() != k.shape() {
+        return Err(shape_err(format!(
+            "{NAME}: k and v must be (b, kv_heads, s, head_dim) alike with q's b, s and head_dim {:?}, got {:?} and {:?}",
+            q.shape(),
+            k.shape(),
+            v.shape()
+        )));
+    }
+    let caches_fit = matches!(k_cache.shape()[..], [cb, ch, t, cd] if [cb, ch, cd] == [b, hk, d] && t >= s);
+    if !caches_fit || v_cache.shape() != k_cache.shape() {
+        return Err(shape_err(format!(
+            "{NAME}: the caches must be (b, kv_heads, t, head_dim) alike with the keys' {:?} and t >= {s}, got {:?} and \
+             {:?}",
+            k.shape(),
+            k_cache.shape(),
+            v_cache.shape()
+        )));
+    }
+    for (name, table) in [("cos", cos), ("sin", sin)] {
+        if table.shape() != [s, d / 2] {
+            return Err(shape_err(format!("{NAME}: {name} must have shape [{s}, {}], got {:?}", d / 2, table.shape())));
+        }
+    }
+    if position.shape() != [1] || position.dtype() != DType::I64 {
+        return Err(Error::invalid(format!(
+            "{NAME}: position must be an int64 tensor of shape [1], got {} {:?}",
+            position.dtype(),
+            position.shape()
+        )));
+    }
+    let floats = [k, v, cos, sin, k_cache, v_cache];
+    if !q.dtype().is_float() || floats.iter().any(|x| x.dtype() != q.dtype()) {
+        let dtypes: Vec<String> = std::iter::once(q).chain(floats).map(|x| x.dtype().to_string()).collect();
+        return Err(dtype_err(format!(
+            "{NAME}: q, k, v, cos, sin and the caches must share a float dtype, got {}",
+            dtypes.join(", ")
+        )));
+    }
+    common_device(NAME, &[q, k, v, cos, sin, position, k_cache, v_cache])?;
+    let op = Op::RotaryKvWrite;
+    if !super::fused::use_fused(&op, q)? {
+        let q_out = rotary_embedding(q, cos, sin)?;
+        let k_rot = rotary_embedding(k, cos, sin)?;
+        let index = if s == 1 {
+            position.clone()
+        } else {
+            position.add(&Tensor::arange(0.0, s as f64, 1.0, DType::I64, q.device())?)?
+        };
+        k_cache.index_add_(2, &index, &k_rot)?;
+        v_cache.index_add_(2, &index, v)?;
+        return Ok(q_out);
+    }
+    let q_out = Tensor::empty(q.shape(), q.dtype(), q.device())?;
+    let inputs = [q, k, v, cos, sin, position].map(|x| (x, x.layout()));
+    exec(&op, &inputs, &[&q_out, k_cache, v_cache])?;
+    k_cache.storage().bump_version();
+    v_cache.storage().bump_version();
+    Ok(q_out)
 }

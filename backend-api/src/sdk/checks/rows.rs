@@ -1,7 +1,7 @@
-//! The "last dim" families: softmax, layer and RMS norm, cross-entropy, rotary; and the
-//! elementwise SwiGLU gate, whose operands all share one shape.
+//! The "last dim" families: softmax, layer and RMS norm, cross-entropy, rotary (and its fused
+//! cache write); and the elementwise SwiGLU gate, whose operands all share one shape.
 
-use super::{dims, expect_dtype, expect_like, expect_shape, operands, Meta};
+use super::{dims, expect_dtype, expect_like, expect_self_disjoint, expect_shape, operands, Meta};
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 use crate::op::Op;
@@ -202,6 +202,85 @@ pub fn rotary<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result
     Ok(([b, h, s, d], ins, outs))
 }
 
+/// The problem sizes of one `RotaryKvWrite` call: q is `(b, hq, s, d)`, k and v are
+/// `(b, hk, s, d)`, the caches `(b, hk, t, d)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RotaryKvDims {
+    /// Batch.
+    pub b: usize,
+    /// Query heads.
+    pub hq: usize,
+    /// Key/value heads.
+    pub hk: usize,
+    /// New positions (written at `p..p + s`).
+    pub s: usize,
+    /// Positions the caches hold (`t >= s`).
+    pub t: usize,
+    /// Head dim (even).
+    pub d: usize,
+}
+
+impl RotaryKvDims {
+    /// The exclusive bound of the position: `p` must be in `[0, t - s + 1)`.
+    pub fn position_bound(&self) -> usize {
+        self.t - self.s + 1
+    }
+}
+
+/// Operands of `RotaryKvWrite`, `[q, k, v, cos, sin, position] -> [q_out, k_cache, v_cache]`:
+/// q `(b, hq, s, d)` with `d` even, k and v `(b, hk, s, d)` (q's batch, positions and head
+/// dim), cos and sin `(s, d/2)`, position i64 of shape `[1]`, q_out like q, the caches
+/// `(b, hk, t, d)` alike with `t >= s`, neither overlapping itself; every operand but the
+/// position of q's dtype, a float one. The position's value is the backend's to check
+/// (in `[0, t - s]`, see [`RotaryKvDims::position_bound`]), before it writes anything.
+#[allow(clippy::type_complexity)]
+pub fn rotary_kv_write<'a, T: Meta>(
+    op: &Op,
+    inputs: &'a [T],
+    outputs: &'a [T],
+) -> Result<(RotaryKvDims, &'a [T; 6], &'a [T; 3])> {
+    let (ins @ [q, k, v, cos, sin, position], outs @ [q_out, k_cache, v_cache]) = operands(op, inputs, outputs)?;
+    let [b, hq, s, d] = dims::<4>(op, "q (b, hq, s, d)", q)?;
+    if d % 2 != 0 {
+        return Err(BackendError::shape(format!("{}: the head dim of q {:?} must be even", op.name(), q.shape())));
+    }
+    let [bk, hk, sk, dk] = dims::<4>(op, "k (b, hk, s, d)", k)?;
+    if (bk, sk, dk) != (b, s, d) {
+        return Err(BackendError::shape(format!(
+            "{}: q {:?} and k {:?} differ in batch, positions or head dim",
+            op.name(),
+            q.shape(),
+            k.shape()
+        )));
+    }
+    expect_shape(op, "v", v, k.shape())?;
+    expect_shape(op, "cos", cos, &[s, d / 2])?;
+    expect_shape(op, "sin", sin, &[s, d / 2])?;
+    expect_shape(op, "position", position, &[1])?;
+    expect_shape(op, "q_out", q_out, q.shape())?;
+    let [bc, hc, t, dc] = dims::<4>(op, "k_cache (b, hk, t, d)", k_cache)?;
+    if (bc, hc, dc) != (b, hk, d) || t < s {
+        return Err(BackendError::shape(format!(
+            "{}: k_cache {:?} must be (b, hk, t, d) of k {:?} with t >= {s}",
+            op.name(),
+            k_cache.shape(),
+            k.shape()
+        )));
+    }
+    expect_shape(op, "v_cache", v_cache, k_cache.shape())?;
+    if !q.dtype().is_float() {
+        return Err(BackendError::unsupported(format!("{}: q is {}, expected a float dtype", op.name(), q.dtype())));
+    }
+    for (name, t) in [("k", k), ("v", v), ("cos", cos), ("sin", sin), ("q_out", q_out), ("k_cache", k_cache)] {
+        expect_dtype(op, name, t, q.dtype())?;
+    }
+    expect_dtype(op, "v_cache", v_cache, q.dtype())?;
+    expect_dtype(op, "position", position, DType::I64)?;
+    expect_self_disjoint(op, k_cache)?;
+    expect_self_disjoint(op, v_cache)?;
+    Ok((RotaryKvDims { b, hq, hk, s, t, d }, ins, outs))
+}
+
 /// Operands of `SwiGlu`, `[gate, up] -> [y]`: up and y have gate's shape and dtype.
 pub fn swiglu<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result<(&'a [T; 2], &'a [T; 1])> {
     let (ins @ [gate, up], outs @ [y]) = operands(op, inputs, outputs)?;
@@ -263,6 +342,78 @@ mod tests {
             add_rms_norm(&op, f64::NAN, &ins, &[f(&[2, 3]), f(&[2, 3]), f(&[2])]).unwrap_err().kind,
             ErrorKind::InvalidArgument
         );
+    }
+
+    #[test]
+    fn rotary_kv_write_rules() {
+        let f = |shape: &[usize]| Fake::new(DType::F32, shape);
+        let op = Op::RotaryKvWrite;
+        let pos = Fake::new(DType::I64, &[1]);
+        let (q, kv, cache) = ([2, 14, 1, 8], [2, 2, 1, 8], [2, 2, 40, 8]);
+        let ins = |q: Fake, k: Fake, cos: Fake, position: Fake| [q, k.clone(), k, cos.clone(), cos, position];
+        let good_ins = ins(f(&q), f(&kv), f(&[1, 4]), pos.clone());
+        let good_outs = [f(&q), f(&cache), f(&cache)];
+        let (dims, _, _) = rotary_kv_write(&op, &good_ins, &good_outs).unwrap();
+        assert_eq!(dims, RotaryKvDims { b: 2, hq: 14, hk: 2, s: 1, t: 40, d: 8 });
+        assert_eq!(dims.position_bound(), 40);
+        // Counts.
+        let err = rotary_kv_write(&op, &good_ins[..5], &good_outs).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::InvalidArgument);
+        let refused = |ins: &[Fake], outs: &[Fake]| rotary_kv_write(&op, ins, outs).unwrap_err();
+        // An odd head dim, k of another batch or length, a rank-3 q.
+        let odd = refused(&ins(f(&[2, 14, 1, 7]), f(&[2, 2, 1, 7]), f(&[1, 3]), pos.clone()), &good_outs);
+        assert_eq!(
+            (odd.kind, odd.message.as_str()),
+            (ErrorKind::ShapeMismatch, "rotary_kv_write: the head dim of q [2, 14, 1, 7] must be even")
+        );
+        let err = refused(&ins(f(&q), f(&[2, 2, 2, 8]), f(&[1, 4]), pos.clone()), &good_outs);
+        assert_eq!(err.kind, ErrorKind::ShapeMismatch);
+        assert!(err.message.contains("differ in batch, positions or head dim"), "{}", err.message);
+        assert_eq!(
+            refused(&ins(f(&[2, 14, 8]), f(&kv), f(&[1, 4]), pos.clone()), &good_outs).kind,
+            ErrorKind::ShapeMismatch
+        );
+        // cos/sin of the wrong shape, a position of two elements or of another dtype.
+        let err = refused(&ins(f(&q), f(&kv), f(&[2, 4]), pos.clone()), &good_outs);
+        assert_eq!(err.message, "rotary_kv_write: cos has shape [2, 4], expected [1, 4]");
+        assert_eq!(
+            refused(&ins(f(&q), f(&kv), f(&[1, 4]), Fake::new(DType::I64, &[2])), &good_outs).kind,
+            ErrorKind::ShapeMismatch
+        );
+        let err = refused(&ins(f(&q), f(&kv), f(&[1, 4]), Fake::new(DType::I32, &[1])), &good_outs);
+        assert_eq!(
+            (err.kind, err.message.as_str()),
+            (ErrorKind::DtypeMismatch, "rotary_kv_write: position is int32, expected int64")
+        );
+        // Caches shorter than the new positions, of other heads, or unlike each other.
+        let many = ins(f(&[1, 2, 5, 8]), f(&[1, 1, 5, 8]), f(&[5, 4]), pos.clone());
+        let short = refused(&many, &[f(&[1, 2, 5, 8]), f(&[1, 1, 4, 8]), f(&[1, 1, 4, 8])]);
+        assert_eq!(short.kind, ErrorKind::ShapeMismatch);
+        assert!(short.message.contains("with t >= 5"), "{}", short.message);
+        assert!(rotary_kv_write(&op, &many, &[f(&[1, 2, 5, 8]), f(&[1, 1, 5, 8]), f(&[1, 1, 5, 8])]).is_ok());
+        assert_eq!(refused(&good_ins, &[f(&q), f(&[2, 1, 40, 8]), f(&[2, 1, 40, 8])]).kind, ErrorKind::ShapeMismatch);
+        assert_eq!(refused(&good_ins, &[f(&q), f(&cache), f(&[2, 2, 41, 8])]).kind, ErrorKind::ShapeMismatch);
+        assert_eq!(refused(&good_ins, &[f(&[2, 14, 1, 4]), f(&cache), f(&cache)]).kind, ErrorKind::ShapeMismatch);
+        // Dtypes: one float dtype for every operand but the position.
+        let h = |shape: &[usize]| Fake::new(DType::F16, shape);
+        let err = refused(&good_ins, &[f(&q), f(&cache), h(&cache)]);
+        assert_eq!(
+            (err.kind, err.message.as_str()),
+            (ErrorKind::DtypeMismatch, "rotary_kv_write: v_cache is float16, expected float32")
+        );
+        let err = refused(&ins(f(&q), h(&kv), f(&[1, 4]), pos.clone()), &good_outs);
+        assert_eq!(err.kind, ErrorKind::DtypeMismatch);
+        let i = |shape: &[usize]| Fake::new(DType::I64, shape);
+        let err = refused(&ins(i(&q), i(&kv), i(&[1, 4]), pos.clone()), &[i(&q), i(&cache), i(&cache)]);
+        assert_eq!(
+            (err.kind, err.message.as_str()),
+            (ErrorKind::Unsupported, "rotary_kv_write: q is int64, expected a float dtype")
+        );
+        // A cache that overlaps itself.
+        let overlapping = Fake(DType::F32, cache.to_vec(), vec![8, 8, 8, 1]);
+        let err = refused(&good_ins, &[f(&q), f(&cache), overlapping]);
+        assert_eq!(err.kind, ErrorKind::InvalidArgument);
+        assert!(err.message.contains("overlaps itself"), "{}", err.message);
     }
 
     #[test]

@@ -168,11 +168,17 @@ impl Qwen2Attention {
             Some(at) => (at.cos.clone(), at.sin.clone()),
             None => self.rope.get(ctx.start, s, q.dtype())?,
         };
-        let (q, k) = (rotary_embedding(&q, &cos, &sin)?, rotary_embedding(&k, &cos, &sin)?);
-        let (k, v) = match (cache, ctx.at) {
-            (Some((cache, layer)), Some(at)) => cache.write_at(layer, &at.position, &k, &v)?,
-            (Some((cache, layer)), None) => cache.append(layer, &k, &v)?,
-            (None, _) => (k, v),
+        let (q, k, v) = match (cache, ctx.at) {
+            // The captured decode step: rotary and the cache write as one op.
+            (Some((cache, layer)), Some(at)) => cache.write_rotated_at(layer, &at.position, &q, &k, &v, &cos, &sin)?,
+            (cache, _) => {
+                let (q, k) = (rotary_embedding(&q, &cos, &sin)?, rotary_embedding(&k, &cos, &sin)?);
+                let (k, v) = match cache {
+                    Some((cache, layer)) => cache.append(layer, &k, &v)?,
+                    None => (k, v),
+                };
+                (q, k, v)
+            }
         };
         // Without a mask, causal over the cache: the queries are the last `s` key positions.
         let o = match ctx.mask {

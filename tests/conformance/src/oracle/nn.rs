@@ -226,6 +226,63 @@ pub fn rotary(x: &[f64], cos: &[f64], sin: &[f64], s: usize, d: usize, inverse: 
     (y, mag)
 }
 
+/// What `RotaryKvWrite` leaves: `q_out` and its term magnitudes, the caches after the write,
+/// the key cache's term magnitudes, and which cache elements were written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvWrite {
+    /// `rotary(q)`, `(b, hq, s, d)`.
+    pub q_out: Vec<f64>,
+    /// The magnitudes of `q_out`'s two terms (as [`rotary`]).
+    pub q_mag: Vec<f64>,
+    /// The key cache `(b, hk, t, d)`, `rotary(k)` at positions `p..p + s`.
+    pub k_cache: Vec<f64>,
+    /// The magnitudes of the key cache's rotated elements (0 elsewhere).
+    pub k_mag: Vec<f64>,
+    /// The value cache `(b, hk, t, d)`, `v` at positions `p..p + s`.
+    pub v_cache: Vec<f64>,
+    /// True for the cache elements at positions `p..p + s`.
+    pub written: Vec<bool>,
+}
+
+/// `RotaryKvWrite` at position `p` of `q (b, hq, s, d)`, `k, v (b, hk, s, d)` with `cos`/`sin
+/// (s, d/2)` into caches `(b, hk, t, d)` holding `k_cache`/`v_cache` (`g.t` is the caches'
+/// length); `p + s <= t`.
+#[allow(clippy::too_many_arguments)]
+pub fn rotary_kv_write(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    cos: &[f64],
+    sin: &[f64],
+    k_cache: &[f64],
+    v_cache: &[f64],
+    g: AttnShape,
+    p: usize,
+) -> KvWrite {
+    let (q_out, q_mag) = rotary(q, cos, sin, g.s, g.d, false);
+    let (k_rot, k_rot_mag) = rotary(k, cos, sin, g.s, g.d, false);
+    let mut out = KvWrite {
+        q_out,
+        q_mag,
+        k_cache: k_cache.to_vec(),
+        k_mag: vec![0.0; k_cache.len()],
+        v_cache: v_cache.to_vec(),
+        written: vec![false; k_cache.len()],
+    };
+    for row in 0..g.b * g.hk {
+        for i in 0..g.s {
+            for j in 0..g.d {
+                let (at, from) = ((row * g.t + p + i) * g.d + j, (row * g.s + i) * g.d + j);
+                out.k_cache[at] = k_rot[from];
+                out.k_mag[at] = k_rot_mag[from];
+                out.v_cache[at] = v[from];
+                out.written[at] = true;
+            }
+        }
+    }
+    out
+}
+
 fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
@@ -455,6 +512,22 @@ mod tests {
         let (x, cos, sin, dy) = (data("rx", 24), data("rc", 6), data("rs", 6), data("rdy", 24));
         let vjp = rotary(&dy, &cos, &sin, 3, 4, true).0;
         assert_close(&vjp, &fd_vjp(&|x| rotary(x, &cos, &sin, 3, 4, false).0, &x, &dy), "rotary");
+    }
+
+    #[test]
+    fn rotary_kv_write_writes_only_the_new_positions() {
+        // b 1, hq 2, hk 1, s 2, t 4, d 2, written at p = 1; angles 0 and π/2.
+        let g = AttnShape { b: 1, hq: 2, hk: 1, s: 2, t: 4, d: 2 };
+        let (cos, sin) = ([1.0, 0.0], [0.0, 1.0]);
+        let (q, k, v) = (data("kq", 8), [1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]);
+        let cache: Vec<f64> = (0..8).map(|i| -(i as f64)).collect();
+        let out = rotary_kv_write(&q, &k, &v, &cos, &sin, &cache, &cache, g, 1);
+        assert_eq!(out.q_out, rotary(&q, &cos, &sin, 2, 2, false).0);
+        // Position 1 keeps (1, 2) (angle 0); position 2 gets (3, 4) rotated by π/2: (-4, 3).
+        assert_eq!(out.k_cache, [-0.0, -1.0, 1.0, 2.0, -4.0, 3.0, -6.0, -7.0]);
+        assert_eq!(out.v_cache, [-0.0, -1.0, 5.0, 6.0, 7.0, 8.0, -6.0, -7.0]);
+        assert_eq!(out.written, [false, false, true, true, true, true, false, false]);
+        assert_eq!(out.k_mag[..4], [0.0, 0.0, 1.0, 2.0]);
     }
 
     #[test]

@@ -145,6 +145,25 @@ fn calls() -> Vec<BadCall> {
             },
         },
         BadCall {
+            name: "rotary_kv_write_position_past_the_end",
+            needs: Op::RotaryKvWrite,
+            kind: ErrorKind::InvalidArgument,
+            // Caches of 5 positions, 2 new ones: the last position that fits is 3.
+            build: |s| kv_write_call(s, 4.0, 5),
+        },
+        BadCall {
+            name: "rotary_kv_write_negative_position",
+            needs: Op::RotaryKvWrite,
+            kind: ErrorKind::InvalidArgument,
+            build: |s| kv_write_call(s, -1.0, 5),
+        },
+        BadCall {
+            name: "rotary_kv_write_caches_too_short",
+            needs: Op::RotaryKvWrite,
+            kind: ErrorKind::ShapeMismatch,
+            build: |s| kv_write_call(s, 0.0, 1),
+        },
+        BadCall {
             name: "unknown_op_kind",
             needs: Op::Copy,
             kind: ErrorKind::Unsupported,
@@ -164,6 +183,24 @@ fn calls() -> Vec<BadCall> {
             },
         },
     ]
+}
+
+/// `RotaryKvWrite` of 2 new positions (q `(1, 2, 2, 4)`, k and v `(1, 1, 2, 4)`) into caches
+/// of `t` positions holding values, at `position`.
+fn kv_write_call(s: &mut Scope, position: f64, t: usize) -> Result<Call, String> {
+    let (q, kv) = ([1usize, 2, 2, 4], [1usize, 1, 2, 4]);
+    Ok((
+        Op::RotaryKvWrite.encode(),
+        vec![
+            placed(s, f32s(&q))?,
+            placed(s, f32s(&kv))?,
+            placed(s, f32s(&kv))?,
+            placed(s, f32s(&[2, 2]))?,
+            placed(s, f32s(&[2, 2]))?,
+            placed(s, Spec::new(DType::I64, &[1], vec![position]))?,
+        ],
+        vec![placed(s, Spec::out(DType::F32, &q))?, placed(s, f32s(&[1, 1, t, 4]))?, placed(s, f32s(&[1, 1, t, 4]))?],
+    ))
 }
 
 fn run_bad(t: &Target, call: &BadCall) -> Outcome {

@@ -1,13 +1,13 @@
 //! Suite `nn`: fused softmax, log-softmax, layer norm, RMS norm (alone and after a residual
-//! addition), cross-entropy, rotary,
-//! SwiGLU, attention forward, masked attention and batch norm.
+//! addition), cross-entropy, rotary (and its fused cache write), SwiGLU, attention forward,
+//! masked attention and batch norm.
 
 use super::{no_deps, op_cases};
 use crate::case::{Case, OpCase, Tier};
 use crate::gen::{tensor, ValueRange};
 use crate::oracle::nn::{
     add_rms_norm, attention, batch_norm, cross_entropy, layer_norm, log_softmax, masked_attention, rms_norm, rotary,
-    softmax, swiglu, AttnShape,
+    rotary_kv_write, softmax, swiglu, AttnShape,
 };
 use crate::target::{Layout, Spec, Target};
 use crate::tolerance::Expected;
@@ -226,6 +226,71 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 .collect()
         },
     ));
+    cases.extend(op_cases(t, "nn", "rotary_kv_write", Op::RotaryKvWrite.kind(), &FLOATS, &no_deps, &|dtype, rng| {
+        // Decode steps of Qwen2.5-0.5B's heads (7 query heads a kv head) at head dims 64 and 128,
+        // at the first, a middle and the last position; several new positions (a prefill) up
+        // to the caches' end; strided layouts of every operand (q, k and v transposed or as
+        // the halves of longer rows, the caches with gaps, the tables at an offset). The
+        // caches start with random values: every position but the new ones must keep them.
+        let g = |b, hq, hk, s, t, d| AttnShape { b, hq, hk, s, t, d };
+        let (c, tr, st) = (Layout::Contiguous, Layout::Transposed, Layout::Strided);
+        [
+            (g(2, 14, 2, 1, 40, 64), 17, [c, c, c], "decode_d64", Tier::Core),
+            (g(2, 14, 2, 1, 40, 128), 39, [c, c, c], "decode_d128_last", Tier::Core),
+            (g(2, 14, 2, 1, 40, 64), 0, [tr, st, Layout::Offset], "decode_strided_first", Tier::Core),
+            (g(1, 4, 2, 5, 9, 8), 4, [c, c, c], "prefill_s5_to_the_end", Tier::Core),
+            (g(2, 4, 2, 3, 12, 16), 6, [Layout::HalfRows, st, Layout::Offset], "prefill_half_rows_strided", Tier::Core),
+            (g(2, 6, 3, 4, 10, 6), 2, [tr, tr, st], "transposed_odd_half", Tier::Core),
+            (g(4, 14, 2, 7, 300, 128), 150, [c, c, c], "batch4_s7_t300_d128", Tier::Full),
+        ]
+        .into_iter()
+        .map(|(g, p, [lx, lc, lt], sample, tier)| {
+            let r = ValueRange::normal(1.0);
+            let (qs, kvs, cs) = ([g.b, g.hq, g.s, g.d], [g.b, g.hk, g.s, g.d], [g.b, g.hk, g.t, g.d]);
+            let q = tensor(rng, dtype, &qs, lx, r);
+            let k = tensor(rng, dtype, &kvs, lx, r);
+            let v = tensor(rng, dtype, &kvs, lx, r);
+            let half = g.d / 2;
+            let angles: Vec<f64> =
+                (0..g.s * half).map(|i| (p + i / half) as f64 * 0.37 + (i % half) as f64 * 0.11).collect();
+            let table = |f: fn(f64) -> f64| {
+                let values = angles.iter().map(|&a| quantize(dtype, f(a))).collect();
+                Spec::new(dtype, &[g.s, half], values).with_layout(lt)
+            };
+            let (cos, sin) = (table(f64::cos), table(f64::sin));
+            let position = Spec::new(DType::I64, &[1], vec![p as f64]);
+            let (k_cache, v_cache) = (tensor(rng, dtype, &cs, lc, r), tensor(rng, dtype, &cs, lc, r));
+            let out = rotary_kv_write(
+                &q.values,
+                &k.values,
+                &v.values,
+                &cos.values,
+                &sin.values,
+                &k_cache.values,
+                &v_cache.values,
+                g,
+                p,
+            );
+            // The rotated elements within rotary's bound; everything else exactly as it was
+            // (or, for v, exactly v).
+            let mut k_exp = Expected::accumulated(dtype, out.k_cache, &out.k_mag, 2, 1.0);
+            for (allowed, &written) in k_exp.allowed.iter_mut().zip(&out.written) {
+                if !written {
+                    *allowed = 0.0;
+                }
+            }
+            let exp = vec![
+                Some(Expected::accumulated(dtype, out.q_out, &out.q_mag, 2, 1.0)),
+                Some(k_exp),
+                Some(Expected::exact_signed(dtype, out.v_cache)),
+            ];
+            let outputs = vec![Spec::out(dtype, &qs).with_layout(lx), k_cache, v_cache];
+            let case =
+                OpCase { op: Op::RotaryKvWrite, inputs: vec![q, k, v, cos, sin, position], outputs, expected: exp };
+            (sample.to_string(), tier, case)
+        })
+        .collect()
+    }));
     cases.extend(op_cases(t, "nn", "swiglu", Op::SwiGlu.kind(), &FLOATS, &no_deps, &|dtype, rng| {
         // Dense rows, the halves of one stacked projection (a row stride of 2d), and a
         // transposed pair with an odd length (no packs).
