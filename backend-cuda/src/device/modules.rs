@@ -124,6 +124,25 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// Blocks of `threads` threads and `smem` bytes of dynamic shared memory that one SM holds
+    /// at once for kernel `name` of `module` (compiled for `dtype` on first use): what its
+    /// registers and shared memory allow.
+    pub fn resident_blocks(
+        &self,
+        module: &'static Module,
+        dtype: DType,
+        name: &str,
+        threads: u32,
+        smem: u32,
+    ) -> Result<u32> {
+        let f = self.function(module, dtype, name)?;
+        // SAFETY: `f` is a loaded function.
+        let blocks =
+            unsafe { result::occupancy::max_active_block_per_multiprocessor(f, threads as i32, smem as usize) }
+                .map_err(|e| driver_error(&format!("cuOccupancyMaxActiveBlocksPerMultiprocessor for {name}"), e))?;
+        Ok(blocks.max(1) as u32)
+    }
+
     /// Launch `name` of kernel module `module` (compiled for `dtype` on first use) on a
     /// `grid` of `block`-shaped blocks with `smem` bytes of dynamic shared memory, passing
     /// `params` (`Args`, or a `#[repr(C)]` mirror of the kernel's own argument struct) by

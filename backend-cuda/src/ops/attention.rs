@@ -278,21 +278,28 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
             for (slot, x) in [q, k, v, o, keep].into_iter().enumerate() {
                 a.set(slot, x);
             }
-            // Enough (row, key range) blocks for 4 per SM, ranges of at least a minimum of keys:
-            // per query row for `attn_masked`; per (batch, key head) and one pass of keys for
-            // `attn_decode`, which serves a key head's query heads together.
+            // Key ranges of at least a minimum of keys. `attn_masked`: a block per (query row,
+            // range), enough for 4 per SM. `attn_decode`: a block per (batch, key head, range),
+            // at most one wave of them (the blocks an SM holds at once, which its registers
+            // for the group's queries and sums make few): each range's block pays a fixed cost
+            // (its group's queries, the final sums, the merge), so more blocks than run at once
+            // only add rounds of that cost.
             let decode = decode_pass(device, &dm, q.dtype, k, v);
             let rows = dm.b * dm.hq * dm.s;
-            let (blocks_per_split, min_split) = match decode {
-                Some(pass) => (dm.b * dm.hk, pass),
-                None => (rows, MA_MIN_SPLIT),
-            };
-            let target = 4 * device.facts.sm_count as usize;
             let elem = compute_dtype(q.dtype).size_in_bytes();
-            // `attn_masked_combine` holds a row's partials in shared memory.
-            let combinable = MA_COMBINE_SMEM / ((dm.d + 3) * elem);
-            let splits =
-                target.div_ceil(blocks_per_split.max(1)).min(combinable).clamp(1, dm.t.div_ceil(min_split).max(1));
+            let decode_smem = (MA_WARPS * (dm.hq / dm.hk.max(1)) * dm.d * elem) as u32;
+            let sms = device.facts.sm_count as usize;
+            let wanted = match decode {
+                Some(_) => {
+                    let kernel = format!("attn_decode_{}", dm.d);
+                    let wave = device.resident_blocks(&MODULE, q.dtype, &kernel, THREADS, decode_smem)? as usize * sms;
+                    (wave / (dm.b * dm.hk).max(1)).max(1)
+                }
+                // `attn_masked_combine` holds a row's partials in shared memory.
+                None => (4 * sms).div_ceil(rows.max(1)).min(MA_COMBINE_SMEM / ((dm.d + 3) * elem)),
+            };
+            let min_split = decode.unwrap_or(MA_MIN_SPLIT);
+            let splits = wanted.clamp(1, dm.t.div_ceil(min_split).max(1));
             a.split = dm.t.div_ceil(splits).max(1) as i64;
             let splits = dm.t.div_ceil(a.split as usize).max(1);
             with_scratch(device, |scratch| {
@@ -301,9 +308,8 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
                 }
                 if decode.is_some() {
                     // Dynamic shared memory: the warps' outputs for the group's heads.
-                    let smem = (MA_WARPS * (dm.hq / dm.hk) * dm.d * elem) as u32;
                     let work = (dm.b * dm.hk * splits) as u64;
-                    let shape = (grid(device, work, 8), THREADS, smem);
+                    let shape = (grid(device, work, 8), THREADS, decode_smem);
                     launch_1d(device, op.name(), &MODULE, q.dtype, &format!("attn_decode_{}", dm.d), &mut a, shape)?;
                 } else {
                     // Shared: a chunk of scores, the reduction slots, the warps' outputs.
