@@ -7,7 +7,7 @@
 
 use super::fused::{dense, min_rows, with_float, Dense, Float, C};
 use super::{unsupported, Kernel, View};
-use genesis_backend_api::sdk::checks::{self, RotaryKvDims};
+use genesis_backend_api::sdk::checks::{self, AttentionDims};
 use genesis_backend_api::sdk::domain;
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result};
 use rayon::prelude::*;
@@ -66,9 +66,9 @@ fn rotate_into<T: Float>(op: &Op, inverse: bool, x: &View, cs: &[T], ss: &[T], y
 }
 
 /// The position operand's value `p`, or `InvalidArgument` unless `0 <= p <= t - s`.
-fn cache_position(op: &Op, position: &View, dims: &RotaryKvDims) -> Result<usize> {
+fn cache_position(op: &Op, position: &View, dims: &AttentionDims) -> Result<usize> {
     let p = dense::<i64>(op, position)?.first().copied().unwrap_or(-1);
-    let bound = dims.position_bound();
+    let bound = dims.positions_free();
     match usize::try_from(p) {
         Ok(p) if p < bound => Ok(p),
         _ => Err(BackendError::invalid(format!(

@@ -146,7 +146,7 @@ fn kv_write(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tens
     let total = (nq + nk + nv) as u64;
     let grid = total.div_ceil(KV_WRITE_THREADS).min(device.facts.sm_count as u64 * 32).max(1) as u32;
     let fault = device.module_global(&MODULE, dtype, "index_fault")?;
-    let check = IndexCheck { fault, op: op.name(), what: "position", bound: dims.position_bound(), ignore: None };
+    let check = IndexCheck { fault, op: op.name(), what: "position", bound: dims.positions_free(), ignore: None };
     device.queue_index_check(check, |number| {
         args.number = number as u64;
         // Every operand was validated against its buffer with the shapes and strides in `args`.

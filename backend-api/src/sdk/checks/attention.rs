@@ -24,6 +24,12 @@ pub struct AttentionDims {
 }
 
 impl AttentionDims {
+    /// Where `s` new positions can start in a cache of `t`: positions `p` in `[0, t - s]`,
+    /// this many (`RotaryKvWrite`'s bound).
+    pub fn positions_free(&self) -> usize {
+        self.t - self.s + 1
+    }
+
     /// Query heads per kv head: query head `h` reads kv head `h / group()`.
     pub fn group(&self) -> usize {
         self.hq / self.hk

@@ -1,7 +1,7 @@
 //! The "last dim" families: softmax, layer and RMS norm, cross-entropy, rotary (and its fused
 //! cache write); and the elementwise SwiGLU gate, whose operands all share one shape.
 
-use super::{dims, expect_dtype, expect_like, expect_self_disjoint, expect_shape, operands, Meta};
+use super::{dims, expect_dtype, expect_like, expect_self_disjoint, expect_shape, operands, AttentionDims, Meta};
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 use crate::op::Op;
@@ -202,43 +202,19 @@ pub fn rotary<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result
     Ok(([b, h, s, d], ins, outs))
 }
 
-/// The problem sizes of one `RotaryKvWrite` call: q is `(b, hq, s, d)`, k and v are
-/// `(b, hk, s, d)`, the caches `(b, hk, t, d)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RotaryKvDims {
-    /// Batch.
-    pub b: usize,
-    /// Query heads.
-    pub hq: usize,
-    /// Key/value heads.
-    pub hk: usize,
-    /// New positions (written at `p..p + s`).
-    pub s: usize,
-    /// Positions the caches hold (`t >= s`).
-    pub t: usize,
-    /// Head dim (even).
-    pub d: usize,
-}
-
-impl RotaryKvDims {
-    /// The exclusive bound of the position: `p` must be in `[0, t - s + 1)`.
-    pub fn position_bound(&self) -> usize {
-        self.t - self.s + 1
-    }
-}
-
 /// Operands of `RotaryKvWrite`, `[q, k, v, cos, sin, position] -> [q_out, k_cache, v_cache]`:
 /// q `(b, hq, s, d)` with `d` even, k and v `(b, hk, s, d)` (q's batch, positions and head
 /// dim), cos and sin `(s, d/2)`, position i64 of shape `[1]`, q_out like q, the caches
 /// `(b, hk, t, d)` alike with `t >= s`, neither overlapping itself; every operand but the
-/// position of q's dtype, a float one. The position's value is the backend's to check
-/// (in `[0, t - s]`, see [`RotaryKvDims::position_bound`]), before it writes anything.
+/// position of q's dtype, a float one. Returns the sizes as attention's (`s` new positions,
+/// `t` cache positions). The position's value is the backend's to check (in `[0, t - s]`, see
+/// [`AttentionDims::positions_free`]), before it writes anything.
 #[allow(clippy::type_complexity)]
 pub fn rotary_kv_write<'a, T: Meta>(
     op: &Op,
     inputs: &'a [T],
     outputs: &'a [T],
-) -> Result<(RotaryKvDims, &'a [T; 6], &'a [T; 3])> {
+) -> Result<(AttentionDims, &'a [T; 6], &'a [T; 3])> {
     let (ins @ [q, k, v, cos, sin, position], outs @ [q_out, k_cache, v_cache]) = operands(op, inputs, outputs)?;
     let [b, hq, s, d] = dims::<4>(op, "q (b, hq, s, d)", q)?;
     if d % 2 != 0 {
@@ -278,7 +254,7 @@ pub fn rotary_kv_write<'a, T: Meta>(
     expect_dtype(op, "position", position, DType::I64)?;
     expect_self_disjoint(op, k_cache)?;
     expect_self_disjoint(op, v_cache)?;
-    Ok((RotaryKvDims { b, hq, hk, s, t, d }, ins, outs))
+    Ok((AttentionDims { b, hq, hk, s, t, d }, ins, outs))
 }
 
 /// Operands of `SwiGlu`, `[gate, up] -> [y]`: up and y have gate's shape and dtype.
@@ -354,8 +330,8 @@ mod tests {
         let good_ins = ins(f(&q), f(&kv), f(&[1, 4]), pos.clone());
         let good_outs = [f(&q), f(&cache), f(&cache)];
         let (dims, _, _) = rotary_kv_write(&op, &good_ins, &good_outs).unwrap();
-        assert_eq!(dims, RotaryKvDims { b: 2, hq: 14, hk: 2, s: 1, t: 40, d: 8 });
-        assert_eq!(dims.position_bound(), 40);
+        assert_eq!(dims, AttentionDims { b: 2, hq: 14, hk: 2, s: 1, t: 40, d: 8 });
+        assert_eq!(dims.positions_free(), 40);
         // Counts.
         let err = rotary_kv_write(&op, &good_ins[..5], &good_outs).unwrap_err();
         assert_eq!(err.kind, ErrorKind::InvalidArgument);
