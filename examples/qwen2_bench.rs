@@ -139,6 +139,14 @@ fn profile_tokens(model: &Qwen2ForCausalLM, prompts: &[Vec<u32>], tokens: usize,
     ))
 }
 
+/// FNV-1a of the generated ids (a finished row's `None` included): runs on other plugins or
+/// settings compare by this one value.
+fn fnv(ids: &[Vec<Option<u32>>]) -> u64 {
+    ids.iter()
+        .flatten()
+        .fold(0xcbf2_9ce4_8422_2325, |h, id| (h ^ id.map_or(u64::MAX, u64::from)).wrapping_mul(0x100_0000_01b3))
+}
+
 fn main() -> Result<()> {
     let args = parse_args()?;
     let device = Device::parse(&args.device)?;
@@ -172,7 +180,7 @@ fn main() -> Result<()> {
         println!(
             "{{\"engine\": \"genesis\", \"device\": \"{}\", \"dtype\": \"{}\", \"prompt\": {}, \"new\": {}, \
              \"batch\": {}, \"graph\": {}, \"ttft_ms\": {:.2}, \"decode_tokens_per_s\": {:.1}, \"peak_memory_gib\": {:.3}, \
-             \"same_ids_as_first_mode\": {same}}}",
+             \"same_ids_as_first_mode\": {same}, \"ids_fnv\": \"{:016x}\"}}",
             device.properties()?.name,
             args.dtype,
             args.prompt,
@@ -181,7 +189,8 @@ fn main() -> Result<()> {
             r.graph,
             r.ttft * 1e3,
             tokens_per_s,
-            peak
+            peak,
+            fnv(&r.ids)
         );
         if args.profile > 0 {
             println!("{}", profile_tokens(&model, &prompts, args.profile, use_graph)?);

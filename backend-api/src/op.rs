@@ -708,6 +708,17 @@ declare_ops! {
     /// outside `[0, t - s]` is an error and writes nothing. The step of incremental decoding
     /// whose position lives on the device (a captured graph). Forward only.
     RotaryKvWrite = 42 => "rotary_kv_write" in Floats,
+    /// `[x (.., k), residual (.., k), norm_weight (k), weight (n, k)]`, or with a fifth input
+    /// `bias (n)`, `-> [y (.., n), sum (.., k)]`, all of one dtype: a pre-norm transformer's
+    /// residual addition, the RMS norm after it and the linear layer that reads the norm, in
+    /// one op. Exactly `AddRmsNorm { eps }` (`sum`, and its `y` as `h`, both rounded to the
+    /// dtype), then `y = h · weightᵀ` as `Matmul` computes and rounds it, then `y + bias`
+    /// rounded again as `Add` stores it. Forward only: the norm-and-projection of a decode
+    /// step, where the norm's own launch would cost as much as its arithmetic.
+    AddRmsNormLinear {
+        /// Added to the mean square.
+        eps: f64 => float[0],
+    } = 43 => "add_rms_norm_linear" in Floats,
 }
 
 /// An op kind: the wire code of an [`Op`] without its attributes. Used in capability lists.
@@ -953,6 +964,7 @@ mod tests {
             Op::BatchNormBackward,
             Op::AddRmsNorm { eps: 1e-6 },
             Op::RotaryKvWrite,
+            Op::AddRmsNormLinear { eps: 1e-5 },
         ]
     }
 
@@ -1019,5 +1031,6 @@ mod tests {
         batch_norm 0x527 [1e-5] []\n\
         batch_norm_backward 0x528 [] []\n\
         add_rms_norm 0x529 [1e-6] []\n\
-        rotary_kv_write 0x52a [] []\n";
+        rotary_kv_write 0x52a [] []\n\
+        add_rms_norm_linear 0x52b [1e-5] []\n";
 }

@@ -184,7 +184,7 @@ macro_rules! no_matmul {
 }
 no_matmul!(u8, crate::element::Bool);
 
-fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
+pub(super) fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
     let ([a, b], [y]) = (inputs, outputs) else {
         return Err(BackendError::invalid(format!(
             "matmul: expected 2 inputs and 1 output, got {} and {}",

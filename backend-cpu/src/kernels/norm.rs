@@ -1,11 +1,11 @@
-//! LayerNorm and RmsNorm over the last dim, their backward ops, and RmsNorm after a residual
-//! addition (`AddRmsNorm`).
+//! LayerNorm and RmsNorm over the last dim, their backward ops, RmsNorm after a residual
+//! addition (`AddRmsNorm`), and that followed by a linear layer (`AddRmsNormLinear`).
 //!
 //! Statistics are computed in the compute type (f32 for f16/bf16, f64 for f64) and saved as
 //! f32, as the interface asks. The weight gradients are summed over rows in fixed blocks so
 //! that they are reproducible bit for bit (see `rows_per_block`).
 
-use super::fused::{dense, min_rows, rows_of, rows_per_block, with_float, Dense, Float, Real, C};
+use super::fused::{dense, min_rows, rows_of, rows_per_block, split_mut, with_float, Dense, Float, Real, C};
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
 use genesis_backend_api::sdk::checks;
@@ -20,6 +20,7 @@ fn claims() -> Vec<(OpKind, DType)> {
         Op::RmsNorm { eps: 0.0 },
         Op::RmsNormBackward,
         Op::AddRmsNorm { eps: 0.0 },
+        Op::AddRmsNormLinear { eps: 0.0 },
     ])
 }
 
@@ -40,6 +41,10 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
         Op::AddRmsNorm { eps } => {
             let ([x, residual, w], [y, sum, rstd]) = checks::add_rms_norm(op, eps, inputs, outputs)?;
             with_float!(op, x.dtype, T => add_rms_norm::<T>(op, eps, [x, residual, w], [y, sum, rstd]))
+        }
+        Op::AddRmsNormLinear { eps } => {
+            let ([x, r, g, w], bias, [y, sum]) = checks::add_rms_norm_linear(op, eps, inputs, outputs)?;
+            with_float!(op, x.dtype, T => add_rms_norm_linear::<T>(op, eps, [x, r, g, w], bias, [y, sum]))
         }
         Op::RmsNormBackward => {
             let ([dy, x, w, rstd], [dx, dw]) = checks::rms_norm_backward(op, inputs, outputs)?;
@@ -187,6 +192,46 @@ fn add_rms_norm<T: Float>(op: &Op, eps: f64, [x, r, w]: [&View; 3], [y, sum, rst
         .for_each(|(o, (a, b))| *o = T::store(a.compute() + b.compute()));
     rms_rows::<T>(op, eps, sums.slice(), w, [y, rstd])?;
     sums.finish();
+    Ok(())
+}
+
+/// [`add_rms_norm`] into a staging buffer, then the `matmul` kernel against the weight's
+/// transpose, then the bias added and rounded as `add` does: the op's definition, step by
+/// step (the point of fusing is a GPU's launches, which a CPU does not pay).
+fn add_rms_norm_linear<T: Float>(
+    op: &Op,
+    eps: f64,
+    [x, r, g, w]: [&View; 4],
+    bias: Option<&View>,
+    [y, sum]: [&View; 2],
+) -> Result<()> {
+    let (rows, k) = rows_of(&x.shape);
+    let n = w.shape[0];
+    let staged = |data: *mut u8, dtype: DType, shape: Vec<usize>| View {
+        base: data,
+        dtype,
+        strides: genesis_backend_api::contiguous_strides(&shape),
+        shape,
+    };
+    let mut h = vec![T::from_f64(0.0); rows * k];
+    let mut rstd = vec![0f32; rows];
+    let lead = x.shape[..x.shape.len() - 1].to_vec();
+    let h_view = staged(h.as_mut_ptr().cast(), x.dtype, x.shape.clone());
+    add_rms_norm::<T>(op, eps, [x, r, g], [&h_view, sum, &staged(rstd.as_mut_ptr().cast(), DType::F32, lead)])?;
+    let mut ys = Dense::<T>::output(op, y)?;
+    let product = staged(ys.slice().as_mut_ptr().cast(), y.dtype, vec![rows, n]);
+    let h_rows = View { shape: vec![rows, k], strides: vec![k as isize, 1], ..h_view };
+    let w_t = View { shape: vec![k, n], strides: vec![w.strides[1], w.strides[0]], ..w.clone() };
+    super::matmul::run(&Op::Matmul, &[h_rows, w_t], &[product])?;
+    if let Some(bias) = bias {
+        let bs = dense::<T>(op, bias)?;
+        for row in split_mut(ys.slice(), rows, n) {
+            for (o, b) in row.iter_mut().zip(bs.iter()) {
+                *o = T::store(o.compute() + b.compute());
+            }
+        }
+    }
+    ys.finish();
     Ok(())
 }
 

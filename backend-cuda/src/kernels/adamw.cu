@@ -45,9 +45,6 @@ __device__ __forceinline__ void put(double& o, C c) { o = (double)c; }
 __device__ __forceinline__ void put(h16& o, C c) { o = Ty<h16>::store((float)c); }
 __device__ __forceinline__ void put(b16& o, C c) { o = Ty<b16>::store((float)c); }
 
-__device__ __forceinline__ float csqrt(float v) { return sqrtf(v); }
-__device__ __forceinline__ double csqrt(double v) { return sqrt(v); }
-
 template <class M> __device__ __forceinline__ void update(const Hyper& h, T g, T& p, M& m, M& v) {
     C gc = TT::load(g);
     C mc = h.b1 * get(m) + h.one_b1 * gc;

@@ -147,3 +147,7 @@ __device__ __forceinline__ u64 gstride() { return (u64)gridDim.x * blockDim.x; }
 
 // A pack of V elements moved with one vector load or store.
 template <class E, int V> struct alignas(sizeof(E) * V) Pack { E v[V]; };
+
+// Square root in the compute type (f32 or f64).
+__device__ __forceinline__ float csqrt(float v) { return sqrtf(v); }
+__device__ __forceinline__ double csqrt(double v) { return sqrt(v); }

@@ -9,6 +9,13 @@
 // meet in shared memory and are added in slice order, so results do not depend on timing.
 // Operands are packed: k, lda and ldw are multiples of the pack and a and w are 16-byte
 // aligned (the launcher checks; other shapes go to cuBLAS).
+//
+// `gemv_norm_{1,2}` (AddRmsNormLinear) first make the rows they multiply: each block adds x
+// and the residual, takes the RMS norm of the sum and keeps the normed rows in shared memory,
+// rounded to T exactly as the add_rms_norm kernel stores them, so the product is the one the
+// separate ops would give. Every block does this for its own use (a row is a few KiB, read
+// from L2); block 0 also stores the sum, the residual stream that goes on. The bias is added
+// to the rounded product and rounded again, as the add op would.
 
 typedef ELEM T;
 typedef Ty<T> TT;
@@ -19,10 +26,15 @@ typedef Pack<T, V> P;
 #define WARPS 8
 
 struct GemvArgs {
-    char* a;     // (m, k), row stride lda
+    char* a;     // (m, k), row stride lda; gemv_norm: x
     char* w;     // (n, k), row stride ldw
     char* y;     // (m, n), strides ys0, ys1
-    i64 lda, ldw, ys0, ys1;
+    char* bias;  // (n) with unit stride, or null
+    char* res;   // gemv_norm: the residual (m, k), row stride ldr
+    char* g;     // gemv_norm: the norm's weight (k), unit stride
+    char* sum;   // gemv_norm: x + residual (m, k), row stride lds
+    i64 lda, ldw, ys0, ys1, ldr, lds;
+    double eps;  // gemv_norm: added to the mean square
     int m, n, k;
     int slices;  // warps per output: 1, 2, 4 or 8
 };
@@ -50,14 +62,79 @@ __device__ __forceinline__ P load_weight(const T* p) {
 // packs per lane at k = 896), so they are issued together rather than one latency at a time.
 #define U 4
 
-// M is the compile-time bound on m (the accumulators live in registers).
-template <int M> __device__ __forceinline__ void gemv(const GemvArgs& g) {
+// The rows gemv_norm multiplies, in shared memory (m rows of k, dense).
+extern __shared__ __align__(16) unsigned char normed_rows[];
+
+// h = rms_norm(x + residual) · g for the m rows, into normed_rows; block 0 stores the sums.
+// The sum of squares is reduced in a fixed order (lanes, then warps in order).
+template <int M> __device__ __forceinline__ void norm_rows(const GemvArgs& g) {
+    __shared__ C squares[WARPS][M];
+    T* h = (T*)normed_rows;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, packs = g.k / V;
+    C ss[M];
+#pragma unroll
+    for (int r = 0; r < M; ++r) {
+        ss[r] = (C)0;
+        if (r < g.m) {
+            for (int p = threadIdx.x; p < packs; p += blockDim.x) {
+                const P x = *(const P*)((const T*)g.a + r * g.lda + p * V);
+                const P res = *(const P*)((const T*)g.res + r * g.ldr + p * V);
+                P s;
+#pragma unroll
+                for (int v = 0; v < V; ++v) {
+                    s.v[v] = TT::store(TT::load(x.v[v]) + TT::load(res.v[v]));
+                    const C c = TT::load(s.v[v]);
+                    ss[r] += c * c;
+                }
+                *(P*)(h + r * g.k + p * V) = s;
+                if (blockIdx.x == 0) *(P*)((T*)g.sum + r * g.lds + p * V) = s;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], o);
+        if (lane == 0) squares[warp][r] = ss[r];
+    }
+    __syncthreads();
+    C rstd[M];
+#pragma unroll
+    for (int r = 0; r < M; ++r) {
+        C total = (C)0;
+        for (int u = 0; u < WARPS; ++u) total += squares[u][r];
+        rstd[r] = (C)1 / csqrt(total / (C)g.k + (C)g.eps);
+    }
+#pragma unroll
+    for (int r = 0; r < M; ++r) {
+        if (r < g.m) {
+            for (int p = threadIdx.x; p < packs; p += blockDim.x) {
+                P s = *(P*)(h + r * g.k + p * V);
+                const P gw = *(const P*)((const T*)g.g + p * V);
+#pragma unroll
+                for (int v = 0; v < V; ++v) s.v[v] = TT::store(TT::load(s.v[v]) * rstd[r] * TT::load(gw.v[v]));
+                *(P*)(h + r * g.k + p * V) = s;
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// M is the compile-time bound on m (the accumulators live in registers). NORM: the rows are
+// made by norm_rows.
+template <int M, bool NORM> __device__ __forceinline__ void gemv(const GemvArgs& g) {
     __shared__ C partial[WARPS][M];
-    const T* a = (const T*)g.a;
     const T* w = (const T*)g.w;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int rows = WARPS / g.slices, slice = warp % g.slices;
     const i64 j = (i64)blockIdx.x * rows + warp / g.slices;
+    if (NORM) {
+        // Start this warp's first weight reads toward L2 while the rows are made.
+        if (j < g.n) {
+            const int first = (slice * 32 + lane) * V;
+            if (first < g.k) asm volatile("prefetch.global.L2 [%0];" ::"l"(w + j * g.ldw + first));
+        }
+        norm_rows<M>(g);
+    }
+    const T* a = NORM ? (const T*)normed_rows : (const T*)g.a;
+    const i64 lda = NORM ? (i64)g.k : g.lda;
     C acc[M];
 #pragma unroll
     for (int r = 0; r < M; ++r) acc[r] = (C)0;
@@ -76,7 +153,7 @@ template <int M> __device__ __forceinline__ void gemv(const GemvArgs& g) {
 #pragma unroll
                     for (int r = 0; r < M; ++r) {
                         if (r < g.m) {
-                            const P pa = *(const P*)(a + r * g.lda + i);
+                            const P pa = *(const P*)(a + r * lda + i);
 #pragma unroll
                             for (int v = 0; v < V; ++v) acc[r] += TT::load(pw[u].v[v]) * TT::load(pa.v[v]);
                         }
@@ -101,9 +178,12 @@ template <int M> __device__ __forceinline__ void gemv(const GemvArgs& g) {
     if (local < rows && r < g.m && jo < g.n) {
         C sum = (C)0;
         for (int s = 0; s < g.slices; ++s) sum += partial[local * g.slices + s][r];
+        if (g.bias) sum = TT::load(TT::store(sum)) + TT::load(((const T*)g.bias)[jo]);
         ((T*)g.y)[r * g.ys0 + jo * g.ys1] = TT::store(sum);
     }
 }
 
-extern "C" __global__ void gemv_1(const GemvArgs g) { gemv<1>(g); }
-extern "C" __global__ void gemv_2(const GemvArgs g) { gemv<2>(g); }
+extern "C" __global__ void gemv_1(const GemvArgs g) { gemv<1, false>(g); }
+extern "C" __global__ void gemv_2(const GemvArgs g) { gemv<2, false>(g); }
+extern "C" __global__ void gemv_norm_1(const GemvArgs g) { gemv<1, true>(g); }
+extern "C" __global__ void gemv_norm_2(const GemvArgs g) { gemv<2, true>(g); }

@@ -58,9 +58,6 @@ struct RowArgs {
     i64 cs[8];           // stride of each slot along the row
 };
 
-__device__ __forceinline__ float csqrt(float v) { return sqrtf(v); }
-__device__ __forceinline__ double csqrt(double v) { return sqrt(v); }
-
 // Element offsets of row `row` for every slot; whether the row exists. A row past the end,
 // which still joins its group's barriers, gets row 0's offsets.
 __device__ __forceinline__ bool row_offsets(const RowArgs& a, i64 row, i64* off) {

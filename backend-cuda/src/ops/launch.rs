@@ -4,7 +4,7 @@
 
 use crate::device::CudaDevice;
 use crate::kernels::{set_geometry, Args, Module, Operand};
-use genesis_backend_api::{contiguous_strides, BufferId, DType, Op, Result};
+use genesis_backend_api::{contiguous_strides, BufferId, DType, Op, Result, TensorDesc};
 
 /// Blocks for a grid-stride kernel over `work` items: enough to fill every SM `per_sm` times.
 pub fn grid(device: &CudaDevice, work: u64, per_sm: u32) -> u32 {
@@ -32,6 +32,15 @@ impl Scratch {
         let (id, ptr) = device.scratch(bytes)?;
         self.0.push(id);
         Ok(Operand { ptr, dtype, shape: shape.to_vec(), strides: contiguous_strides(shape) })
+    }
+
+    /// A dense row-major scratch tensor of `shape` and `dtype` as a descriptor: for running
+    /// other ops of the plugin on it (a fused op's composition).
+    pub fn desc(&mut self, device: &CudaDevice, dtype: DType, shape: &[usize]) -> Result<TensorDesc> {
+        let bytes = shape.iter().product::<usize>().max(1) * dtype.size_in_bytes();
+        let (id, _) = device.scratch(bytes)?;
+        self.0.push(id);
+        TensorDesc::contiguous(id, 0, dtype, shape)
     }
 
     /// `x` itself when it is dense row-major, else a dense copy of it (with the elementwise

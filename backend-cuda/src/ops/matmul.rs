@@ -1,20 +1,26 @@
 //! Batched matrix products through cuBLAS, and products with a few rows against a weight read
-//! along its rows through the plugin's own kernel (`kernels/gemv.cu`).
+//! along its rows through the plugin's own kernel (`kernels/gemv.cu`). `AddRmsNormLinear`
+//! takes that kernel with its norm prologue when it applies, and otherwise runs the ops it
+//! stands for (`AddRmsNorm`, `Matmul`, `Add`) on scratch buffers.
 //!
 //! cuBLAS is column-major; a row-major `y = a·b` is the column-major `yᵀ = bᵀ·aᵀ`, and a
 //! row-major operand read column-major is its transpose, so dense or transposed views go to
 //! cuBLAS as they are (`N` or `T`), other layouts are first copied dense. f16/bf16 accumulate
 //! in f32 and f32 is IEEE (no TF32) unless `GENESIS_CUDA_ALLOW_TF32=1`.
 
-use super::launch;
-use super::{arity, Family};
+use super::launch::{self, Scratch};
+use super::{arity, resolve, Family};
 use crate::blas::{gemm_types, Blas, Gemm};
 use crate::device::CudaDevice;
 use crate::kernels::{merge_dims, set_geometry, Args, Operand};
-use genesis_backend_api::{contiguous_strides, BackendError, BufferId, DType, Op, OpKind, Result, TensorDesc};
+use genesis_backend_api::sdk::checks;
+use genesis_backend_api::{
+    contiguous_strides, BackendError, BinaryOp, BufferId, DType, Op, OpKind, Result, TensorDesc,
+};
 
 kernel_module! {
-    /// Products with one or two rows against a weight stored (n, k): decode's linear layers.
+    /// Products with one or two rows against a weight stored (n, k): decode's linear layers,
+    /// with or without the residual norm before them.
     MODULE = "gemv", for &DType::FLOATS,
     from "gemv.cu"
 }
@@ -27,10 +33,17 @@ struct GemvArgs {
     a: u64,
     w: u64,
     y: u64,
+    bias: u64,
+    res: u64,
+    g: u64,
+    sum: u64,
     lda: i64,
     ldw: i64,
     ys0: i64,
     ys1: i64,
+    ldr: i64,
+    lds: i64,
+    eps: f64,
     m: i32,
     n: i32,
     k: i32,
@@ -44,9 +57,14 @@ const GEMV_MAX_ROWS: usize = 2;
 /// Warps per block of `gemv_{1,2}` (`WARPS` in gemv.cu): outputs per block times warps per output.
 const GEMV_WARPS: usize = 8;
 
+/// Shared memory `gemv_norm` may hold its normed rows in: the 48 KiB a block has by default,
+/// less room for its static arrays.
+const GEMV_NORM_SMEM: usize = 40 << 10;
+
 /// What this family runs.
 fn claims() -> Vec<(OpKind, DType)> {
-    DType::FLOATS.iter().map(|&d| (Op::Matmul.kind(), d)).collect()
+    let ops = [Op::Matmul.kind(), Op::AddRmsNormLinear { eps: 0.0 }.kind()];
+    ops.iter().flat_map(|&op| DType::FLOATS.iter().map(move |&d| (op, d))).collect()
 }
 
 /// How one matrix (rows × cols, strides rs, cs) is handed to cuBLAS as its transpose in
@@ -83,8 +101,16 @@ fn dense_copy(device: &CudaDevice, x: &Operand) -> Result<(Operand, BufferId)> {
     Ok((y, id))
 }
 
-/// Run one matrix product.
+/// Run one op of this family.
 fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+    match *op {
+        Op::AddRmsNormLinear { eps } => add_rms_norm_linear(device, op, eps, inputs, outputs),
+        _ => matmul(device, op, inputs, outputs),
+    }
+}
+
+/// Run one matrix product.
+fn matmul(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     arity(op, 2, 1, inputs, outputs)?;
     let (a, b, y) = (device.operand(&inputs[0])?, device.operand(&inputs[1])?, device.operand(&outputs[0])?);
     if b.dtype != a.dtype || y.dtype != a.dtype {
@@ -186,17 +212,7 @@ fn gemv(device: &CudaDevice, a: &Operand, b: &Operand, y: &Operand, (m, n, k): (
     if !fits {
         return Ok(false);
     }
-    // Warps per output: enough blocks to fill the device (about four per SM) while each warp
-    // still reads at least one whole load per lane.
-    let sms = device.facts.sm_count as usize;
-    let chunks = k.div_ceil(32 * pack);
-    let mut slices = 1;
-    while slices < GEMV_WARPS && slices * 2 <= chunks && n.div_ceil(GEMV_WARPS / slices) < 4 * sms {
-        slices *= 2;
-    }
-    let rows = GEMV_WARPS / slices;
-    let name = if m == 1 { "gemv_1" } else { "gemv_2" };
-    let mut args = GemvArgs {
+    let args = GemvArgs {
         a: a.ptr,
         w: b.ptr,
         y: y.ptr,
@@ -204,16 +220,143 @@ fn gemv(device: &CudaDevice, a: &Operand, b: &Operand, y: &Operand, (m, n, k): (
         ldw: ldw as i64,
         ys0: y.strides[r - 2] as i64,
         ys1: y.strides[r - 1] as i64,
-        m: m as i32,
-        n: n as i32,
-        k: k as i32,
-        slices: slices as i32,
+        ..GemvArgs::default()
     };
+    launch_gemv(device, a.dtype, args, (m, n, k), false)?;
+    Ok(true)
+}
+
+/// Launch `gemv_{m}` (or `gemv_norm_{m}`) with `args`' operands and strides filled in.
+fn launch_gemv(
+    device: &CudaDevice,
+    dtype: DType,
+    mut args: GemvArgs,
+    (m, n, k): (usize, usize, usize),
+    norm: bool,
+) -> Result<()> {
+    // Warps per output: enough blocks to fill the device (about four per SM) while each warp
+    // still reads at least one whole load per lane.
+    let pack = 16 / dtype.size_in_bytes();
+    let sms = device.facts.sm_count as usize;
+    let chunks = k.div_ceil(32 * pack);
+    let mut slices = 1;
+    while slices < GEMV_WARPS && slices * 2 <= chunks && n.div_ceil(GEMV_WARPS / slices) < 4 * sms {
+        slices *= 2;
+    }
+    let rows = GEMV_WARPS / slices;
+    let name = format!("gemv_{}{m}", if norm { "norm_" } else { "" });
+    (args.m, args.n, args.k, args.slices) = (m as i32, n as i32, k as i32, slices as i32);
     let blocks = u32::try_from(n.div_ceil(rows))
         .map_err(|_| BackendError::unsupported(format!("matmul: {n} outputs exceed one grid")))?;
     let threads = 32 * GEMV_WARPS as u32;
-    launch::launch_1d(device, "matmul", &MODULE, a.dtype, name, &mut args, (blocks, threads, 0))?;
-    Ok(true)
+    let smem = if norm { (m * k * dtype.size_in_bytes()) as u32 } else { 0 };
+    launch::launch_1d(device, "matmul", &MODULE, dtype, &name, &mut args, (blocks, threads, smem))
+}
+
+/// `AddRmsNormLinear`: `gemv_norm` for one or two packed rows, else its ops one by one.
+fn add_rms_norm_linear(
+    device: &CudaDevice,
+    op: &Op,
+    eps: f64,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+) -> Result<()> {
+    let (ins, outs) = resolve(device, inputs, outputs)?;
+    let ([x, residual, norm_weight, w], bias, [y, sum]) = checks::add_rms_norm_linear(op, eps, &ins, &outs)?;
+    if y.numel() == 0 && sum.numel() == 0 {
+        return Ok(());
+    }
+    let (k, n) = (w.shape[1], w.shape[0]);
+    let m = sum.numel() / k.max(1);
+    let pack = 16 / x.dtype.size_in_bytes();
+    // The stride between the (at most two) rows of `t (.., d)`: that of its leading dim of size 2.
+    let row_stride = |t: &Operand| {
+        let lead = t.shape.len() - 1;
+        t.shape[..lead].iter().zip(&t.strides).find(|(&d, _)| d > 1).map_or(0, |(_, &s)| s)
+    };
+    let packed_rows = |t: &Operand| {
+        let ld = row_stride(t);
+        t.ptr % 16 == 0 && t.strides.last() == Some(&1) && ld % pack as isize == 0 && (m == 1 || ld >= k as isize)
+    };
+    let fits = device.switches.gemv
+        && (1..=GEMV_MAX_ROWS).contains(&m)
+        && k % pack == 0
+        && m * k * x.dtype.size_in_bytes() <= GEMV_NORM_SMEM
+        && [x, residual, sum].into_iter().all(packed_rows)
+        && norm_weight.ptr % 16 == 0
+        && norm_weight.strides == [1]
+        && w.ptr % 16 == 0
+        && w.strides[1] == 1
+        && w.strides[0] % pack as isize == 0
+        && w.strides[0] >= k as isize
+        && bias.is_none_or(|b| b.strides == [1]);
+    if !fits {
+        return compose_add_rms_norm_linear(device, eps, inputs, outputs);
+    }
+    let args = GemvArgs {
+        a: x.ptr,
+        w: w.ptr,
+        y: y.ptr,
+        bias: bias.map_or(0, |b| b.ptr),
+        res: residual.ptr,
+        g: norm_weight.ptr,
+        sum: sum.ptr,
+        lda: row_stride(x) as i64,
+        ldw: w.strides[0] as i64,
+        ys0: row_stride(y) as i64,
+        ys1: *y.strides.last().unwrap_or(&1) as i64,
+        ldr: row_stride(residual) as i64,
+        lds: row_stride(sum) as i64,
+        eps,
+        ..GemvArgs::default()
+    };
+    launch_gemv(device, x.dtype, args, (m, n, k), true)
+}
+
+/// `AddRmsNormLinear` as the ops it is defined by, on scratch buffers: `AddRmsNorm`, then
+/// `Matmul` against the weight's transpose (into `y` itself when it is dense), then `Add` of
+/// the bias broadcast over the rows (or a `Copy` out of scratch).
+fn compose_add_rms_norm_linear(
+    device: &CudaDevice,
+    eps: f64,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+) -> Result<()> {
+    let (x, w, y, sum) = (&inputs[0], &inputs[3], &outputs[0], &outputs[1]);
+    let dtype = x.dtype()?;
+    let shape = x.shape();
+    let (lead, k, n) = (&shape[..shape.len() - 1], shape[shape.len() - 1], w.shape()[0]);
+    let rows: usize = lead.iter().product();
+    let mut scratch = Scratch::default();
+    let result = (|| -> Result<()> {
+        let mut desc = |dtype: DType, shape: &[usize]| scratch.desc(device, dtype, shape);
+        let (h, rstd) = (desc(dtype, &[rows, k])?, desc(DType::F32, &[rows])?);
+        let as_x = |t: &TensorDesc| TensorDesc::contiguous(t.buffer, 0, dtype, &shape);
+        let rstd_lead = TensorDesc::contiguous(rstd.buffer, 0, DType::F32, lead)?;
+        super::execute(device, &Op::AddRmsNorm { eps }, &inputs[..3], &[as_x(&h)?, *sum, rstd_lead])?;
+        let ws = w.strides();
+        let w_t = TensorDesc::new(w.buffer, w.offset_bytes as usize, dtype, &[k, n], &[ws[1], ws[0]])?;
+        let dense_y = y.strides() == contiguous_strides(&y.shape());
+        let product = if dense_y {
+            TensorDesc::contiguous(y.buffer, y.offset_bytes as usize, dtype, &[rows, n])?
+        } else {
+            desc(dtype, &[rows, n])?
+        };
+        super::execute(device, &Op::Matmul, &[h, w_t], std::slice::from_ref(&product))?;
+        let product = TensorDesc::contiguous(product.buffer, product.offset_bytes as usize, dtype, &y.shape())?;
+        match inputs.get(4) {
+            Some(b) => {
+                let mut strides = vec![0; y.shape().len()];
+                *strides.last_mut().unwrap_or(&mut 0) = b.strides()[0];
+                let b = TensorDesc::new(b.buffer, b.offset_bytes as usize, dtype, &y.shape(), &strides)?;
+                super::execute(device, &Op::Binary(BinaryOp::Add), &[product, b], std::slice::from_ref(y))
+            }
+            None if !dense_y => super::execute(device, &Op::Copy, &[product], std::slice::from_ref(y)),
+            None => Ok(()),
+        }
+    })();
+    let freed = scratch.free(device);
+    result.and(freed)
 }
 
 fn product(
@@ -308,7 +451,11 @@ mod tests {
     #[test]
     fn the_argument_block_has_the_c_layout() {
         use crate::kernels::layout::assert_c_layout;
-        assert_c_layout!(GemvArgs { a, w, y, lda, ldw, ys0, ys1, m, n, k, slices }, MODULE.source(), "GemvArgs");
+        assert_c_layout!(
+            GemvArgs { a, w, y, bias, res, g, sum, lda, ldw, ys0, ys1, ldr, lds, eps, m, n, k, slices },
+            MODULE.source(),
+            "GemvArgs"
+        );
     }
 
     fn operand(shape: &[usize], strides: &[isize]) -> Operand {

@@ -4,6 +4,7 @@ use super::{dtype_err, shape_err};
 use crate::amp::{cast_for, CastPolicy};
 use crate::error::Result;
 use crate::tensor::Tensor;
+use genesis_backend_api::Op;
 
 /// `x (.., in) @ weight (out, in)^T + bias (out)` (`F.linear`).
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
@@ -30,4 +31,54 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
             y.add(&b.to_dtype(y.dtype())?)
         }
     }
+}
+
+/// `(linear(rms_norm(x + residual), weight, bias), x + residual)`: a pre-norm transformer's
+/// residual addition, the RMS norm over the last dim after it (weight `norm_weight`) and the
+/// linear layer that reads the norm, which is what
+/// `let (h, sum) = add_rms_norm(x, residual, ..)?; (linear(&h, weight, bias)?, sum)` gives.
+///
+/// Without recorded gradients, with one float dtype throughout and autocast off, it is one op
+/// of the backend (`add_rms_norm_linear`) when the backend claims it: on a GPU a decode step's
+/// norm then costs no launch of its own. Otherwise, and whenever a gradient is recorded, it
+/// is that composition (the op is forward only). Not in PyTorch.
+pub fn add_rms_norm_linear(
+    x: &Tensor,
+    residual: &Tensor,
+    norm_weight: Option<&Tensor>,
+    eps: Option<f64>,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+) -> Result<(Tensor, Tensor)> {
+    let k = x.shape().last().copied().unwrap_or(0);
+    let composition = || -> Result<(Tensor, Tensor)> {
+        let (h, sum) = super::norm::add_rms_norm(x, residual, &[k], norm_weight, eps)?;
+        Ok((linear(&h, weight, bias)?, sum))
+    };
+    let dtype = x.dtype();
+    let operands: Vec<&Tensor> =
+        [Some(x), Some(residual), norm_weight, Some(weight), bias].into_iter().flatten().collect();
+    let recorded = crate::autograd::is_grad_enabled() && operands.iter().any(|t| t.requires_grad());
+    let plain = !recorded
+        && !crate::amp::is_autocast_enabled()
+        && dtype.is_float()
+        && x.rank() >= 1
+        && residual.shape() == x.shape()
+        && norm_weight.is_some()
+        && operands.iter().all(|t| t.dtype() == dtype && t.device() == x.device());
+    if !plain {
+        return composition();
+    }
+    let eps = super::norm::rms_eps("add_rms_norm_linear", eps, dtype)?;
+    let op = Op::AddRmsNormLinear { eps };
+    if !super::fused::use_fused(&op, x)? {
+        return composition();
+    }
+    let n = weight.shape().first().copied().unwrap_or(0);
+    let mut y_shape = x.shape().to_vec();
+    *y_shape.last_mut().unwrap_or(&mut 0) = n;
+    let (y, sum) = (Tensor::empty(&y_shape, dtype, x.device())?, Tensor::empty(x.shape(), dtype, x.device())?);
+    let inputs: Vec<(&Tensor, &crate::tensor::Layout)> = operands.iter().map(|t| (*t, t.layout())).collect();
+    super::exec(&op, &inputs, &[&y, &sum])?;
+    Ok((y, sum))
 }

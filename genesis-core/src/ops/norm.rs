@@ -210,7 +210,7 @@ pub fn rms_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>,
 }
 
 /// The eps of an RMS norm: the given one (>= 0) or the dtype's machine epsilon.
-fn rms_eps(name: &str, eps: Option<f64>, dtype: DType) -> Result<f64> {
+pub(super) fn rms_eps(name: &str, eps: Option<f64>, dtype: DType) -> Result<f64> {
     let eps = eps.unwrap_or(match dtype {
         DType::F64 => f64::EPSILON,
         DType::F16 => 0.0009765625,

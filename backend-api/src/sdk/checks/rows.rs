@@ -132,6 +132,48 @@ pub fn add_rms_norm<'a, T: Meta>(
     Ok((ins, outs))
 }
 
+/// Operands of `AddRmsNormLinear { eps }`, `[x, residual, norm_weight, weight]` or with a
+/// fifth input `bias`, `-> [y, sum]`: [`add_rms_norm`]'s rules for x, residual, norm_weight
+/// and sum; weight `(n, k)` with k the last dim of x, bias `[n]`, y `(.., n)` with x's leading
+/// dims, all of x's dtype. Returns the four inputs, the bias and the outputs.
+#[allow(clippy::type_complexity)]
+pub fn add_rms_norm_linear<'a, T: Meta>(
+    op: &Op,
+    eps: f64,
+    inputs: &'a [T],
+    outputs: &'a [T],
+) -> Result<(&'a [T; 4], Option<&'a T>, &'a [T; 2])> {
+    let (first, bias) = match inputs {
+        [first @ .., bias] if inputs.len() == 5 => (first, Some(bias)),
+        _ => (inputs, None),
+    };
+    let (ins @ [x, residual, norm_weight, weight], outs @ [y, sum]) =
+        operands(op, first, outputs).map_err(|_| super::super::arity_error(op, 4, 2, inputs.len(), outputs.len()))?;
+    expect_eps(op, eps)?;
+    expect_like(op, "residual", residual, x)?;
+    expect_param(op, "norm_weight", norm_weight, x)?;
+    expect_like(op, "sum", sum, x)?;
+    let (lead, k) = x.shape().split_at(x.shape().len() - 1);
+    let [n, wk] = dims(op, "weight (n, k)", weight)?;
+    if wk != k[0] {
+        return Err(BackendError::shape(format!(
+            "{}: weight has shape {:?}, expected (n, {}) (the last dim of x {:?})",
+            op.name(),
+            weight.shape(),
+            k[0],
+            x.shape()
+        )));
+    }
+    expect_dtype(op, "weight", weight, x.dtype())?;
+    if let Some(bias) = bias {
+        expect_shape(op, "bias", bias, &[n])?;
+        expect_dtype(op, "bias", bias, x.dtype())?;
+    }
+    expect_shape(op, "y", y, &[lead, &[n]].concat())?;
+    expect_dtype(op, "y", y, x.dtype())?;
+    Ok((ins, bias, outs))
+}
+
 /// Logits `(.., c)` and an i64 target of their leading dims; label smoothing in `[0, 1)`.
 fn expect_logits(op: &Op, logits: &impl Meta, target: &impl Meta, smoothing: f64) -> Result<()> {
     if !(0.0..1.0).contains(&smoothing) {
@@ -318,6 +360,28 @@ mod tests {
             add_rms_norm(&op, f64::NAN, &ins, &[f(&[2, 3]), f(&[2, 3]), f(&[2])]).unwrap_err().kind,
             ErrorKind::InvalidArgument
         );
+    }
+
+    #[test]
+    fn add_rms_norm_linear_takes_a_weight_over_the_last_dim_and_an_optional_bias() {
+        let op = Op::AddRmsNormLinear { eps: 1e-6 };
+        let f = |s: &[usize]| Fake::new(DType::BF16, s);
+        let ins = [f(&[2, 3]), f(&[2, 3]), f(&[3]), f(&[5, 3])];
+        let outs = [f(&[2, 5]), f(&[2, 3])];
+        let (_, bias, _) = add_rms_norm_linear(&op, 1e-6, &ins, &outs).unwrap();
+        assert!(bias.is_none());
+        let with_bias = [ins.to_vec(), vec![f(&[5])]].concat();
+        assert!(add_rms_norm_linear(&op, 1e-6, &with_bias, &outs).unwrap().1.is_some());
+        let bad_bias = [ins.to_vec(), vec![f(&[3])]].concat();
+        assert_eq!(add_rms_norm_linear(&op, 1e-6, &bad_bias, &outs).unwrap_err().kind, ErrorKind::ShapeMismatch);
+        let err = add_rms_norm_linear(&op, 1e-6, &[f(&[2, 3]), f(&[2, 3]), f(&[3]), f(&[5, 4])], &outs).unwrap_err();
+        assert!(err.message.starts_with("add_rms_norm_linear: weight has shape [5, 4]"), "{}", err.message);
+        let err = add_rms_norm_linear(&op, 1e-6, &ins, &[f(&[2, 4]), f(&[2, 3])]).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::ShapeMismatch);
+        let err = add_rms_norm_linear(&op, 1e-6, &ins[..3], &outs).unwrap_err();
+        assert!(err.message.contains("expected 4 input"), "{}", err.message);
+        let mixed = [f(&[2, 3]), f(&[2, 3]), f(&[3]), Fake::new(DType::F32, &[5, 3])];
+        assert_eq!(add_rms_norm_linear(&op, 1e-6, &mixed, &outs).unwrap_err().kind, ErrorKind::DtypeMismatch);
     }
 
     #[test]

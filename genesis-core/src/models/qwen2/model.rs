@@ -6,7 +6,9 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::models::kv_cache::KvCache;
 use crate::models::rope::RotaryTables;
-use crate::nn::functional::{rotary_embedding, scaled_dot_product_attention, scaled_dot_product_attention_lower_right};
+use crate::nn::functional::{
+    add_rms_norm_linear, rotary_embedding, scaled_dot_product_attention, scaled_dot_product_attention_lower_right,
+};
 use crate::nn::{Embedding, Entry, Linear, Module, ModuleList, Param, RMSNorm};
 use crate::tensor::Tensor;
 use genesis_backend_api::DType;
@@ -56,31 +58,42 @@ fn stacked_linears(
         .collect())
 }
 
-/// `x` through each layer of `group`: one GEMM over their stacked weights when these are
-/// still back to back in one buffer and no gradient is recorded, else one layer at a time.
-fn forward_stacked(x: &Tensor, group: &[&Linear]) -> Result<Vec<Tensor>> {
+/// The weights (and biases) of `group` as one stacked layer, when they are still back to back
+/// in one buffer and no gradient is recorded.
+fn stacked(group: &[&Linear]) -> Option<(Tensor, Option<Tensor>)> {
     let weights: Vec<Tensor> = group.iter().map(|l| l.weight.get()).collect();
+    if crate::autograd::is_grad_enabled() && weights.iter().any(|w| w.requires_grad()) {
+        return None;
+    }
+    let weight = Tensor::adjacent_rows(&weights)?;
     let biases: Option<Vec<Tensor>> = group.iter().map(|l| l.bias.as_ref().map(Param::get)).collect();
-    let stacked = (!crate::autograd::is_grad_enabled() || weights.iter().all(|w| !w.requires_grad()))
-        .then(|| Tensor::adjacent_rows(&weights))
-        .flatten();
-    let stacked_bias = match &biases {
-        Some(b) => Tensor::adjacent_rows(b).map(Some),
-        None => Some(None),
-    };
-    let (Some(w), Some(b)) = (stacked, stacked_bias) else {
-        return group.iter().map(|l| l.forward(x)).collect();
-    };
-    let y = crate::nn::functional::linear(x, &w, b.as_ref())?;
+    match biases {
+        Some(b) => Some((weight, Some(Tensor::adjacent_rows(&b)?))),
+        None => Some((weight, None)),
+    }
+}
+
+/// The stacked layer's output `y (.., Σ out)` split back into one view per layer of `group`.
+fn unstack(y: &Tensor, group: &[&Linear]) -> Result<Vec<Tensor>> {
     let mut start = 0;
-    weights
+    group
         .iter()
-        .map(|w| {
-            let part = y.narrow(-1, start, w.shape()[0]);
-            start += w.shape()[0];
+        .map(|l| {
+            let out = l.weight.get().shape()[0];
+            let part = y.narrow(-1, start, out);
+            start += out;
             part
         })
         .collect()
+}
+
+/// `x` through each layer of `group`: one GEMM over their stacked weights when it can
+/// ([`stacked`]), else one layer at a time.
+fn forward_stacked(x: &Tensor, group: &[&Linear]) -> Result<Vec<Tensor>> {
+    match stacked(group) {
+        Some((w, b)) => unstack(&crate::nn::functional::linear(x, &w, b.as_ref())?, group),
+        None => group.iter().map(|l| l.forward(x)).collect(),
+    }
 }
 
 fn rms_norm(source: &mut WeightSource<'_>, name: &str, c: &Qwen2Config) -> Result<RMSNorm> {
@@ -154,11 +167,19 @@ impl Qwen2Attention {
         x.reshape(&[b, s, heads as isize, self.head_dim as isize])?.transpose(1, 2)
     }
 
+    /// The q, k and v projections, which read the same input.
+    fn projections(&self) -> [&Linear; 3] {
+        [&self.q_proj, &self.k_proj, &self.v_proj]
+    }
+
     fn forward_ctx(&self, x: &Tensor, ctx: &Context<'_>, cache: Option<(&mut KvCache, usize)>) -> Result<Tensor> {
-        let (b, s) = (x.shape()[0], x.shape()[1]);
-        let [q, k, v]: [Tensor; 3] = forward_stacked(x, &[&self.q_proj, &self.k_proj, &self.v_proj])?
-            .try_into()
-            .map_err(|_| Error::invalid("q/k/v projections"))?;
+        self.attend(forward_stacked(x, &self.projections())?, ctx, cache)
+    }
+
+    /// Attention from the projections `[q, k, v]`, each `(b, s, heads·d)`, through o_proj.
+    fn attend(&self, qkv: Vec<Tensor>, ctx: &Context<'_>, cache: Option<(&mut KvCache, usize)>) -> Result<Tensor> {
+        let [q, k, v]: [Tensor; 3] = qkv.try_into().map_err(|_| Error::invalid("q/k/v projections"))?;
+        let (b, s) = (q.shape()[0], q.shape()[1]);
         let (q, k, v) = (
             self.split_heads(&q, self.heads)?,
             self.split_heads(&k, self.kv_heads)?,
@@ -224,12 +245,22 @@ impl Qwen2Mlp {
     }
 }
 
+impl Qwen2Mlp {
+    /// The gate and up projections, which read the same input.
+    fn projections(&self) -> [&Linear; 2] {
+        [&self.gate_proj, &self.up_proj]
+    }
+
+    /// `down(silu(gate) · up)` from the projections `[gate, up]`.
+    fn gated_down(&self, gate_up: Vec<Tensor>) -> Result<Tensor> {
+        let [gate, up]: [Tensor; 2] = gate_up.try_into().map_err(|_| Error::invalid("gate/up projections"))?;
+        self.down_proj.forward(&crate::nn::functional::swiglu(&gate, &up)?)
+    }
+}
+
 impl Module for Qwen2Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let [gate, up]: [Tensor; 2] = forward_stacked(x, &[&self.gate_proj, &self.up_proj])?
-            .try_into()
-            .map_err(|_| Error::invalid("gate/up projections"))?;
-        self.down_proj.forward(&crate::nn::functional::swiglu(&gate, &up)?)
+        self.gated_down(forward_stacked(x, &self.projections())?)
     }
 
     fn visit(&self, f: &mut dyn FnMut(&str, Entry<'_>)) {
@@ -254,6 +285,19 @@ impl Stream {
             Some(pending) => norm.forward_residual(&self.h, &pending),
             None => Ok((norm.forward(&self.h)?, self.h)),
         }
+    }
+
+    /// `(group(norm(h + pending)), h + pending)`: the norm and the layers of `group`, which
+    /// all read it. When the stacked layer applies ([`stacked`]) and a sum is pending, the
+    /// addition, the norm and the product are one op ([`add_rms_norm_linear`]).
+    fn norm_linear(self, norm: &RMSNorm, group: &[&Linear]) -> Result<(Vec<Tensor>, Tensor)> {
+        if let (Some(pending), Some((w, b))) = (&self.pending, stacked(group)) {
+            let g = norm.weight.as_ref().map(Param::get);
+            let (y, sum) = add_rms_norm_linear(&self.h, pending, g.as_ref(), norm.eps, &w, b.as_ref())?;
+            return Ok((unstack(&y, group)?, sum));
+        }
+        let (normed, x) = self.norm(norm)?;
+        Ok((forward_stacked(&normed, group)?, x))
     }
 
     /// The same view (`f`) of both parts, such as the last position.
@@ -293,11 +337,13 @@ impl Qwen2DecoderLayer {
         })
     }
 
+    /// Each norm is taken together with the projections that read it ([`Stream::norm_linear`]).
     fn forward_ctx(&self, x: Stream, ctx: &Context<'_>, cache: Option<(&mut KvCache, usize)>) -> Result<Stream> {
-        let (normed, x) = x.norm(&self.input_layernorm)?;
-        let attn = self.self_attn.forward_ctx(&normed, ctx, cache)?;
-        let (normed, x) = Stream { h: x, pending: Some(attn) }.norm(&self.post_attention_layernorm)?;
-        Ok(Stream { h: x, pending: Some(self.mlp.forward(&normed)?) })
+        let (qkv, x) = x.norm_linear(&self.input_layernorm, &self.self_attn.projections())?;
+        let attn = self.self_attn.attend(qkv, ctx, cache)?;
+        let x = Stream { h: x, pending: Some(attn) };
+        let (gate_up, x) = x.norm_linear(&self.post_attention_layernorm, &self.mlp.projections())?;
+        Ok(Stream { h: x, pending: Some(self.mlp.gated_down(gate_up)?) })
     }
 }
 

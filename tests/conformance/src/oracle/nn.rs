@@ -157,6 +157,46 @@ pub fn add_rms_norm(
     (y, sum, rstd)
 }
 
+/// [`add_rms_norm`] then a linear layer over its output: `(y, magnitude, rounded, sum)` for
+/// `x` and `residual` of rows of `k`, `w (n, k)` and an optional bias `(n)`. The normed rows
+/// are rounded to `dtype`, as the op rounds them. Per output, `magnitude` is `Σ |h·w| +
+/// |bias|`, the scale of the accumulation error, and `rounded` is what the op's own
+/// roundings act on: the product and the sum before their rounding, plus the largest term
+/// (a normed element whose rounding went the other way, as a statistic one ulp off makes it).
+#[allow(clippy::too_many_arguments)]
+pub fn add_rms_norm_linear(
+    x: &[f64],
+    residual: &[f64],
+    g: &[f64],
+    w: &[f64],
+    bias: Option<&[f64]>,
+    (k, n): (usize, usize),
+    eps: f64,
+    dtype: DType,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (h, sum, _) = add_rms_norm(x, residual, g, k, eps, dtype);
+    let h: Vec<f64> = h.into_iter().map(|v| quantize(dtype, v)).collect();
+    let w_t: Vec<f64> = (0..k * n).map(|i| w[(i % n) * k + i / n]).collect();
+    let (mut y, mut magnitude) = super::tensor::matmul(&h, &w_t, 1, x.len() / k.max(1), k, n);
+    let mut rounded: Vec<f64> = y
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let row = &h[(i / n) * k..(i / n + 1) * k];
+            let largest = row.iter().zip(&w[(i % n) * k..]).map(|(a, b)| (a * b).abs()).fold(0.0, f64::max);
+            p.abs() + largest
+        })
+        .collect();
+    if let Some(b) = bias {
+        for (i, ((v, m), r)) in y.iter_mut().zip(&mut magnitude).zip(&mut rounded).enumerate() {
+            *v += b[i % n];
+            *m += b[i % n].abs();
+            *r += v.abs();
+        }
+    }
+    (y, magnitude, rounded, sum)
+}
+
 /// RMS norm VJP: `(dx, dweight)`.
 pub fn rms_norm_vjp(x: &[f64], w: &[f64], dy: &[f64], n: usize, eps: f64) -> (Vec<f64>, Vec<f64>) {
     let (_, rstds) = rms_norm(x, w, n, eps);

@@ -1,17 +1,17 @@
-//! Suite `nn`: fused softmax, log-softmax, layer norm, RMS norm (alone and after a residual
-//! addition), cross-entropy, rotary (and its fused cache write), SwiGLU, attention forward,
+//! Suite `nn`: fused softmax, log-softmax, layer norm, RMS norm (alone, after a residual
+//! addition and before a linear layer), cross-entropy, rotary (and its fused cache write), SwiGLU, attention forward,
 //! masked attention and batch norm.
 
 use super::{no_deps, op_cases};
 use crate::case::{Case, OpCase, Tier};
 use crate::gen::{tensor, ValueRange};
 use crate::oracle::nn::{
-    add_rms_norm, attention, batch_norm, cross_entropy, layer_norm, log_softmax, masked_attention, rms_norm, rotary,
-    rotary_kv_write, softmax, swiglu, AttnShape,
+    add_rms_norm, add_rms_norm_linear, attention, batch_norm, cross_entropy, layer_norm, log_softmax, masked_attention,
+    rms_norm, rotary, rotary_kv_write, softmax, swiglu, AttnShape,
 };
 use crate::target::{Layout, Spec, Target};
 use crate::tolerance::Expected;
-use crate::values::{quantize, Rng, FLOATS};
+use crate::values::{quantize, unit_roundoff, Rng, FLOATS};
 use genesis_backend_api::{DType, Op};
 
 /// Row inputs for the softmax family: ordinary, odd and non-contiguous rows, large
@@ -172,6 +172,43 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 Some(Expected::normalized(DType::F32, rstd, n, 1.0)),
             ];
             (sample.to_string(), tier, OpCase { op: add_norm, inputs: vec![x, r, w], outputs: outs, expected: exp })
+        })
+        .collect()
+    }));
+    let norm_linear = Op::AddRmsNormLinear { eps };
+    cases.extend(op_cases(t, "nn", "add_rms_norm_linear", norm_linear.kind(), &FLOATS, &no_deps, &|dtype, rng| {
+        // The CUDA kernel's one- and two-row paths (a decode step's width among them), then
+        // shapes it leaves to the separate ops: more rows, strided x, a weight stored (k, n).
+        let c = Layout::Contiguous;
+        [
+            (vec![1usize], 64usize, 40usize, c, c, true, "row1", Tier::Core),
+            (vec![1, 1], 896, 136, c, c, true, "decode896", Tier::Core),
+            (vec![2, 1], 128, 33, c, c, false, "rows2", Tier::Core),
+            (vec![5], 48, 20, c, c, true, "rows5", Tier::Core),
+            (vec![3], 40, 12, Layout::Transposed, Layout::Transposed, true, "strided", Tier::Core),
+        ]
+        .into_iter()
+        .map(|(lead, k, n, x_layout, w_layout, with_bias, sample, tier)| {
+            let shape = [lead.clone(), vec![k]].concat();
+            let x = tensor(rng, dtype, &shape, x_layout, ValueRange::normal(3.0));
+            let r = tensor(rng, dtype, &shape, c, ValueRange::normal(3.0));
+            let g = tensor(rng, dtype, &[k], c, ValueRange::normal(1.0));
+            let w = tensor(rng, dtype, &[n, k], w_layout, ValueRange::normal(1.0));
+            let b = tensor(rng, dtype, &[n], c, ValueRange::normal(1.0));
+            let bias = with_bias.then_some(&b.values[..]);
+            let (y, magnitude, rounded, sum) =
+                add_rms_norm_linear(&x.values, &r.values, &g.values, &w.values, bias, (k, n), eps, dtype);
+            let outs = vec![Spec::out(dtype, &[lead.clone(), vec![n]].concat()), Spec::out(dtype, &shape)];
+            let mut y = Expected::accumulated(dtype, y, &magnitude, k, 1.0);
+            for (allowed, r) in y.allowed.iter_mut().zip(&rounded) {
+                *allowed += 2.0 * unit_roundoff(dtype) * r;
+            }
+            let exp = vec![Some(y), Some(Expected::correctly_rounded(dtype, sum))];
+            let mut inputs = vec![x, r, g, w];
+            if with_bias {
+                inputs.push(b);
+            }
+            (sample.to_string(), tier, OpCase { op: norm_linear, inputs, outputs: outs, expected: exp })
         })
         .collect()
     }));
