@@ -712,12 +712,17 @@ declare_ops! {
     /// `bias (n)`, `-> [y (.., n), sum (.., k)]`, all of one dtype: a pre-norm transformer's
     /// residual addition, the RMS norm after it and the linear layer that reads the norm, in
     /// one op. Exactly `AddRmsNorm { eps }` (`sum`, and its `y` as `h`, both rounded to the
-    /// dtype), then `y = h · weightᵀ` as `Matmul` computes and rounds it, then `y + bias`
-    /// rounded again as `Add` stores it. Forward only: the norm-and-projection of a decode
-    /// step, where the norm's own launch would cost as much as its arithmetic.
+    /// dtype), then `p = h · weightᵀ` as `Matmul` computes and rounds it, then `p + bias`
+    /// rounded again as `Add` stores it. With `gated`, `n` is even, the weight's first `n/2`
+    /// rows are a gate's and the others an up projection's (as a gated feed-forward's stacked
+    /// weights), and `y (.., n/2)` is `SwiGlu` of the two halves of that result. Forward only:
+    /// the norm-and-projection of a decode step, where the norm's own launch would cost as
+    /// much as its arithmetic.
     AddRmsNormLinear {
         /// Added to the mean square.
         eps: f64 => float[0],
+        /// The result's halves go through `SwiGlu`.
+        gated: bool => int[0],
     } = 43 => "add_rms_norm_linear" in Floats,
 }
 
@@ -964,7 +969,7 @@ mod tests {
             Op::BatchNormBackward,
             Op::AddRmsNorm { eps: 1e-6 },
             Op::RotaryKvWrite,
-            Op::AddRmsNormLinear { eps: 1e-5 },
+            Op::AddRmsNormLinear { eps: 1e-5, gated: true },
         ]
     }
 
@@ -1032,5 +1037,5 @@ mod tests {
         batch_norm_backward 0x528 [] []\n\
         add_rms_norm 0x529 [1e-6] []\n\
         rotary_kv_write 0x52a [] []\n\
-        add_rms_norm_linear 0x52b [1e-5] []\n";
+        add_rms_norm_linear 0x52b [1e-5] [1]\n";
 }

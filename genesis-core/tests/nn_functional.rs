@@ -457,9 +457,10 @@ fn add_rms_norm_gradcheck_and_errors() {
 
 #[test]
 fn add_rms_norm_linear_is_the_residual_norm_then_the_linear_layer() {
-    // Without gradients it is the backend's fused op; the composition is the reference. One
-    // row, two rows, a batch of sequences, strided operands, with and without a bias, in f32
-    // and bf16 (where the op rounds the normed rows and the product as the separate ops do).
+    // Without gradients it is the backend's fused op; the separate ops are the reference. One
+    // row, two rows, a batch of sequences, strided operands, with and without a bias, gated or
+    // not, in f32 and bf16 (where the op rounds the normed rows, the product and the gate as
+    // the separate ops do).
     let no_grad = |t: Tensor, dtype: DType| t.to_dtype(dtype).unwrap().detach();
     for dtype in [DType::F32, DType::BF16] {
         for (lead, seed) in [(vec![1, 1], 70), (vec![2, 1], 71), (vec![2, 3], 72)] {
@@ -470,15 +471,18 @@ fn add_rms_norm_linear_is_the_residual_norm_then_the_linear_layer() {
             let g = no_grad(rand(&[k], seed + 2), dtype);
             let w = no_grad(rand(&[k, 12], seed + 3), dtype).t().unwrap();
             let b = no_grad(rand(&[12], seed + 4), dtype);
-            for bias in [None, Some(&b)] {
-                let run = || F::add_rms_norm_linear(&x, &r, Some(&g), Some(1e-6), &w, bias);
-                let (y, sum) = genesis::autograd::no_grad(run).unwrap();
-                let (y_ref, sum_ref) = genesis::testing::composites_only(|| {
+            for (bias, gated) in [(None, false), (Some(&b), false), (None, true), (Some(&b), true)] {
+                let fused = if gated { F::add_rms_norm_gated_linear } else { F::add_rms_norm_linear };
+                let (y, sum) = genesis::autograd::no_grad(|| fused(&x, &r, Some(&g), Some(1e-6), &w, bias)).unwrap();
+                // The ops it is defined by, one at a time.
+                let separate = || -> Result<(Tensor, Tensor)> {
                     let (h, sum) = F::add_rms_norm(&x, &r, &[k], Some(&g), Some(1e-6))?;
-                    Ok::<_, genesis::Error>((F::linear(&h, &w, bias)?, sum))
-                })
-                .unwrap();
-                assert_eq!(y.shape(), [lead.clone(), vec![12]].concat());
+                    let p = F::linear(&h, &w, bias)?;
+                    let y = if gated { F::swiglu(&p.narrow(-1, 0, 6)?, &p.narrow(-1, 6, 6)?)? } else { p };
+                    Ok((y, sum))
+                };
+                let (y_ref, sum_ref) = separate().unwrap();
+                assert_eq!(y.shape(), [lead.clone(), vec![if gated { 6 } else { 12 }]].concat());
                 assert_eq!(sum.to_vec::<f32>().unwrap(), sum_ref.to_vec::<f32>().unwrap());
                 let tol = if dtype == DType::BF16 { 1e-2 } else { 1e-5 };
                 for (a, e) in y.to_vec::<f32>().unwrap().iter().zip(y_ref.to_vec::<f32>().unwrap()) {

@@ -20,7 +20,7 @@ fn claims() -> Vec<(OpKind, DType)> {
         Op::RmsNorm { eps: 0.0 },
         Op::RmsNormBackward,
         Op::AddRmsNorm { eps: 0.0 },
-        Op::AddRmsNormLinear { eps: 0.0 },
+        Op::AddRmsNormLinear { eps: 0.0, gated: false },
     ])
 }
 
@@ -42,9 +42,9 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
             let ([x, residual, w], [y, sum, rstd]) = checks::add_rms_norm(op, eps, inputs, outputs)?;
             with_float!(op, x.dtype, T => add_rms_norm::<T>(op, eps, [x, residual, w], [y, sum, rstd]))
         }
-        Op::AddRmsNormLinear { eps } => {
-            let ([x, r, g, w], bias, [y, sum]) = checks::add_rms_norm_linear(op, eps, inputs, outputs)?;
-            with_float!(op, x.dtype, T => add_rms_norm_linear::<T>(op, eps, [x, r, g, w], bias, [y, sum]))
+        Op::AddRmsNormLinear { eps, gated } => {
+            let ([x, r, g, w], bias, [y, sum]) = checks::add_rms_norm_linear(op, eps, gated, inputs, outputs)?;
+            with_float!(op, x.dtype, T => add_rms_norm_linear::<T>(op, eps, gated, [x, r, g, w], bias, [y, sum]))
         }
         Op::RmsNormBackward => {
             let ([dy, x, w, rstd], [dx, dw]) = checks::rms_norm_backward(op, inputs, outputs)?;
@@ -196,11 +196,13 @@ fn add_rms_norm<T: Float>(op: &Op, eps: f64, [x, r, w]: [&View; 3], [y, sum, rst
 }
 
 /// [`add_rms_norm`] into a staging buffer, then the `matmul` kernel against the weight's
-/// transpose, then the bias added and rounded as `add` does: the op's definition, step by
-/// step (the point of fusing is a GPU's launches, which a CPU does not pay).
+/// transpose, the bias added and rounded as `add` does, and with `gated` SwiGLU of the two
+/// halves: the op's definition, step by step (the point of fusing is a GPU's launches, which
+/// a CPU does not pay).
 fn add_rms_norm_linear<T: Float>(
     op: &Op,
     eps: f64,
+    gated: bool,
     [x, r, g, w]: [&View; 4],
     bias: Option<&View>,
     [y, sum]: [&View; 2],
@@ -219,15 +221,27 @@ fn add_rms_norm_linear<T: Float>(
     let h_view = staged(h.as_mut_ptr().cast(), x.dtype, x.shape.clone());
     add_rms_norm::<T>(op, eps, [x, r, g], [&h_view, sum, &staged(rstd.as_mut_ptr().cast(), DType::F32, lead)])?;
     let mut ys = Dense::<T>::output(op, y)?;
-    let product = staged(ys.slice().as_mut_ptr().cast(), y.dtype, vec![rows, n]);
+    // The product goes straight to y, or first to its own rows when the gate halves them.
+    let mut gated_product = if gated { vec![T::from_f64(0.0); rows * n] } else { Vec::new() };
+    let products = if gated { &mut gated_product[..] } else { ys.slice() };
+    let product = staged(products.as_mut_ptr().cast(), y.dtype, vec![rows, n]);
     let h_rows = View { shape: vec![rows, k], strides: vec![k as isize, 1], ..h_view };
     let w_t = View { shape: vec![k, n], strides: vec![w.strides[1], w.strides[0]], ..w.clone() };
     super::matmul::run(&Op::Matmul, &[h_rows, w_t], &[product])?;
     if let Some(bias) = bias {
         let bs = dense::<T>(op, bias)?;
-        for row in split_mut(ys.slice(), rows, n) {
+        for row in split_mut(products, rows, n) {
             for (o, b) in row.iter_mut().zip(bs.iter()) {
                 *o = T::store(o.compute() + b.compute());
+            }
+        }
+    }
+    if gated {
+        let half = n / 2;
+        for (out, row) in split_mut(ys.slice(), rows, half).into_iter().zip(split_mut(&mut gated_product, rows, n)) {
+            let (gates, ups) = row.split_at(half);
+            for (o, (&g, &u)) in out.iter_mut().zip(gates.iter().zip(ups)) {
+                *o = super::swiglu::gated(g, u);
             }
         }
     }

@@ -34,15 +34,21 @@ fn sigmoid<R: Real>(x: R) -> R {
     R::ONE / (R::ONE + (-x).exp())
 }
 
+/// `silu(gate) · up` of one element pair, rounded to `T` (the forward's arithmetic, shared
+/// with the gated `add_rms_norm_linear`).
+pub(super) fn gated<T: Float>(gate: T, up: T) -> T {
+    let g: C<T> = gate.compute();
+    T::store(g * sigmoid(g) * up.compute())
+}
+
 fn forward<T: Float>(op: &Op, gate: &View, up: &View, y: &View) -> Result<()> {
     let (g, u) = (dense::<T>(op, gate)?, dense::<T>(op, up)?);
     let mut out = Dense::<T>::output(op, y)?;
-    out.slice().par_iter_mut().zip(g.par_iter().zip(u.par_iter())).with_min_len(PAR_MIN_ELEMS).for_each(
-        |(y, (g, u))| {
-            let g: C<T> = g.compute();
-            *y = T::store(g * sigmoid(g) * u.compute());
-        },
-    );
+    out.slice()
+        .par_iter_mut()
+        .zip(g.par_iter().zip(u.par_iter()))
+        .with_min_len(PAR_MIN_ELEMS)
+        .for_each(|(y, (&g, &u))| *y = gated(g, u));
     out.finish();
     Ok(())
 }

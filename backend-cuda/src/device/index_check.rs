@@ -40,28 +40,37 @@ impl CudaDevice {
         launch(checks.len() as u32)
     }
 
+    /// The distinct fault words of `checks`, in order: the ones a synchronization reads.
+    pub(super) fn fault_words(checks: &[IndexCheck]) -> Vec<u64> {
+        let mut words: Vec<u64> = checks.iter().map(|c| c.fault).collect();
+        words.sort_unstable();
+        words.dedup();
+        words
+    }
+
     /// After the stream is idle: the first failed index check since the last call, as the
     /// error its op would have returned on the CPU; the fault words are reset and the list
-    /// emptied either way.
-    pub(super) fn take_index_fault(checks: &mut Vec<IndexCheck>) -> Result<()> {
-        let result = Self::first_index_fault(checks);
+    /// emptied either way. `staged` holds the first words (of [`Self::fault_words`]) as copied
+    /// before the synchronization; the others are read here.
+    pub(super) fn take_index_fault(checks: &mut Vec<IndexCheck>, staged: &[[u8; 16]]) -> Result<()> {
+        let result = Self::first_index_fault(checks, staged);
         checks.clear();
         result
     }
 
-    fn first_index_fault(checks: &[IndexCheck]) -> Result<()> {
+    fn first_index_fault(checks: &[IndexCheck], staged: &[[u8; 16]]) -> Result<()> {
         if checks.is_empty() {
             return Ok(());
         }
-        let mut words: Vec<u64> = checks.iter().map(|c| c.fault).collect();
-        words.sort_unstable();
-        words.dedup();
         let mut first: Option<(u64, i64)> = None;
-        for word in words {
+        for (i, word) in Self::fault_words(checks).into_iter().enumerate() {
             let mut fault = [0u8; 16];
-            // SAFETY: 16 bytes of a loaded module's `index_fault`; the stream is idle.
-            unsafe {
-                result::memcpy_dtoh_sync(&mut fault, word).map_err(|e| driver_error("reading index_fault", e))?;
+            match staged.get(i) {
+                Some(bytes) => fault = *bytes,
+                // SAFETY: 16 bytes of a loaded module's `index_fault`; the stream is idle.
+                None => unsafe {
+                    result::memcpy_dtoh_sync(&mut fault, word).map_err(|e| driver_error("reading index_fault", e))?;
+                },
             }
             let number = u64::from_le_bytes(fault[..8].try_into().unwrap_or_default());
             if number != 0 {

@@ -9,9 +9,11 @@
 mod graphs;
 mod index_check;
 mod modules;
+mod staging;
 
 pub use index_check::IndexCheck;
 use modules::LoadedModule;
+use staging::Staging;
 
 use crate::allocator::{CachingAllocator, Memory, ReserveError};
 use crate::events::EventPool;
@@ -133,6 +135,9 @@ pub struct CudaDevice {
     pub(crate) cudnn: OnceLock<Result<crate::cudnn::Dnn>>,
     /// Captured graphs and the capture in progress.
     graphs: graphs::Graphs,
+    /// Page-locked memory for small reads and the index-fault words, made on first use
+    /// (locked after `index_checks`).
+    staging: Mutex<Option<Staging>>,
 }
 
 // SAFETY: the raw CUDA handles are used under locks or are immutable after creation; the
@@ -192,6 +197,7 @@ impl CudaDevice {
             blas: OnceLock::new(),
             cudnn: OnceLock::new(),
             graphs: graphs::Graphs::default(),
+            staging: Mutex::new(None),
         })
     }
 
@@ -281,12 +287,49 @@ impl CudaDevice {
     /// [`CudaDevice::wait`] for a caller that holds the index-check lock (always taken
     /// before `pending`'s).
     fn wait_locked(&self, checks: &mut Vec<IndexCheck>, when: &str) -> Result<()> {
+        self.wait_staged(checks, when, None)
+    }
+
+    /// [`CudaDevice::wait_locked`], copying `read` (a source address and a destination of at
+    /// most [`staging::STAGED_READ`] bytes) through the staging area: its copy and those of
+    /// the index-fault words queue behind the work, and one synchronization covers them.
+    fn wait_staged(&self, checks: &mut Vec<IndexCheck>, when: &str, read: Option<(u64, &mut [u8])>) -> Result<()> {
         // Collectives across processes first: a peer that died must fail them, not hang us.
         crate::groups::wait_for_collectives(self.ctx.ordinal())?;
+        let mut staging = Self::lock(&self.staging);
+        if staging.is_none() && (read.is_some() || !checks.is_empty()) {
+            *staging = Some(Staging::new()?);
+        }
+        let words = Self::fault_words(checks);
+        let staged_words = words.len().min(staging::FAULT_SLOTS);
+        if let Some(area) = staging.as_mut() {
+            // SAFETY: page-locked destinations inside the staging area, which the lock keeps
+            // ours until the synchronization below has completed the copies.
+            unsafe {
+                if let Some((src, dst)) = &read {
+                    result::memcpy_dtoh_async(area.data(dst.len()), *src, self.stream)
+                        .map_err(|e| driver_error("read (cuMemcpyDtoHAsync)", e))?;
+                }
+                for (i, &word) in words.iter().take(staged_words).enumerate() {
+                    result::memcpy_dtoh_async(area.fault(i), word, self.stream)
+                        .map_err(|e| driver_error("reading index_fault", e))?;
+                }
+            }
+        }
         // SAFETY: our stream.
         let Err(e) = (unsafe { result::stream::synchronize(self.stream) }) else {
             Self::lock(&self.pending).clear();
-            return Self::take_index_fault(checks);
+            let mut faults = vec![[0u8; 16]; staged_words];
+            if let Some(area) = staging.as_mut() {
+                if let Some((_, dst)) = read {
+                    let len = dst.len();
+                    dst.copy_from_slice(area.data(len));
+                }
+                for (i, f) in faults.iter_mut().enumerate() {
+                    f.copy_from_slice(area.fault(i));
+                }
+            }
+            return Self::take_index_fault(checks, &faults);
         };
         checks.clear();
         let ops: Vec<String> = Self::lock(&self.pending).drain(..).map(|(what, d)| pending_text(&what, d)).collect();
@@ -349,6 +392,9 @@ impl Device for CudaDevice {
         let ptr = self.range(src, offset, dst.len())?;
         self.bind()?;
         crate::groups::wait_for_collectives(self.ctx.ordinal())?;
+        if !dst.is_empty() && dst.len() <= staging::STAGED_READ {
+            return self.wait_staged(&mut Self::lock(&self.index_checks), "reading a buffer", Some((ptr, dst)));
+        }
         if !dst.is_empty() {
             // SAFETY: the range is inside the buffer; we wait for the copy before returning.
             unsafe { result::memcpy_dtoh_async(dst, ptr, self.stream) }
@@ -430,6 +476,8 @@ impl Drop for CudaDevice {
         if self.bind().is_ok() {
             let _ = self.memory().empty_cache();
             Self::lock(&self.events).destroy_all();
+            // Freed while the context is current (the fields drop after it is released).
+            drop(Self::lock(&self.staging).take());
             // SAFETY: our stream, destroyed once.
             let _ = unsafe { result::stream::destroy(self.stream) };
         }

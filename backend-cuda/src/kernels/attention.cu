@@ -1524,25 +1524,38 @@ extern "C" __global__ void attn_masked_combine(const AttnArgs a) {
 __device__ unsigned int md_count[MD_COUNTERS];
 
 // Warp `g` of the last block merges the ranges of query head g (row = b·hq + h) and writes
-// its output, as `attn_masked_combine`. The partials come from other SMs: read past L1.
+// its output, as `attn_masked_combine` (same arithmetic, same order). The partials come from
+// other SMs: read past L1. Lane i holds the maximum and total of range i of each 32, so a
+// range's scale is computed once and passed along by shuffle, and the loop over ranges
+// issues only the independent loads of the partial sums, several ranges in flight at once.
 template <int D>
 __device__ __forceinline__ void md_merge(const AttnArgs& a, i64 b, i64 h, i64 splits) {
     const int lane = threadIdx.x & 31;
     const C* pr = (const C*)a.partial + (b * a.hq + h) * splits * (D + 2);
-    C mx = NEG_INF;
-    for (i64 sp = lane; sp < splits; sp += 32) mx = cmax(mx, __ldcg(pr + sp * (D + 2) + D));
+    C own_m = lane < splits ? __ldcg(pr + lane * (D + 2) + D) : NEG_INF;
+    C own_l = lane < splits ? __ldcg(pr + lane * (D + 2) + D + 1) : (C)0;
+    C mx = own_m;
+    for (i64 sp = lane + 32; sp < splits; sp += 32) mx = cmax(mx, __ldcg(pr + sp * (D + 2) + D));
     mx = warp_max(mx);
     C l = 0, x[D / 32];
 #pragma unroll
     for (int u = 0; u < D / 32; ++u) x[u] = 0;
-#pragma unroll 4
-    for (i64 sp = 0; sp < splits; ++sp) {
-        const C* part = pr + sp * (D + 2);
-        const C ms = __ldcg(part + D);
-        const C scale = ms != NEG_INF ? cexp(ms - mx) : (C)0;
-        l += __ldcg(part + D + 1) * scale;
+    for (i64 base = 0; base < splits; base += 32) {
+        if (base > 0) {
+            const i64 sp = base + lane;
+            own_m = sp < splits ? __ldcg(pr + sp * (D + 2) + D) : NEG_INF;
+            own_l = sp < splits ? __ldcg(pr + sp * (D + 2) + D + 1) : (C)0;
+        }
+        const C own_scale = own_m != NEG_INF ? cexp(own_m - mx) : (C)0;
+        const int count = splits - base < 32 ? (int)(splits - base) : 32;
+        const C* chunk = pr + base * (D + 2);
+#pragma unroll 16
+        for (int i = 0; i < count; ++i) {
+            const C scale = __shfl_sync(FULL, own_scale, i);
+            l += __shfl_sync(FULL, own_l, i) * scale;
 #pragma unroll
-        for (int u = 0; u < D / 32; ++u) x[u] += __ldcg(part + u * 32 + lane) * scale;
+            for (int u = 0; u < D / 32; ++u) x[u] += __ldcg(chunk + i * (D + 2) + u * 32 + lane) * scale;
+        }
     }
     T* o = (T*)a.p[3] + b * a.st[3][0] + h * a.st[3][1];
 #pragma unroll

@@ -15,7 +15,8 @@
 // rounded to T exactly as the add_rms_norm kernel stores them, so the product is the one the
 // separate ops would give. Every block does this for its own use (a row is a few KiB, read
 // from L2); block 0 also stores the sum, the residual stream that goes on. The bias is added
-// to the rounded product and rounded again, as the add op would.
+// to the rounded product and rounded again, as the add op would; `gemv_norm_glu_{1,2}` read a
+// gate row and an up row per output and store silu(gate) · up as the swiglu kernel does.
 
 typedef ELEM T;
 typedef Ty<T> TT;
@@ -118,9 +119,10 @@ template <int M> __device__ __forceinline__ void norm_rows(const GemvArgs& g) {
 }
 
 // M is the compile-time bound on m (the accumulators live in registers). NORM: the rows are
-// made by norm_rows.
-template <int M, bool NORM> __device__ __forceinline__ void gemv(const GemvArgs& g) {
-    __shared__ C partial[WARPS][M];
+// made by norm_rows. G: weight rows per output, 2 for a gated output (its gate row j and up
+// row j + n), which the epilogue turns into silu(gate) · up.
+template <int M, bool NORM, int G> __device__ __forceinline__ void gemv(const GemvArgs& g) {
+    __shared__ C partial[WARPS][G * M];
     const T* w = (const T*)g.w;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int rows = WARPS / g.slices, slice = warp % g.slices;
@@ -129,23 +131,28 @@ template <int M, bool NORM> __device__ __forceinline__ void gemv(const GemvArgs&
         // Start this warp's first weight reads toward L2 while the rows are made.
         if (j < g.n) {
             const int first = (slice * 32 + lane) * V;
-            if (first < g.k) asm volatile("prefetch.global.L2 [%0];" ::"l"(w + j * g.ldw + first));
+#pragma unroll
+            for (int q = 0; q < G; ++q)
+                if (first < g.k) asm volatile("prefetch.global.L2 [%0];" ::"l"(w + (j + q * g.n) * g.ldw + first));
         }
         norm_rows<M>(g);
     }
     const T* a = NORM ? (const T*)normed_rows : (const T*)g.a;
     const i64 lda = NORM ? (i64)g.k : g.lda;
-    C acc[M];
+    C acc[G][M];
 #pragma unroll
-    for (int r = 0; r < M; ++r) acc[r] = (C)0;
+    for (int q = 0; q < G; ++q)
+#pragma unroll
+        for (int r = 0; r < M; ++r) acc[q][r] = (C)0;
     if (j < g.n) {
-        const T* wj = w + j * g.ldw;
         const int step = 32 * V * g.slices;
         for (int base = (slice * 32 + lane) * V; base < g.k; base += U * step) {
-            P pw[U];
+            P pw[G][U];
 #pragma unroll
-            for (int u = 0; u < U; ++u)
-                if (base + u * step < g.k) pw[u] = load_weight(wj + base + u * step);
+            for (int q = 0; q < G; ++q)
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+                    if (base + u * step < g.k) pw[q][u] = load_weight(w + (j + q * g.n) * g.ldw + base + u * step);
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int i = base + u * step;
@@ -155,7 +162,9 @@ template <int M, bool NORM> __device__ __forceinline__ void gemv(const GemvArgs&
                         if (r < g.m) {
                             const P pa = *(const P*)(a + r * lda + i);
 #pragma unroll
-                            for (int v = 0; v < V; ++v) acc[r] += TT::load(pw[u].v[v]) * TT::load(pa.v[v]);
+                            for (int q = 0; q < G; ++q)
+#pragma unroll
+                                for (int v = 0; v < V; ++v) acc[q][r] += TT::load(pw[q][u].v[v]) * TT::load(pa.v[v]);
                         }
                     }
                 }
@@ -163,27 +172,41 @@ template <int M, bool NORM> __device__ __forceinline__ void gemv(const GemvArgs&
         }
     }
 #pragma unroll
-    for (int r = 0; r < M; ++r) {
+    for (int q = 0; q < G; ++q)
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-    }
+        for (int r = 0; r < M; ++r) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) acc[q][r] += __shfl_xor_sync(0xffffffffu, acc[q][r], o);
+        }
     if (lane == 0) {
 #pragma unroll
-        for (int r = 0; r < M; ++r) partial[warp][r] = acc[r];
+        for (int q = 0; q < G; ++q)
+#pragma unroll
+            for (int r = 0; r < M; ++r) partial[warp][q * M + r] = acc[q][r];
     }
     __syncthreads();
-    // One thread per (output, row of a): the slices of output `t / M`, added in order.
+    // One thread per (output, row of a): the slices of output `t / M`, added in order, each
+    // result rounded as the ops it stands for store theirs.
     const int t = threadIdx.x, local = t / M, r = t % M;
     const i64 jo = (i64)blockIdx.x * rows + local;
     if (local < rows && r < g.m && jo < g.n) {
-        C sum = (C)0;
-        for (int s = 0; s < g.slices; ++s) sum += partial[local * g.slices + s][r];
-        if (g.bias) sum = TT::load(TT::store(sum)) + TT::load(((const T*)g.bias)[jo]);
-        ((T*)g.y)[r * g.ys0 + jo * g.ys1] = TT::store(sum);
+        C out[G];
+#pragma unroll
+        for (int q = 0; q < G; ++q) {
+            C sum = (C)0;
+            for (int s = 0; s < g.slices; ++s) sum += partial[local * g.slices + s][q * M + r];
+            if (g.bias) sum = TT::load(TT::store(sum)) + TT::load(((const T*)g.bias)[jo + q * g.n]);
+            out[q] = TT::load(TT::store(sum));
+        }
+        C y = out[0];
+        if (G == 2) y = out[0] * ((C)1 / ((C)1 + exp(-out[0]))) * out[G - 1];  // swiglu.cu's arithmetic
+        ((T*)g.y)[r * g.ys0 + jo * g.ys1] = TT::store(y);
     }
 }
 
-extern "C" __global__ void gemv_1(const GemvArgs g) { gemv<1, false>(g); }
-extern "C" __global__ void gemv_2(const GemvArgs g) { gemv<2, false>(g); }
-extern "C" __global__ void gemv_norm_1(const GemvArgs g) { gemv<1, true>(g); }
-extern "C" __global__ void gemv_norm_2(const GemvArgs g) { gemv<2, true>(g); }
+extern "C" __global__ void gemv_1(const GemvArgs g) { gemv<1, false, 1>(g); }
+extern "C" __global__ void gemv_2(const GemvArgs g) { gemv<2, false, 1>(g); }
+extern "C" __global__ void gemv_norm_1(const GemvArgs g) { gemv<1, true, 1>(g); }
+extern "C" __global__ void gemv_norm_2(const GemvArgs g) { gemv<2, true, 1>(g); }
+extern "C" __global__ void gemv_norm_glu_1(const GemvArgs g) { gemv<1, true, 2>(g); }
+extern "C" __global__ void gemv_norm_glu_2(const GemvArgs g) { gemv<2, true, 2>(g); }

@@ -63,7 +63,7 @@ const GEMV_NORM_SMEM: usize = 40 << 10;
 
 /// What this family runs.
 fn claims() -> Vec<(OpKind, DType)> {
-    let ops = [Op::Matmul.kind(), Op::AddRmsNormLinear { eps: 0.0 }.kind()];
+    let ops = [Op::Matmul.kind(), Op::AddRmsNormLinear { eps: 0.0, gated: false }.kind()];
     ops.iter().flat_map(|&op| DType::FLOATS.iter().map(move |&d| (op, d))).collect()
 }
 
@@ -104,7 +104,7 @@ fn dense_copy(device: &CudaDevice, x: &Operand) -> Result<(Operand, BufferId)> {
 /// Run one op of this family.
 fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     match *op {
-        Op::AddRmsNormLinear { eps } => add_rms_norm_linear(device, op, eps, inputs, outputs),
+        Op::AddRmsNormLinear { eps, gated } => add_rms_norm_linear(device, op, (eps, gated), inputs, outputs),
         _ => matmul(device, op, inputs, outputs),
     }
 }
@@ -222,17 +222,29 @@ fn gemv(device: &CudaDevice, a: &Operand, b: &Operand, y: &Operand, (m, n, k): (
         ys1: y.strides[r - 1] as i64,
         ..GemvArgs::default()
     };
-    launch_gemv(device, a.dtype, args, (m, n, k), false)?;
+    launch_gemv(device, a.dtype, args, (m, n, k), Prologue::None)?;
     Ok(true)
 }
 
-/// Launch `gemv_{m}` (or `gemv_norm_{m}`) with `args`' operands and strides filled in.
+/// What the few-row kernel does before and after its products.
+#[derive(Clone, Copy, PartialEq)]
+enum Prologue {
+    /// `gemv_{m}`: the rows of `a` as they are.
+    None,
+    /// `gemv_norm_{m}`: the rows are made by the residual RMS norm.
+    Norm,
+    /// `gemv_norm_glu_{m}`: as `Norm`, and each output is the SwiGLU of a gate and an up row.
+    NormGlu,
+}
+
+/// Launch the few-row kernel of `prologue` with `args`' operands and strides filled in, for
+/// `n` outputs per row.
 fn launch_gemv(
     device: &CudaDevice,
     dtype: DType,
     mut args: GemvArgs,
     (m, n, k): (usize, usize, usize),
-    norm: bool,
+    prologue: Prologue,
 ) -> Result<()> {
     // Warps per output: enough blocks to fill the device (about four per SM) while each warp
     // still reads at least one whole load per lane.
@@ -244,25 +256,31 @@ fn launch_gemv(
         slices *= 2;
     }
     let rows = GEMV_WARPS / slices;
-    let name = format!("gemv_{}{m}", if norm { "norm_" } else { "" });
+    let stem = match prologue {
+        Prologue::None => "gemv",
+        Prologue::Norm => "gemv_norm",
+        Prologue::NormGlu => "gemv_norm_glu",
+    };
+    let name = format!("{stem}_{m}");
     (args.m, args.n, args.k, args.slices) = (m as i32, n as i32, k as i32, slices as i32);
     let blocks = u32::try_from(n.div_ceil(rows))
         .map_err(|_| BackendError::unsupported(format!("matmul: {n} outputs exceed one grid")))?;
     let threads = 32 * GEMV_WARPS as u32;
-    let smem = if norm { (m * k * dtype.size_in_bytes()) as u32 } else { 0 };
+    let smem = if prologue == Prologue::None { 0 } else { (m * k * dtype.size_in_bytes()) as u32 };
     launch::launch_1d(device, "matmul", &MODULE, dtype, &name, &mut args, (blocks, threads, smem))
 }
 
-/// `AddRmsNormLinear`: `gemv_norm` for one or two packed rows, else its ops one by one.
+/// `AddRmsNormLinear`: `gemv_norm` (`gemv_norm_glu` when gated) for one or two packed rows,
+/// else its ops one by one.
 fn add_rms_norm_linear(
     device: &CudaDevice,
     op: &Op,
-    eps: f64,
+    (eps, gated): (f64, bool),
     inputs: &[TensorDesc],
     outputs: &[TensorDesc],
 ) -> Result<()> {
     let (ins, outs) = resolve(device, inputs, outputs)?;
-    let ([x, residual, norm_weight, w], bias, [y, sum]) = checks::add_rms_norm_linear(op, eps, &ins, &outs)?;
+    let ([x, residual, norm_weight, w], bias, [y, sum]) = checks::add_rms_norm_linear(op, eps, gated, &ins, &outs)?;
     if y.numel() == 0 && sum.numel() == 0 {
         return Ok(());
     }
@@ -291,7 +309,7 @@ fn add_rms_norm_linear(
         && w.strides[0] >= k as isize
         && bias.is_none_or(|b| b.strides == [1]);
     if !fits {
-        return compose_add_rms_norm_linear(device, eps, inputs, outputs);
+        return compose_add_rms_norm_linear(device, eps, gated, inputs, outputs);
     }
     let args = GemvArgs {
         a: x.ptr,
@@ -310,15 +328,20 @@ fn add_rms_norm_linear(
         eps,
         ..GemvArgs::default()
     };
-    launch_gemv(device, x.dtype, args, (m, n, k), true)
+    match gated {
+        true => launch_gemv(device, x.dtype, args, (m, n / 2, k), Prologue::NormGlu),
+        false => launch_gemv(device, x.dtype, args, (m, n, k), Prologue::Norm),
+    }
 }
 
 /// `AddRmsNormLinear` as the ops it is defined by, on scratch buffers: `AddRmsNorm`, then
-/// `Matmul` against the weight's transpose (into `y` itself when it is dense), then `Add` of
-/// the bias broadcast over the rows (or a `Copy` out of scratch).
+/// `Matmul` against the weight's transpose (into `y` itself when it is dense and not gated),
+/// `Add` of the bias broadcast over the rows, and `SwiGlu` of the halves when gated (or a
+/// `Copy` out of scratch).
 fn compose_add_rms_norm_linear(
     device: &CudaDevice,
     eps: f64,
+    gated: bool,
     inputs: &[TensorDesc],
     outputs: &[TensorDesc],
 ) -> Result<()> {
@@ -336,23 +359,33 @@ fn compose_add_rms_norm_linear(
         super::execute(device, &Op::AddRmsNorm { eps }, &inputs[..3], &[as_x(&h)?, *sum, rstd_lead])?;
         let ws = w.strides();
         let w_t = TensorDesc::new(w.buffer, w.offset_bytes as usize, dtype, &[k, n], &[ws[1], ws[0]])?;
-        let dense_y = y.strides() == contiguous_strides(&y.shape());
-        let product = if dense_y {
-            TensorDesc::contiguous(y.buffer, y.offset_bytes as usize, dtype, &[rows, n])?
-        } else {
-            desc(dtype, &[rows, n])?
+        let direct = !gated && y.strides() == contiguous_strides(&y.shape());
+        let product = match direct {
+            true => TensorDesc::contiguous(y.buffer, y.offset_bytes as usize, dtype, &[rows, n])?,
+            false => desc(dtype, &[rows, n])?,
         };
         super::execute(device, &Op::Matmul, &[h, w_t], std::slice::from_ref(&product))?;
-        let product = TensorDesc::contiguous(product.buffer, product.offset_bytes as usize, dtype, &y.shape())?;
-        match inputs.get(4) {
-            Some(b) => {
-                let mut strides = vec![0; y.shape().len()];
-                *strides.last_mut().unwrap_or(&mut 0) = b.strides()[0];
-                let b = TensorDesc::new(b.buffer, b.offset_bytes as usize, dtype, &y.shape(), &strides)?;
-                super::execute(device, &Op::Binary(BinaryOp::Add), &[product, b], std::slice::from_ref(y))
-            }
-            None if !dense_y => super::execute(device, &Op::Copy, &[product], std::slice::from_ref(y)),
-            None => Ok(()),
+        let full_shape = [lead, &[n]].concat();
+        let product = TensorDesc::contiguous(product.buffer, product.offset_bytes as usize, dtype, &full_shape)?;
+        if let Some(b) = inputs.get(4) {
+            let mut strides = vec![0; full_shape.len()];
+            *strides.last_mut().unwrap_or(&mut 0) = b.strides()[0];
+            let b = TensorDesc::new(b.buffer, b.offset_bytes as usize, dtype, &full_shape, &strides)?;
+            super::execute(device, &Op::Binary(BinaryOp::Add), &[product, b], std::slice::from_ref(&product))?;
+        }
+        if gated {
+            // The gate and up halves of each row, as views of the product.
+            let half_shape = [lead, &[n / 2]].concat();
+            let strides = contiguous_strides(&full_shape);
+            let half = |first: usize| {
+                let offset = product.offset_bytes as usize + first * dtype.size_in_bytes();
+                TensorDesc::new(product.buffer, offset, dtype, &half_shape, &strides)
+            };
+            return super::execute(device, &Op::SwiGlu, &[half(0)?, half(n / 2)?], std::slice::from_ref(y));
+        }
+        match direct {
+            true => Ok(()),
+            false => super::execute(device, &Op::Copy, &[product], std::slice::from_ref(y)),
         }
     })();
     let freed = scratch.free(device);

@@ -50,10 +50,50 @@ pub fn add_rms_norm_linear(
     weight: &Tensor,
     bias: Option<&Tensor>,
 ) -> Result<(Tensor, Tensor)> {
+    norm_linear(x, residual, (norm_weight, eps), weight, bias, false)
+}
+
+/// [`add_rms_norm_linear`] with a gated feed-forward's stacked projection: `weight (2n, k)`
+/// holds the gate's rows then the up projection's, and the first output is
+/// `swiglu(p[.., :n], p[.., n:])` of the linear layer's `p (.., 2n)`, as
+/// `swiglu(&p.narrow(-1, 0, n)?, &p.narrow(-1, n, n)?)` gives. One op of the backend under the
+/// same conditions; the gated `p` is never stored.
+pub fn add_rms_norm_gated_linear(
+    x: &Tensor,
+    residual: &Tensor,
+    norm_weight: Option<&Tensor>,
+    eps: Option<f64>,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+) -> Result<(Tensor, Tensor)> {
+    norm_linear(x, residual, (norm_weight, eps), weight, bias, true)
+}
+
+fn norm_linear(
+    x: &Tensor,
+    residual: &Tensor,
+    (norm_weight, eps): (Option<&Tensor>, Option<f64>),
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    gated: bool,
+) -> Result<(Tensor, Tensor)> {
     let k = x.shape().last().copied().unwrap_or(0);
+    let rows = weight.shape().first().copied().unwrap_or(0);
+    if gated && rows % 2 != 0 {
+        return Err(shape_err(format!(
+            "add_rms_norm_gated_linear: the weight stacks gate and up rows, so its row count must be even, got {:?}",
+            weight.shape()
+        )));
+    }
     let composition = || -> Result<(Tensor, Tensor)> {
         let (h, sum) = super::norm::add_rms_norm(x, residual, &[k], norm_weight, eps)?;
-        Ok((linear(&h, weight, bias)?, sum))
+        let p = linear(&h, weight, bias)?;
+        let y = if gated {
+            super::swiglu::swiglu(&p.narrow(-1, 0, rows / 2)?, &p.narrow(-1, rows / 2, rows / 2)?)?
+        } else {
+            p
+        };
+        Ok((y, sum))
     };
     let dtype = x.dtype();
     let operands: Vec<&Tensor> =
@@ -70,13 +110,12 @@ pub fn add_rms_norm_linear(
         return composition();
     }
     let eps = super::norm::rms_eps("add_rms_norm_linear", eps, dtype)?;
-    let op = Op::AddRmsNormLinear { eps };
+    let op = Op::AddRmsNormLinear { eps, gated };
     if !super::fused::use_fused(&op, x)? {
         return composition();
     }
-    let n = weight.shape().first().copied().unwrap_or(0);
     let mut y_shape = x.shape().to_vec();
-    *y_shape.last_mut().unwrap_or(&mut 0) = n;
+    *y_shape.last_mut().unwrap_or(&mut 0) = if gated { rows / 2 } else { rows };
     let (y, sum) = (Tensor::empty(&y_shape, dtype, x.device())?, Tensor::empty(x.shape(), dtype, x.device())?);
     let inputs: Vec<(&Tensor, &crate::tensor::Layout)> = operands.iter().map(|t| (*t, t.layout())).collect();
     super::exec(&op, &inputs, &[&y, &sum])?;

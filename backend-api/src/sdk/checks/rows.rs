@@ -132,14 +132,16 @@ pub fn add_rms_norm<'a, T: Meta>(
     Ok((ins, outs))
 }
 
-/// Operands of `AddRmsNormLinear { eps }`, `[x, residual, norm_weight, weight]` or with a
-/// fifth input `bias`, `-> [y, sum]`: [`add_rms_norm`]'s rules for x, residual, norm_weight
-/// and sum; weight `(n, k)` with k the last dim of x, bias `[n]`, y `(.., n)` with x's leading
-/// dims, all of x's dtype. Returns the four inputs, the bias and the outputs.
+/// Operands of `AddRmsNormLinear { eps, gated }`, `[x, residual, norm_weight, weight]` or
+/// with a fifth input `bias`, `-> [y, sum]`: [`add_rms_norm`]'s rules for x, residual,
+/// norm_weight and sum; weight `(n, k)` with k the last dim of x, bias `[n]`, y `(.., n)` (or
+/// `(.., n/2)` with `gated`, where n must be even) with x's leading dims, all of x's dtype.
+/// Returns the four inputs, the bias and the outputs.
 #[allow(clippy::type_complexity)]
 pub fn add_rms_norm_linear<'a, T: Meta>(
     op: &Op,
     eps: f64,
+    gated: bool,
     inputs: &'a [T],
     outputs: &'a [T],
 ) -> Result<(&'a [T; 4], Option<&'a T>, &'a [T; 2])> {
@@ -169,7 +171,15 @@ pub fn add_rms_norm_linear<'a, T: Meta>(
         expect_shape(op, "bias", bias, &[n])?;
         expect_dtype(op, "bias", bias, x.dtype())?;
     }
-    expect_shape(op, "y", y, &[lead, &[n]].concat())?;
+    if gated && n % 2 != 0 {
+        return Err(BackendError::shape(format!(
+            "{}: a gated weight stacks gate and up rows, so its row count must be even, got {:?}",
+            op.name(),
+            weight.shape()
+        )));
+    }
+    let outputs_n = if gated { n / 2 } else { n };
+    expect_shape(op, "y", y, &[lead, &[outputs_n]].concat())?;
     expect_dtype(op, "y", y, x.dtype())?;
     Ok((ins, bias, outs))
 }
@@ -364,24 +374,31 @@ mod tests {
 
     #[test]
     fn add_rms_norm_linear_takes_a_weight_over_the_last_dim_and_an_optional_bias() {
-        let op = Op::AddRmsNormLinear { eps: 1e-6 };
+        let op = Op::AddRmsNormLinear { eps: 1e-6, gated: false };
         let f = |s: &[usize]| Fake::new(DType::BF16, s);
         let ins = [f(&[2, 3]), f(&[2, 3]), f(&[3]), f(&[5, 3])];
         let outs = [f(&[2, 5]), f(&[2, 3])];
-        let (_, bias, _) = add_rms_norm_linear(&op, 1e-6, &ins, &outs).unwrap();
+        let (_, bias, _) = add_rms_norm_linear(&op, 1e-6, false, &ins, &outs).unwrap();
         assert!(bias.is_none());
         let with_bias = [ins.to_vec(), vec![f(&[5])]].concat();
-        assert!(add_rms_norm_linear(&op, 1e-6, &with_bias, &outs).unwrap().1.is_some());
+        assert!(add_rms_norm_linear(&op, 1e-6, false, &with_bias, &outs).unwrap().1.is_some());
         let bad_bias = [ins.to_vec(), vec![f(&[3])]].concat();
-        assert_eq!(add_rms_norm_linear(&op, 1e-6, &bad_bias, &outs).unwrap_err().kind, ErrorKind::ShapeMismatch);
-        let err = add_rms_norm_linear(&op, 1e-6, &[f(&[2, 3]), f(&[2, 3]), f(&[3]), f(&[5, 4])], &outs).unwrap_err();
+        assert_eq!(add_rms_norm_linear(&op, 1e-6, false, &bad_bias, &outs).unwrap_err().kind, ErrorKind::ShapeMismatch);
+        let err =
+            add_rms_norm_linear(&op, 1e-6, false, &[f(&[2, 3]), f(&[2, 3]), f(&[3]), f(&[5, 4])], &outs).unwrap_err();
         assert!(err.message.starts_with("add_rms_norm_linear: weight has shape [5, 4]"), "{}", err.message);
-        let err = add_rms_norm_linear(&op, 1e-6, &ins, &[f(&[2, 4]), f(&[2, 3])]).unwrap_err();
+        let err = add_rms_norm_linear(&op, 1e-6, false, &ins, &[f(&[2, 4]), f(&[2, 3])]).unwrap_err();
         assert_eq!(err.kind, ErrorKind::ShapeMismatch);
-        let err = add_rms_norm_linear(&op, 1e-6, &ins[..3], &outs).unwrap_err();
+        let err = add_rms_norm_linear(&op, 1e-6, false, &ins[..3], &outs).unwrap_err();
         assert!(err.message.contains("expected 4 input"), "{}", err.message);
+        // Gated: half the rows come out; an odd row count cannot be split.
+        let gated = Op::AddRmsNormLinear { eps: 1e-6, gated: true };
+        let even = [f(&[2, 3]), f(&[2, 3]), f(&[3]), f(&[6, 3])];
+        assert!(add_rms_norm_linear(&gated, 1e-6, true, &even, &[f(&[2, 3]), f(&[2, 3])]).is_ok());
+        let err = add_rms_norm_linear(&gated, 1e-6, true, &ins, &[f(&[2, 2]), f(&[2, 3])]).unwrap_err();
+        assert!(err.message.contains("must be even"), "{}", err.message);
         let mixed = [f(&[2, 3]), f(&[2, 3]), f(&[3]), Fake::new(DType::F32, &[5, 3])];
-        assert_eq!(add_rms_norm_linear(&op, 1e-6, &mixed, &outs).unwrap_err().kind, ErrorKind::DtypeMismatch);
+        assert_eq!(add_rms_norm_linear(&op, 1e-6, false, &mixed, &outs).unwrap_err().kind, ErrorKind::DtypeMismatch);
     }
 
     #[test]

@@ -7,7 +7,8 @@ use crate::error::{Error, Result};
 use crate::models::kv_cache::KvCache;
 use crate::models::rope::RotaryTables;
 use crate::nn::functional::{
-    add_rms_norm_linear, rotary_embedding, scaled_dot_product_attention, scaled_dot_product_attention_lower_right,
+    add_rms_norm_gated_linear, add_rms_norm_linear, rotary_embedding, scaled_dot_product_attention,
+    scaled_dot_product_attention_lower_right,
 };
 use crate::nn::{Embedding, Entry, Linear, Module, ModuleList, Param, RMSNorm};
 use crate::tensor::Tensor;
@@ -250,17 +251,17 @@ impl Qwen2Mlp {
     fn projections(&self) -> [&Linear; 2] {
         [&self.gate_proj, &self.up_proj]
     }
+}
 
-    /// `down(silu(gate) · up)` from the projections `[gate, up]`.
-    fn gated_down(&self, gate_up: Vec<Tensor>) -> Result<Tensor> {
-        let [gate, up]: [Tensor; 2] = gate_up.try_into().map_err(|_| Error::invalid("gate/up projections"))?;
-        self.down_proj.forward(&crate::nn::functional::swiglu(&gate, &up)?)
-    }
+/// `silu(gate) · up` of the projections `[gate, up]`.
+fn gated(gate_up: Vec<Tensor>) -> Result<Tensor> {
+    let [gate, up]: [Tensor; 2] = gate_up.try_into().map_err(|_| Error::invalid("gate/up projections"))?;
+    crate::nn::functional::swiglu(&gate, &up)
 }
 
 impl Module for Qwen2Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.gated_down(forward_stacked(x, &self.projections())?)
+        self.down_proj.forward(&gated(forward_stacked(x, &self.projections())?)?)
     }
 
     fn visit(&self, f: &mut dyn FnMut(&str, Entry<'_>)) {
@@ -298,6 +299,18 @@ impl Stream {
         }
         let (normed, x) = self.norm(norm)?;
         Ok((forward_stacked(&normed, group)?, x))
+    }
+
+    /// `(silu(gate(n)) · up(n), h + pending)` with `n = norm(h + pending)`: a gated MLP's
+    /// input, as one op ([`add_rms_norm_gated_linear`]) under [`Stream::norm_linear`]'s
+    /// conditions.
+    fn norm_gated(self, norm: &RMSNorm, [gate, up]: [&Linear; 2]) -> Result<(Tensor, Tensor)> {
+        if let (Some(pending), Some((w, b))) = (&self.pending, stacked(&[gate, up])) {
+            let g = norm.weight.as_ref().map(Param::get);
+            return add_rms_norm_gated_linear(&self.h, pending, g.as_ref(), norm.eps, &w, b.as_ref());
+        }
+        let (normed, x) = self.norm(norm)?;
+        Ok((gated(forward_stacked(&normed, &[gate, up])?)?, x))
     }
 
     /// The same view (`f`) of both parts, such as the last position.
@@ -342,8 +355,8 @@ impl Qwen2DecoderLayer {
         let (qkv, x) = x.norm_linear(&self.input_layernorm, &self.self_attn.projections())?;
         let attn = self.self_attn.attend(qkv, ctx, cache)?;
         let x = Stream { h: x, pending: Some(attn) };
-        let (gate_up, x) = x.norm_linear(&self.post_attention_layernorm, &self.mlp.projections())?;
-        Ok(Stream { h: x, pending: Some(self.mlp.gated_down(gate_up)?) })
+        let (gated, x) = x.norm_gated(&self.post_attention_layernorm, self.mlp.projections())?;
+        Ok(Stream { h: x, pending: Some(self.mlp.down_proj.forward(&gated)?) })
     }
 }
 

@@ -334,6 +334,29 @@ pub fn swiglu(gate: &[f64], up: &[f64]) -> (Vec<f64>, Vec<f64>) {
     (y, mag)
 }
 
+/// The gated form of `add_rms_norm_linear`: SwiGLU of the two halves of each row of `n`
+/// products `p`, each first rounded to `dtype` as the op stores it, with `allowed` (the
+/// products' allowed error) carried through: `(y, allowed_y)`. A product within its bound
+/// may round one ulp apart from the oracle's, hence `2u·|p|` more before the gate; the
+/// result's own rounding may flush to zero (a very negative gate).
+pub fn swiglu_halves(p: &[f64], allowed: &[f64], n: usize, dtype: DType) -> (Vec<f64>, Vec<f64>) {
+    let u = crate::values::unit_roundoff(dtype);
+    let half = n / 2;
+    let (mut y, mut bound) = (Vec::new(), Vec::new());
+    for (row, tol) in p.chunks(n.max(1)).zip(allowed.chunks(n.max(1))) {
+        for j in 0..half {
+            let (g, up) = (quantize(dtype, row[j]), quantize(dtype, row[half + j]));
+            let (eg, eu) = (tol[j] + 2.0 * u * g.abs(), tol[half + j] + 2.0 * u * up.abs());
+            let s = sigmoid(g);
+            let v = g * s * up;
+            y.push(v);
+            let rounding = 2.0 * u * v.abs() + crate::values::min_subnormal(dtype);
+            bound.push((s * (1.0 + g * (1.0 - s)) * up).abs() * eg + (g * s).abs() * eu + rounding);
+        }
+    }
+    (y, bound)
+}
+
 /// The VJP of [`swiglu`]: `(dgate, dup)` for the output gradient `dy`, with magnitudes.
 #[allow(clippy::type_complexity)]
 pub fn swiglu_vjp(dy: &[f64], gate: &[f64], up: &[f64]) -> ((Vec<f64>, Vec<f64>), (Vec<f64>, Vec<f64>)) {

@@ -7,7 +7,7 @@ use crate::case::{Case, OpCase, Tier};
 use crate::gen::{tensor, ValueRange};
 use crate::oracle::nn::{
     add_rms_norm, add_rms_norm_linear, attention, batch_norm, cross_entropy, layer_norm, log_softmax, masked_attention,
-    rms_norm, rotary, rotary_kv_write, softmax, swiglu, AttnShape,
+    rms_norm, rotary, rotary_kv_write, softmax, swiglu, swiglu_halves, AttnShape,
 };
 use crate::target::{Layout, Spec, Target};
 use crate::tolerance::Expected;
@@ -175,43 +175,66 @@ pub fn cases(t: &Target) -> Vec<Case> {
         })
         .collect()
     }));
-    let norm_linear = Op::AddRmsNormLinear { eps };
-    cases.extend(op_cases(t, "nn", "add_rms_norm_linear", norm_linear.kind(), &FLOATS, &no_deps, &|dtype, rng| {
-        // The CUDA kernel's one- and two-row paths (a decode step's width among them), then
-        // shapes it leaves to the separate ops: more rows, strided x, a weight stored (k, n).
-        let c = Layout::Contiguous;
-        [
-            (vec![1usize], 64usize, 40usize, c, c, true, "row1", Tier::Core),
-            (vec![1, 1], 896, 136, c, c, true, "decode896", Tier::Core),
-            (vec![2, 1], 128, 33, c, c, false, "rows2", Tier::Core),
-            (vec![5], 48, 20, c, c, true, "rows5", Tier::Core),
-            (vec![3], 40, 12, Layout::Transposed, Layout::Transposed, true, "strided", Tier::Core),
-        ]
-        .into_iter()
-        .map(|(lead, k, n, x_layout, w_layout, with_bias, sample, tier)| {
-            let shape = [lead.clone(), vec![k]].concat();
-            let x = tensor(rng, dtype, &shape, x_layout, ValueRange::normal(3.0));
-            let r = tensor(rng, dtype, &shape, c, ValueRange::normal(3.0));
-            let g = tensor(rng, dtype, &[k], c, ValueRange::normal(1.0));
-            let w = tensor(rng, dtype, &[n, k], w_layout, ValueRange::normal(1.0));
-            let b = tensor(rng, dtype, &[n], c, ValueRange::normal(1.0));
-            let bias = with_bias.then_some(&b.values[..]);
-            let (y, magnitude, rounded, sum) =
-                add_rms_norm_linear(&x.values, &r.values, &g.values, &w.values, bias, (k, n), eps, dtype);
-            let outs = vec![Spec::out(dtype, &[lead.clone(), vec![n]].concat()), Spec::out(dtype, &shape)];
-            let mut y = Expected::accumulated(dtype, y, &magnitude, k, 1.0);
-            for (allowed, r) in y.allowed.iter_mut().zip(&rounded) {
-                *allowed += 2.0 * unit_roundoff(dtype) * r;
-            }
-            let exp = vec![Some(y), Some(Expected::correctly_rounded(dtype, sum))];
-            let mut inputs = vec![x, r, g, w];
-            if with_bias {
-                inputs.push(b);
-            }
-            (sample.to_string(), tier, OpCase { op: norm_linear, inputs, outputs: outs, expected: exp })
-        })
-        .collect()
-    }));
+    let norm_linear = |gated| Op::AddRmsNormLinear { eps, gated };
+    cases.extend(op_cases(
+        t,
+        "nn",
+        "add_rms_norm_linear",
+        norm_linear(false).kind(),
+        &FLOATS,
+        &no_deps,
+        &|dtype, rng| {
+            // The CUDA kernel's one- and two-row paths (a decode step's width among them, gated
+            // as a feed-forward's gate and up projections), then shapes it leaves to the separate
+            // ops: more rows, strided x, a weight stored (k, n).
+            let c = Layout::Contiguous;
+            [
+                (vec![1usize], 64usize, 40usize, c, c, true, false, "row1"),
+                (vec![1, 1], 896, 136, c, c, true, false, "decode896"),
+                (vec![2, 1], 128, 33, c, c, false, false, "rows2"),
+                (vec![1, 1], 896, 96, c, c, false, true, "gated_decode896"),
+                (vec![2], 64, 24, c, c, true, true, "gated_rows2_bias"),
+                (vec![5], 48, 20, c, c, true, false, "rows5"),
+                (vec![4], 32, 18, c, c, false, true, "gated_rows4"),
+                (vec![3], 40, 12, Layout::Transposed, Layout::Transposed, true, false, "strided"),
+            ]
+            .into_iter()
+            .map(|(lead, k, n, x_layout, w_layout, with_bias, gated, sample)| {
+                let shape = [lead.clone(), vec![k]].concat();
+                let x = tensor(rng, dtype, &shape, x_layout, ValueRange::normal(3.0));
+                let r = tensor(rng, dtype, &shape, c, ValueRange::normal(3.0));
+                let g = tensor(rng, dtype, &[k], c, ValueRange::normal(1.0));
+                let w = tensor(rng, dtype, &[n, k], w_layout, ValueRange::normal(1.0));
+                let b = tensor(rng, dtype, &[n], c, ValueRange::normal(1.0));
+                let bias = with_bias.then_some(&b.values[..]);
+                let (p, magnitude, rounded, sum) =
+                    add_rms_norm_linear(&x.values, &r.values, &g.values, &w.values, bias, (k, n), eps, dtype);
+                let mut y = Expected::accumulated(dtype, p, &magnitude, k, 1.0);
+                for (allowed, r) in y.allowed.iter_mut().zip(&rounded) {
+                    *allowed += 2.0 * unit_roundoff(dtype) * r;
+                }
+                let outputs_n = if gated { n / 2 } else { n };
+                if gated {
+                    let (values, allowed) = swiglu_halves(&y.values, &y.allowed, n, dtype);
+                    y = Expected {
+                        values,
+                        allowed,
+                        signed_zero: false,
+                        describe: "gated: the products' bound through silu".into(),
+                    };
+                }
+                let outs = vec![Spec::out(dtype, &[lead.clone(), vec![outputs_n]].concat()), Spec::out(dtype, &shape)];
+                let exp = vec![Some(y), Some(Expected::correctly_rounded(dtype, sum))];
+                let mut inputs = vec![x, r, g, w];
+                if with_bias {
+                    inputs.push(b);
+                }
+                let case = OpCase { op: norm_linear(gated), inputs, outputs: outs, expected: exp };
+                (sample.to_string(), Tier::Core, case)
+            })
+            .collect()
+        },
+    ));
     let ce = |ignore_index, label_smoothing| Op::CrossEntropy { ignore_index, label_smoothing };
     cases.extend(op_cases(t, "nn", "cross_entropy", ce(-100, 0.0).kind(), &FLOATS, &no_deps, &|dtype, rng| {
         [(0.0, "plain"), (0.1, "label_smoothing")]
