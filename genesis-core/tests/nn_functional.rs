@@ -472,8 +472,8 @@ fn add_rms_norm_linear_is_the_residual_norm_then_the_linear_layer() {
             let w = no_grad(rand(&[k, 12], seed + 3), dtype).t().unwrap();
             let b = no_grad(rand(&[12], seed + 4), dtype);
             for (bias, gated) in [(None, false), (Some(&b), false), (None, true), (Some(&b), true)] {
-                let fused = if gated { F::add_rms_norm_gated_linear } else { F::add_rms_norm_linear };
-                let (y, sum) = genesis::autograd::no_grad(|| fused(&x, &r, Some(&g), Some(1e-6), &w, bias)).unwrap();
+                let fused = || F::add_rms_norm_linear(&x, &r, Some(&g), Some(1e-6), &w, bias, gated);
+                let (y, sum) = genesis::autograd::no_grad(fused).unwrap();
                 // The ops it is defined by, one at a time.
                 let separate = || -> Result<(Tensor, Tensor)> {
                     let (h, sum) = F::add_rms_norm(&x, &r, &[k], Some(&g), Some(1e-6))?;
@@ -496,9 +496,11 @@ fn add_rms_norm_linear_is_the_residual_norm_then_the_linear_layer() {
 #[test]
 fn add_rms_norm_linear_records_gradients_through_the_composition() {
     let (x, r, g, w, b) = (rand(&[2, 4], 80), rand(&[2, 4], 81), rand(&[4], 82), rand(&[3, 4], 83), rand(&[3], 84));
+    // The finite differences run the fused op (no gradient recorded there), the analytic
+    // gradient the composition.
     check(
         |t| {
-            let (y, sum) = F::add_rms_norm_linear(&t[0], &t[1], Some(&t[2]), Some(1e-6), &t[3], Some(&t[4]))?;
+            let (y, sum) = F::add_rms_norm_linear(&t[0], &t[1], Some(&t[2]), Some(1e-6), &t[3], Some(&t[4]), false)?;
             y.sum_dims(&[-1], true)?.mul(&sum)
         },
         &[x.clone(), r, g.clone(), w.clone(), b],
@@ -507,15 +509,23 @@ fn add_rms_norm_linear_records_gradients_through_the_composition() {
     let plain = |t: &Tensor| t.detach();
     let bad_weight = plain(&rand(&[3, 5], 1));
     assert_eq!(
-        kind(genesis::autograd::no_grad(|| F::add_rms_norm_linear(
-            &plain(&x),
-            &plain(&x),
-            Some(&plain(&g)),
-            None,
-            &bad_weight,
-            None
-        ))),
+        kind(genesis::autograd::no_grad(|| {
+            F::add_rms_norm_linear(&plain(&x), &plain(&x), Some(&plain(&g)), None, &bad_weight, None, false)
+        })),
         ErrorKind::ShapeMismatch
     );
-    assert_eq!(kind(F::add_rms_norm_linear(&x, &rand(&[2, 3], 1), Some(&g), None, &w, None)), ErrorKind::ShapeMismatch);
+    assert_eq!(
+        kind(F::add_rms_norm_linear(&x, &rand(&[2, 3], 1), Some(&g), None, &w, None, false)),
+        ErrorKind::ShapeMismatch
+    );
+    // A gated weight needs an even row count (gate rows, then as many up rows).
+    assert_eq!(kind(F::add_rms_norm_linear(&x, &x, Some(&g), None, &w, None, true)), ErrorKind::ShapeMismatch);
+    let (w2, b2) = (rand(&[6, 4], 85), rand(&[6], 86));
+    check(
+        |t| {
+            let (y, sum) = F::add_rms_norm_linear(&t[0], &t[1], Some(&t[2]), Some(1e-6), &t[3], Some(&t[4]), true)?;
+            y.sum_dims(&[-1], true)?.mul(&sum)
+        },
+        &[x, rand(&[2, 4], 87), g, w2, b2],
+    );
 }

@@ -3,7 +3,7 @@
 pub use crate::ops::attention::{scaled_dot_product_attention, scaled_dot_product_attention_lower_right};
 pub use crate::ops::conv::{adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d};
 pub use crate::ops::dropout::dropout;
-pub use crate::ops::linear::{add_rms_norm_gated_linear, add_rms_norm_linear, linear};
+pub use crate::ops::linear::{add_rms_norm_linear, linear};
 pub use crate::ops::linear_loss::linear_cross_entropy;
 pub use crate::ops::loss::{
     binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy, l1_loss, mse_loss, nll_loss, Reduction,

@@ -38,6 +38,11 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
 /// linear layer that reads the norm, which is what
 /// `let (h, sum) = add_rms_norm(x, residual, ..)?; (linear(&h, weight, bias)?, sum)` gives.
 ///
+/// With `gated`, `weight (2n, k)` is a gated feed-forward's stacked projection, the gate's
+/// rows then the up projection's, and the first output is `swiglu(p[.., :n], p[.., n:])` of
+/// the linear layer's `p (.., 2n)`, as `swiglu(&p.narrow(-1, 0, n)?, &p.narrow(-1, n, n)?)`
+/// gives; `p` itself is never stored.
+///
 /// Without recorded gradients, with one float dtype throughout and autocast off, it is one op
 /// of the backend (`add_rms_norm_linear`) when the backend claims it: on a GPU a decode step's
 /// norm then costs no launch of its own. Otherwise, and whenever a gradient is recorded, it
@@ -49,24 +54,9 @@ pub fn add_rms_norm_linear(
     eps: Option<f64>,
     weight: &Tensor,
     bias: Option<&Tensor>,
+    gated: bool,
 ) -> Result<(Tensor, Tensor)> {
-    norm_linear(x, residual, (norm_weight, eps), weight, bias, false)
-}
-
-/// [`add_rms_norm_linear`] with a gated feed-forward's stacked projection: `weight (2n, k)`
-/// holds the gate's rows then the up projection's, and the first output is
-/// `swiglu(p[.., :n], p[.., n:])` of the linear layer's `p (.., 2n)`, as
-/// `swiglu(&p.narrow(-1, 0, n)?, &p.narrow(-1, n, n)?)` gives. One op of the backend under the
-/// same conditions; the gated `p` is never stored.
-pub fn add_rms_norm_gated_linear(
-    x: &Tensor,
-    residual: &Tensor,
-    norm_weight: Option<&Tensor>,
-    eps: Option<f64>,
-    weight: &Tensor,
-    bias: Option<&Tensor>,
-) -> Result<(Tensor, Tensor)> {
-    norm_linear(x, residual, (norm_weight, eps), weight, bias, true)
+    norm_linear(x, residual, (norm_weight, eps), weight, bias, gated)
 }
 
 fn norm_linear(
@@ -81,7 +71,7 @@ fn norm_linear(
     let rows = weight.shape().first().copied().unwrap_or(0);
     if gated && rows % 2 != 0 {
         return Err(shape_err(format!(
-            "add_rms_norm_gated_linear: the weight stacks gate and up rows, so its row count must be even, got {:?}",
+            "add_rms_norm_linear: a gated weight stacks gate and up rows, so its row count must be even, got {:?}",
             weight.shape()
         )));
     }

@@ -7,8 +7,7 @@ use crate::error::{Error, Result};
 use crate::models::kv_cache::KvCache;
 use crate::models::rope::RotaryTables;
 use crate::nn::functional::{
-    add_rms_norm_gated_linear, add_rms_norm_linear, rotary_embedding, scaled_dot_product_attention,
-    scaled_dot_product_attention_lower_right,
+    add_rms_norm_linear, rotary_embedding, scaled_dot_product_attention, scaled_dot_product_attention_lower_right,
 };
 use crate::nn::{Embedding, Entry, Linear, Module, ModuleList, Param, RMSNorm};
 use crate::tensor::Tensor;
@@ -294,7 +293,7 @@ impl Stream {
     fn norm_linear(self, norm: &RMSNorm, group: &[&Linear]) -> Result<(Vec<Tensor>, Tensor)> {
         if let (Some(pending), Some((w, b))) = (&self.pending, stacked(group)) {
             let g = norm.weight.as_ref().map(Param::get);
-            let (y, sum) = add_rms_norm_linear(&self.h, pending, g.as_ref(), norm.eps, &w, b.as_ref())?;
+            let (y, sum) = add_rms_norm_linear(&self.h, pending, g.as_ref(), norm.eps, &w, b.as_ref(), false)?;
             return Ok((unstack(&y, group)?, sum));
         }
         let (normed, x) = self.norm(norm)?;
@@ -302,12 +301,12 @@ impl Stream {
     }
 
     /// `(silu(gate(n)) · up(n), h + pending)` with `n = norm(h + pending)`: a gated MLP's
-    /// input, as one op ([`add_rms_norm_gated_linear`]) under [`Stream::norm_linear`]'s
+    /// input, as one op ([`add_rms_norm_linear`], gated) under [`Stream::norm_linear`]'s
     /// conditions.
     fn norm_gated(self, norm: &RMSNorm, [gate, up]: [&Linear; 2]) -> Result<(Tensor, Tensor)> {
         if let (Some(pending), Some((w, b))) = (&self.pending, stacked(&[gate, up])) {
             let g = norm.weight.as_ref().map(Param::get);
-            return add_rms_norm_gated_linear(&self.h, pending, g.as_ref(), norm.eps, &w, b.as_ref());
+            return add_rms_norm_linear(&self.h, pending, g.as_ref(), norm.eps, &w, b.as_ref(), true);
         }
         let (normed, x) = self.norm(norm)?;
         Ok((gated(forward_stacked(&normed, &[gate, up])?)?, x))
