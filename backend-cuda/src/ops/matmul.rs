@@ -296,8 +296,10 @@ fn add_rms_norm_linear(
         let ld = row_stride(t);
         t.ptr % 16 == 0 && t.strides.last() == Some(&1) && ld % pack as isize == 0 && (m == 1 || ld >= k as isize)
     };
+    // (No outputs but a sum to store takes the composition: a grid of no blocks is no launch.)
     let fits = device.switches.gemv
         && (1..=GEMV_MAX_ROWS).contains(&m)
+        && n > 0
         && k % pack == 0
         && m * k * x.dtype.size_in_bytes() <= GEMV_NORM_SMEM
         && [x, residual, sum].into_iter().all(packed_rows)

@@ -186,7 +186,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
         &|dtype, rng| {
             // The CUDA kernel's one- and two-row paths (a decode step's width among them, gated
             // as a feed-forward's gate and up projections), then shapes it leaves to the separate
-            // ops: more rows, strided x, a weight stored (k, n).
+            // ops: more rows, strided x, a weight stored (k, n), a weight of no rows.
             let c = Layout::Contiguous;
             [
                 (vec![1usize], 64usize, 40usize, c, c, true, false, "row1"),
@@ -197,6 +197,8 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 (vec![5], 48, 20, c, c, true, false, "rows5"),
                 (vec![4], 32, 18, c, c, false, true, "gated_rows4"),
                 (vec![3], 40, 12, Layout::Transposed, Layout::Transposed, true, false, "strided"),
+                // No outputs, but the sum is still stored.
+                (vec![1], 32, 0, c, c, false, false, "no_outputs"),
             ]
             .into_iter()
             .map(|(lead, k, n, x_layout, w_layout, with_bias, gated, sample)| {
