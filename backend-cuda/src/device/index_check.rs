@@ -50,20 +50,20 @@ impl CudaDevice {
 
     /// After the stream is idle: the first failed index check since the last call, as the
     /// error its op would have returned on the CPU; the fault words are reset and the list
-    /// emptied either way. `staged` holds the first words (of [`Self::fault_words`]) as copied
-    /// before the synchronization; the others are read here.
-    pub(super) fn take_index_fault(checks: &mut Vec<IndexCheck>, staged: &[[u8; 16]]) -> Result<()> {
-        let result = Self::first_index_fault(checks, staged);
+    /// emptied either way. `words` are [`Self::fault_words`] of `checks`, and `staged` holds
+    /// the first of them as copied before the synchronization; the others are read here.
+    pub(super) fn take_index_fault(checks: &mut Vec<IndexCheck>, words: &[u64], staged: &[[u8; 16]]) -> Result<()> {
+        let result = Self::first_index_fault(checks, words, staged);
         checks.clear();
         result
     }
 
-    fn first_index_fault(checks: &[IndexCheck], staged: &[[u8; 16]]) -> Result<()> {
+    fn first_index_fault(checks: &[IndexCheck], words: &[u64], staged: &[[u8; 16]]) -> Result<()> {
         if checks.is_empty() {
             return Ok(());
         }
         let mut first: Option<(u64, i64)> = None;
-        for (i, word) in Self::fault_words(checks).into_iter().enumerate() {
+        for (i, &word) in words.iter().enumerate() {
             let mut fault = [0u8; 16];
             match staged.get(i) {
                 Some(bytes) => fault = *bytes,

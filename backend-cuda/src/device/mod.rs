@@ -329,7 +329,7 @@ impl CudaDevice {
                     f.copy_from_slice(area.fault(i));
                 }
             }
-            return Self::take_index_fault(checks, &faults);
+            return Self::take_index_fault(checks, &words, &faults);
         };
         checks.clear();
         let ops: Vec<String> = Self::lock(&self.pending).drain(..).map(|(what, d)| pending_text(&what, d)).collect();

@@ -330,9 +330,10 @@ fn add_rms_norm_linear(
         eps,
         ..GemvArgs::default()
     };
-    match gated {
-        true => launch_gemv(device, x.dtype, args, (m, n / 2, k), Prologue::NormGlu),
-        false => launch_gemv(device, x.dtype, args, (m, n, k), Prologue::Norm),
+    if gated {
+        launch_gemv(device, x.dtype, args, (m, n / 2, k), Prologue::NormGlu)
+    } else {
+        launch_gemv(device, x.dtype, args, (m, n, k), Prologue::Norm)
     }
 }
 
@@ -362,9 +363,10 @@ fn compose_add_rms_norm_linear(
         let ws = w.strides();
         let w_t = TensorDesc::new(w.buffer, w.offset_bytes as usize, dtype, &[k, n], &[ws[1], ws[0]])?;
         let direct = !gated && y.strides() == contiguous_strides(&y.shape());
-        let product = match direct {
-            true => TensorDesc::contiguous(y.buffer, y.offset_bytes as usize, dtype, &[rows, n])?,
-            false => desc(dtype, &[rows, n])?,
+        let product = if direct {
+            TensorDesc::contiguous(y.buffer, y.offset_bytes as usize, dtype, &[rows, n])?
+        } else {
+            desc(dtype, &[rows, n])?
         };
         super::execute(device, &Op::Matmul, &[h, w_t], std::slice::from_ref(&product))?;
         let full_shape = [lead, &[n]].concat();
@@ -385,10 +387,10 @@ fn compose_add_rms_norm_linear(
             };
             return super::execute(device, &Op::SwiGlu, &[half(0)?, half(n / 2)?], std::slice::from_ref(y));
         }
-        match direct {
-            true => Ok(()),
-            false => super::execute(device, &Op::Copy, &[product], std::slice::from_ref(y)),
+        if direct {
+            return Ok(());
         }
+        super::execute(device, &Op::Copy, &[product], std::slice::from_ref(y))
     })();
     let freed = scratch.free(device);
     result.and(freed)

@@ -56,17 +56,6 @@ pub fn add_rms_norm_linear(
     bias: Option<&Tensor>,
     gated: bool,
 ) -> Result<(Tensor, Tensor)> {
-    norm_linear(x, residual, (norm_weight, eps), weight, bias, gated)
-}
-
-fn norm_linear(
-    x: &Tensor,
-    residual: &Tensor,
-    (norm_weight, eps): (Option<&Tensor>, Option<f64>),
-    weight: &Tensor,
-    bias: Option<&Tensor>,
-    gated: bool,
-) -> Result<(Tensor, Tensor)> {
     let k = x.shape().last().copied().unwrap_or(0);
     let rows = weight.shape().first().copied().unwrap_or(0);
     if gated && rows % 2 != 0 {

@@ -287,13 +287,20 @@ impl Stream {
         }
     }
 
+    /// The pending addition, the norm and `group`'s stacked layer as one op
+    /// ([`add_rms_norm_linear`]), when a sum is pending and the stacked layer applies
+    /// ([`stacked`]).
+    fn fused(&self, norm: &RMSNorm, group: &[&Linear], gated: bool) -> Option<Result<(Tensor, Tensor)>> {
+        let (pending, (w, b)) = (self.pending.as_ref()?, stacked(group)?);
+        let g = norm.weight.as_ref().map(Param::get);
+        Some(add_rms_norm_linear(&self.h, pending, g.as_ref(), norm.eps, &w, b.as_ref(), gated))
+    }
+
     /// `(group(norm(h + pending)), h + pending)`: the norm and the layers of `group`, which
-    /// all read it. When the stacked layer applies ([`stacked`]) and a sum is pending, the
-    /// addition, the norm and the product are one op ([`add_rms_norm_linear`]).
+    /// all read it, in one op where [`Stream::fused`] applies.
     fn norm_linear(self, norm: &RMSNorm, group: &[&Linear]) -> Result<(Vec<Tensor>, Tensor)> {
-        if let (Some(pending), Some((w, b))) = (&self.pending, stacked(group)) {
-            let g = norm.weight.as_ref().map(Param::get);
-            let (y, sum) = add_rms_norm_linear(&self.h, pending, g.as_ref(), norm.eps, &w, b.as_ref(), false)?;
+        if let Some(fused) = self.fused(norm, group, false) {
+            let (y, sum) = fused?;
             return Ok((unstack(&y, group)?, sum));
         }
         let (normed, x) = self.norm(norm)?;
@@ -301,15 +308,13 @@ impl Stream {
     }
 
     /// `(silu(gate(n)) · up(n), h + pending)` with `n = norm(h + pending)`: a gated MLP's
-    /// input, as one op ([`add_rms_norm_linear`], gated) under [`Stream::norm_linear`]'s
-    /// conditions.
-    fn norm_gated(self, norm: &RMSNorm, [gate, up]: [&Linear; 2]) -> Result<(Tensor, Tensor)> {
-        if let (Some(pending), Some((w, b))) = (&self.pending, stacked(&[gate, up])) {
-            let g = norm.weight.as_ref().map(Param::get);
-            return add_rms_norm_linear(&self.h, pending, g.as_ref(), norm.eps, &w, b.as_ref(), true);
+    /// input, in one op (gated) where [`Stream::fused`] applies.
+    fn norm_gated(self, norm: &RMSNorm, group: [&Linear; 2]) -> Result<(Tensor, Tensor)> {
+        if let Some(fused) = self.fused(norm, &group, true) {
+            return fused;
         }
         let (normed, x) = self.norm(norm)?;
-        Ok((gated(forward_stacked(&normed, &[gate, up])?)?, x))
+        Ok((gated(forward_stacked(&normed, &group)?)?, x))
     }
 
     /// The same view (`f`) of both parts, such as the last position.
