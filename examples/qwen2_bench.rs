@@ -1,9 +1,10 @@
 //! Decode benchmark of a Qwen2.5-0.5B-shaped model with random weights: a prefill of
 //! `--prompt` tokens, then `--new` greedy tokens for `--batch` rows. Prints time to first
-//! token, decode tokens/s (all rows) and peak device memory as one JSON line per mode:
+//! token (of the first prompt of that length in the process, and again once warm), decode tokens/s (all rows) and peak device memory as one JSON line per mode:
 //! `--graph both` (the default) runs the decode step uncaptured, then replayed from a captured
 //! graph, and checks that both produce the same ids. `--profile N` adds, per mode, the device
-//! time and kernel count per token over N profiled tokens. (`benches/qwen2/gpu_run.sh` runs
+//! time and kernel count per token over N profiled tokens (`--trace PATH` also writes their
+//! Chrome trace; with both modes, the graph's). (`benches/qwen2/gpu_run.sh` runs
 //! it next to transformers on the same GPU.)
 //!
 //! `cargo run --release --example qwen2_bench -- --device cuda --dtype bf16 [--prompt 512 --new 256 --batch 1]`
@@ -24,6 +25,8 @@ struct Args {
     layers: Option<usize>,
     graph: Vec<bool>,
     profile: usize,
+    /// Where `--profile` writes the profiled tokens' Chrome trace, if anywhere.
+    trace: Option<String>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -36,6 +39,7 @@ fn parse_args() -> Result<Args> {
         layers: None,
         graph: vec![false, true],
         profile: 0,
+        trace: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -49,6 +53,7 @@ fn parse_args() -> Result<Args> {
             "--layers" => args.layers = Some(number(value()?)?),
             "--batch" => args.batch = number(value()?)?.max(1),
             "--profile" => args.profile = number(value()?)?,
+            "--trace" => args.trace = Some(value()?),
             "--graph" => {
                 args.graph = match value()?.as_str() {
                     "on" => vec![true],
@@ -99,7 +104,13 @@ fn run(model: &Qwen2ForCausalLM, prompts: &[Vec<u32>], new: usize, use_graph: bo
 
 /// Device time and kernels per token over `tokens` profiled decode steps (after the prompt
 /// and the capture, which are not profiled).
-fn profile_tokens(model: &Qwen2ForCausalLM, prompts: &[Vec<u32>], tokens: usize, use_graph: bool) -> Result<String> {
+fn profile_tokens(
+    model: &Qwen2ForCausalLM,
+    prompts: &[Vec<u32>],
+    tokens: usize,
+    use_graph: bool,
+    trace: Option<&str>,
+) -> Result<String> {
     let config = GenerationConfig { max_new_tokens: tokens + 2, graph: graph_use(use_graph), ..Default::default() };
     let mut generation = Generation::new(model, prompts, &config)?;
     generation.step()?;
@@ -108,7 +119,20 @@ fn profile_tokens(model: &Qwen2ForCausalLM, prompts: &[Vec<u32>], tokens: usize,
     let start = Instant::now();
     let (_, prof) = profile(options, || (0..tokens).try_for_each(|_| generation.step().map(|_| ())))?;
     let wall = start.elapsed().as_secs_f64();
+    if let Some(path) = trace {
+        prof.export_chrome_trace(path)?;
+    }
     let busy: u64 = prof.kernels().iter().map(|k| k.end_ns - k.start_ns).sum();
+    // Kernels launched early overlap the one before: the device is busy for the union of
+    // their intervals, and idle for the rest of the span from the first start to the last end.
+    let mut spans: Vec<(u64, u64)> = prof.kernels().iter().map(|k| (k.start_ns, k.end_ns)).collect();
+    spans.sort_unstable();
+    let (mut covered, mut reach) = (0u64, 0u64);
+    for &(start, end) in &spans {
+        covered += end.saturating_sub(start.max(reach));
+        reach = reach.max(end);
+    }
+    let span = spans.first().map_or(0, |&(first, _)| reach - first);
     let mut by_name: std::collections::BTreeMap<&str, (usize, u64)> = Default::default();
     for k in prof.kernels() {
         let e = by_name.entry(k.name.as_str()).or_default();
@@ -130,11 +154,14 @@ fn profile_tokens(model: &Qwen2ForCausalLM, prompts: &[Vec<u32>], tokens: usize,
         .collect();
     Ok(format!(
         "{{\"profile\": \"{}\", \"tokens\": {tokens}, \"kernels_per_token\": {:.1}, \"device_busy_ms_per_token\": {:.3}, \
-         \"wall_ms_per_token_profiled\": {:.3}, \"top\": [{}]}}",
+         \"wall_ms_per_token_profiled\": {:.3}, \"covered_ms_per_token\": {:.3}, \"idle_ms_per_token\": {:.3}, \
+         \"top\": [{}]}}",
         if generation.uses_graph() { "graph" } else { "plain" },
         prof.kernels().len() as f64 / tokens as f64,
         busy as f64 / 1e6 / tokens as f64,
         wall * 1e3 / tokens as f64,
+        covered as f64 / 1e6 / tokens as f64,
+        (span - covered) as f64 / 1e6 / tokens as f64,
         top.join(", ")
     ))
 }
@@ -165,6 +192,10 @@ fn main() -> Result<()> {
     for &use_graph in &args.graph {
         // Warm-up: kernel compilation, library handles and the allocator stay out of the numbers.
         run(&model, &warm, 8, use_graph)?;
+        // The first prompt of the full length still pays for what that length needs first (device
+        // memory for its activations, library plans for its shapes): its time to first token is
+        // reported apart, and the measured run is the steady state, as a server sees it.
+        let first = run(&model, &prompts, 2, use_graph)?;
         device.synchronize()?;
         device.reset_peak_memory_stats()?;
         let r = run(&model, &prompts, args.new, use_graph)?;
@@ -179,7 +210,7 @@ fn main() -> Result<()> {
         };
         println!(
             "{{\"engine\": \"genesis\", \"device\": \"{}\", \"dtype\": \"{}\", \"prompt\": {}, \"new\": {}, \
-             \"batch\": {}, \"graph\": {}, \"ttft_ms\": {:.2}, \"decode_tokens_per_s\": {:.1}, \"peak_memory_gib\": {:.3}, \
+             \"batch\": {}, \"graph\": {}, \"ttft_first_ms\": {:.2}, \"ttft_ms\": {:.2}, \"decode_tokens_per_s\": {:.1}, \"peak_memory_gib\": {:.3}, \
              \"same_ids_as_first_mode\": {same}, \"ids_fnv\": \"{:016x}\"}}",
             device.properties()?.name,
             args.dtype,
@@ -187,13 +218,14 @@ fn main() -> Result<()> {
             args.new,
             args.batch,
             r.graph,
+            first.ttft * 1e3,
             r.ttft * 1e3,
             tokens_per_s,
             peak,
             fnv(&r.ids)
         );
         if args.profile > 0 {
-            println!("{}", profile_tokens(&model, &prompts, args.profile, use_graph)?);
+            println!("{}", profile_tokens(&model, &prompts, args.profile, use_graph, args.trace.as_deref())?);
         }
     }
     Ok(())

@@ -230,6 +230,18 @@ fn decoding_through_a_captured_graph_gives_the_same_ids() {
             GenerationConfig { max_new_tokens: 10, do_sample: true, seed: Some(5), top_k: 20, ..Default::default() },
         ),
     ];
+    // Greedy rows feed themselves inside the graph, several tokens per read: two padded
+    // rows, and an end id that one row reaches in the middle of a read's tokens.
+    let greedy = |eos: Vec<u32>| GenerationConfig {
+        max_new_tokens: 14,
+        pad_token_id: Some(0),
+        eos_token_ids: eos,
+        ..Default::default()
+    };
+    let two = vec![vec![3, 17, 42, 5, 88], vec![9, 60]];
+    let plain = generate(&m, &two, &GenerationConfig { graph: GraphUse::Never, ..greedy(vec![]) }).unwrap();
+    let early_end = plain[1][3];
+    let cases = cases.into_iter().chain([(two.clone(), greedy(vec![])), (two, greedy(vec![early_end]))]);
     for (prompts, config) in cases {
         let run = |use_graph: bool| {
             let graph = if use_graph { GraphUse::Always } else { GraphUse::Never };

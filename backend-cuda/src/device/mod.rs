@@ -104,6 +104,9 @@ pub struct Switches {
     /// One-query masked attention on `attn_decode_{64,128}` (`GENESIS_CUDA_DECODE_ATTENTION=0`
     /// sends it to `attn_masked`).
     pub decode_attention: bool,
+    /// Kernels written for it start before the kernel ahead of them ends (programmatic
+    /// dependent launch, sm_90+; `GENESIS_CUDA_EARLY_LAUNCH=0` turns it off).
+    pub early_launch: bool,
 }
 
 /// An opened CUDA device.
@@ -191,6 +194,10 @@ impl CudaDevice {
             switches: Switches {
                 gemv: std::env::var_os("GENESIS_CUDA_GEMV").is_none_or(|v| v != "0"),
                 decode_attention: std::env::var_os("GENESIS_CUDA_DECODE_ATTENTION").is_none_or(|v| v != "0"),
+                // Stream capture keeps the early start in graphs from CUDA 12.3.
+                early_launch: major >= 9
+                    && driver >= 12030
+                    && std::env::var_os("GENESIS_CUDA_EARLY_LAUNCH").is_none_or(|v| v != "0"),
             },
             sync_each_op: std::env::var_os("GENESIS_CUDA_SYNC").is_some_and(|v| v != "0"),
             plant_fault: std::env::var("GENESIS_CUDA_PLANT_FAULT").ok().filter(|v| !v.is_empty()),

@@ -160,6 +160,40 @@ impl CudaDevice {
         block: (u32, u32),
         smem: u32,
     ) -> Result<()> {
+        self.launch_with(op, module, dtype, name, params, (grid, block, smem), false)
+    }
+
+    /// As [`launch_grid`](CudaDevice::launch_grid), for a kernel that calls `wait_previous`
+    /// (common.cuh) before it reads or writes device memory: where the device allows it
+    /// ([`Switches::early_launch`](super::Switches::early_launch)), its blocks may start
+    /// while the kernel ahead of it finishes, so that its launch and the prefetches it issues
+    /// before waiting overlap that kernel's tail.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_grid_early<P: Copy>(
+        &self,
+        op: &str,
+        module: &'static Module,
+        dtype: DType,
+        name: &str,
+        params: &mut P,
+        grid: (u32, u32),
+        block: (u32, u32),
+        smem: u32,
+    ) -> Result<()> {
+        self.launch_with(op, module, dtype, name, params, (grid, block, smem), self.switches.early_launch)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch_with<P: Copy>(
+        &self,
+        op: &str,
+        module: &'static Module,
+        dtype: DType,
+        name: &str,
+        params: &mut P,
+        (grid, block, smem): ((u32, u32), (u32, u32), u32),
+        early: bool,
+    ) -> Result<()> {
         if grid.0 == 0 || grid.1 == 0 {
             return Ok(());
         }
@@ -185,12 +219,36 @@ impl CudaDevice {
             .map_err(|e| driver_error(&format!("{op}: cuFuncSetAttribute for {name}"), e))?;
         }
         let mut args = [params as *mut P as *mut c_void];
-        // SAFETY: the kernel takes one argument of the struct `P` mirrors; the addresses inside
-        // were validated against their buffers by the caller.
-        unsafe {
-            result::launch_kernel(f, (grid.0, grid.1, 1), (block.0, block.1, 1), smem, self.stream, &mut args)
-                .map_err(|e| driver_error(&format!("{op}: launching {name}"), e))?;
+        if !early {
+            // SAFETY: the kernel takes one argument of the struct `P` mirrors; the addresses
+            // inside were validated against their buffers by the caller.
+            unsafe {
+                result::launch_kernel(f, (grid.0, grid.1, 1), (block.0, block.1, 1), smem, self.stream, &mut args)
+                    .map_err(|e| driver_error(&format!("{op}: launching {name}"), e))?;
+            }
+            return Ok(());
         }
+        // SAFETY: a zeroed attribute is a valid (empty) value; the two fields set are the
+        // attribute's id and its value.
+        let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attribute.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: 1,
+            blockDimX: block.0,
+            blockDimY: block.1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: self.stream,
+            attrs: &mut attribute,
+            numAttrs: 1,
+        };
+        // SAFETY: as above; `config` and `attribute` outlive the call.
+        unsafe { sys::cuLaunchKernelEx(&config, f, args.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .map_err(|e| driver_error(&format!("{op}: launching {name}"), e))?;
         Ok(())
     }
 }

@@ -1716,6 +1716,8 @@ __device__ __forceinline__ void attn_decode(const AttnArgs& a) {
 
 #define ATTN_DECODE(D)                                                                             \
     extern "C" __global__ void __launch_bounds__(MD_THREADS) attn_decode_##D(const AttnArgs a) {   \
+        wait_previous(); /* launched early: nothing to warm */                                     \
+        start_next();                                                                              \
         attn_decode<D>(a);                                                                         \
     }
 ATTN_DECODE(64)

@@ -151,3 +151,19 @@ template <class E, int V> struct alignas(sizeof(E) * V) Pack { E v[V]; };
 // Square root in the compute type (f32 or f64).
 __device__ __forceinline__ float csqrt(float v) { return sqrtf(v); }
 __device__ __forceinline__ double csqrt(double v) { return sqrt(v); }
+
+// Programmatic dependent launch (sm_90+). A kernel the launcher starts early (see
+// `CudaDevice::launch_grid`) may run while the kernel before it in the stream is finishing:
+// until `wait_previous` returns it must not read what that kernel writes nor write anything,
+// so it only warms caches before it. On an ordinary launch, or before sm_90, both are no-ops.
+__device__ __forceinline__ void wait_previous() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// Let the next kernel in the stream, if launched early, start its blocks now.
+__device__ __forceinline__ void start_next() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}

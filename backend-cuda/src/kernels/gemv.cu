@@ -127,16 +127,11 @@ template <int M, bool NORM, int G> __device__ __forceinline__ void gemv(const Ge
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int rows = WARPS / g.slices, slice = warp % g.slices;
     const i64 j = (i64)blockIdx.x * rows + warp / g.slices;
-    if (NORM) {
-        // Start this warp's first weight reads toward L2 while the rows are made.
-        if (j < g.n) {
-            const int first = (slice * 32 + lane) * V;
-#pragma unroll
-            for (int q = 0; q < G; ++q)
-                if (first < g.k) asm volatile("prefetch.global.L2 [%0];" ::"l"(w + (j + q * g.n) * g.ldw + first));
-        }
-        norm_rows<M>(g);
-    }
+    // Launched early (the launcher's `launch_grid_early`): the blocks are in place when the
+    // kernel ahead ends, and the next kernel's may come in while this one streams its weights.
+    wait_previous();
+    start_next();
+    if (NORM) norm_rows<M>(g);
     const T* a = NORM ? (const T*)normed_rows : (const T*)g.a;
     const i64 lda = NORM ? (i64)g.k : g.lda;
     C acc[G][M];

@@ -103,6 +103,8 @@ __device__ __forceinline__ void kv_split(u64 r, u64 heads, u64 seq, u64 inner, u
 }
 
 extern "C" __global__ void rotary_kv_write(const KvWriteArgs a) {
+    wait_previous();  // launched early: nothing to warm
+    start_next();
     if (index_faulted()) return;
     const i64 pos = *(const i64*)a.p[5];
     if (pos < 0 || (u64)pos > a.t - a.s) {

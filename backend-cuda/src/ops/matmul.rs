@@ -8,7 +8,7 @@
 //! cuBLAS as they are (`N` or `T`), other layouts are first copied dense. f16/bf16 accumulate
 //! in f32 and f32 is IEEE (no TF32) unless `GENESIS_CUDA_ALLOW_TF32=1`.
 
-use super::launch::{self, Scratch};
+use super::launch::Scratch;
 use super::{arity, resolve, Family};
 use crate::blas::{gemm_types, Blas, Gemm};
 use crate::device::CudaDevice;
@@ -267,7 +267,7 @@ fn launch_gemv(
         .map_err(|_| BackendError::unsupported(format!("matmul: {n} outputs exceed one grid")))?;
     let threads = 32 * GEMV_WARPS as u32;
     let smem = if prologue == Prologue::None { 0 } else { (m * k * dtype.size_in_bytes()) as u32 };
-    launch::launch_1d(device, "matmul", &MODULE, dtype, &name, &mut args, (blocks, threads, smem))
+    device.launch_grid_early("matmul", &MODULE, dtype, &name, &mut args, (blocks, 1), (threads, 1), smem)
 }
 
 /// `AddRmsNormLinear`: `gemv_norm` (`gemv_norm_glu` when gated) for one or two packed rows,

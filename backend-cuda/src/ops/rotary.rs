@@ -150,7 +150,7 @@ fn kv_write(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tens
     device.queue_index_check(check, |number| {
         args.number = number as u64;
         // Every operand was validated against its buffer with the shapes and strides in `args`.
-        device.launch_grid(
+        device.launch_grid_early(
             op.name(),
             &MODULE,
             dtype,

@@ -34,8 +34,10 @@ pub struct GenerationConfig {
     /// Id used for left padding and for rows that have finished.
     pub pad_token_id: Option<u32>,
     /// When to decode by replaying a captured device graph of the model's step (one launch
-    /// per token instead of hundreds) where the model and the backend allow it. Genesis's own
-    /// setting, not read from `generation_config.json`.
+    /// per token instead of hundreds) where the model and the backend allow it. Greedy
+    /// decoding without a repetition penalty then also chooses and feeds each token inside
+    /// the graph, and reads the chosen ids [`TOKENS_PER_READ`](super::TOKENS_PER_READ) tokens
+    /// at a time. Genesis's own setting, not read from `generation_config.json`.
     pub graph: GraphUse,
 }
 
