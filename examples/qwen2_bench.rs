@@ -117,8 +117,7 @@ fn profile_tokens(
     // returns are the tokens the device computed in it.
     let tokens = tokens.next_multiple_of(TOKENS_PER_READ);
     let warm = 1 + TOKENS_PER_READ;
-    let config =
-        GenerationConfig { max_new_tokens: warm + tokens, graph: graph_use(use_graph), ..Default::default() };
+    let config = GenerationConfig { max_new_tokens: warm + tokens, graph: graph_use(use_graph), ..Default::default() };
     let mut generation = Generation::new(model, prompts, &config)?;
     (0..warm).try_for_each(|_| generation.step().map(|_| ()))?;
     let options = ProfilerOptions { record_shapes: false, profile_memory: false, device_time: true };

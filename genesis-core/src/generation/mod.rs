@@ -288,7 +288,9 @@ impl<'m, M: CausalLM + ?Sized> Generation<'m, M> {
     /// cache: `Off` when the model has no such step or the backend cannot capture.
     fn capture(&mut self) -> Result<Replay> {
         let (b, len, capacity) = (self.finished.len(), self.cache.len(), self.cache.capacity());
-        if capacity < len + self.config.max_new_tokens - self.produced {
+        // (Asked first: the graph's inputs need ops, such as an integer arange, that a backend
+        // without graphs need not have.)
+        if capacity < len + self.config.max_new_tokens - self.produced || !Graph::supported(&self.device) {
             return Ok(Replay::Off);
         }
         let device = self.device.clone();

@@ -33,22 +33,31 @@ enum Causal {
 
 /// The `(s, t)` bool mask of the keys each query sees.
 fn causal_keep(s: usize, t: usize, causal: Causal, like: &Tensor) -> Result<Tensor> {
-    let i = Tensor::arange(0.0, s as f64, 1.0, DType::I64, like.device())?.unsqueeze(1)?;
-    let j = Tensor::arange(0.0, t as f64, 1.0, DType::I64, like.device())?.unsqueeze(0)?;
+    // Positions in f32 where it holds them exactly: a float arange is in the required set, an
+    // integer one is not, so a backend with only that set still runs causal attention.
+    let dtype = if t <= 1 << f32::MANTISSA_DIGITS { DType::F32 } else { DType::I64 };
+    let i = Tensor::arange(0.0, s as f64, 1.0, dtype, like.device())?.unsqueeze(1)?;
+    let j = Tensor::arange(0.0, t as f64, 1.0, dtype, like.device())?.unsqueeze(0)?;
     let shift = if causal == Causal::LowerRight { t as i64 - s as i64 } else { 0 };
     j.sub_scalar(shift)?.le(&i)
+}
+
+/// `scores` where `keep` is true, `-inf` elsewhere (one `where`: no bool op is needed, which a
+/// backend with only the required set may lack).
+fn hide_unkept(scores: &Tensor, keep: &Tensor) -> Result<Tensor> {
+    let hidden = Tensor::full(&[], f64::NEG_INFINITY, scores.dtype(), scores.device())?;
+    Tensor::where_(keep, scores, &hidden)
 }
 
 /// Attention probabilities `softmax(scale·q kᵀ + mask)` with `k` already repeated to q's heads.
 fn probabilities(q: &Tensor, k: &Tensor, mask: Option<&Tensor>, causal: Option<Causal>, scale: f64) -> Result<Tensor> {
     let mut scores = q.matmul(&k.transpose(-1, -2)?)?.mul_scalar(scale)?;
     if let Some(causal) = causal {
-        let keep = causal_keep(q.shape()[2], k.shape()[2], causal, q)?;
-        scores = scores.masked_fill(&keep.logical_not()?, f64::NEG_INFINITY)?;
+        scores = hide_unkept(&scores, &causal_keep(q.shape()[2], k.shape()[2], causal, q)?)?;
     }
     if let Some(m) = mask {
         scores = if m.dtype() == DType::Bool {
-            scores.masked_fill(&m.logical_not()?, f64::NEG_INFINITY)?
+            hide_unkept(&scores, &m)?
         } else {
             scores.add(&m.to_dtype(scores.dtype())?)?
         };
@@ -109,8 +118,7 @@ fn grouped(
     let rows = q.reshape(&[b, hk, g * s, d])?;
     let mut scores = rows.matmul(&k.transpose(-1, -2)?)?.mul_scalar(scale)?.reshape(&[b, hk, g, s, t as isize])?;
     if let Some(causal) = causal {
-        let keep = causal_keep(qs[2], t, causal, q)?;
-        scores = scores.masked_fill(&keep.logical_not()?, f64::NEG_INFINITY)?;
+        scores = hide_unkept(&scores, &causal_keep(qs[2], t, causal, q)?)?;
     }
     if let Some(m) = mask {
         // (.., heads, s, t) with heads 1 or hq: split the heads like the queries.
@@ -118,7 +126,7 @@ fn grouped(
         let ms: Vec<isize> = m.shape().iter().map(|&n| n as isize).collect();
         let m = if ms[1] == 1 { m.unsqueeze(1)? } else { m.reshape(&[ms[0], hk, g, ms[2], ms[3]])? };
         scores = if m.dtype() == DType::Bool {
-            scores.masked_fill(&m.logical_not()?, f64::NEG_INFINITY)?
+            hide_unkept(&scores, &m)?
         } else {
             scores.add(&m.to_dtype(scores.dtype())?)?
         };
