@@ -111,10 +111,15 @@ pub fn expect_dtype(op: &Op, name: &str, t: &impl Meta, dtype: DType) -> Result<
     Ok(())
 }
 
-/// [`expect_shape`] then [`expect_dtype`] against `like`'s.
+/// [`expect_shape`] then [`expect_dtype`]: the usual rule for one operand.
+pub fn expect_meta(op: &Op, name: &str, t: &impl Meta, shape: &[usize], dtype: DType) -> Result<()> {
+    expect_shape(op, name, t, shape)?;
+    expect_dtype(op, name, t, dtype)
+}
+
+/// [`expect_meta`] against `like`'s shape and dtype.
 pub fn expect_like(op: &Op, name: &str, t: &impl Meta, like: &impl Meta) -> Result<()> {
-    expect_shape(op, name, t, like.shape())?;
-    expect_dtype(op, name, t, like.dtype())
+    expect_meta(op, name, t, like.shape(), like.dtype())
 }
 
 /// The shape of `t` as an array, or `ShapeMismatch` unless its rank is `R`; `name` describes

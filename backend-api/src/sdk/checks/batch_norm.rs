@@ -1,15 +1,14 @@
 //! Batch normalization: per-channel statistics over the batch and spatial dims of `(n, c, s)`.
 
 use super::rows::expect_eps;
-use super::{dims, expect_dtype, expect_like, expect_shape, operands, Meta};
+use super::{dims, expect_like, expect_meta, operands, Meta};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::op::Op;
 
 /// A per-channel f32 operand (weight, bias, statistics and their gradients): shape `[c]`.
 fn expect_channel(op: &Op, name: &str, t: &impl Meta, c: usize) -> Result<()> {
-    expect_shape(op, name, t, &[c])?;
-    expect_dtype(op, name, t, DType::F32)
+    expect_meta(op, name, t, &[c], DType::F32)
 }
 
 /// Operands of `BatchNorm { eps }`, `[x, weight, bias] -> [y, mean, rstd]`: x `(n, c, s)`,

@@ -1,7 +1,9 @@
 //! The "last dim" families: softmax, layer and RMS norm, cross-entropy, rotary (and its fused
 //! cache write); and the elementwise SwiGLU gate, whose operands all share one shape.
 
-use super::{dims, expect_dtype, expect_like, expect_self_disjoint, expect_shape, operands, AttentionDims, Meta};
+use super::{
+    dims, expect_dtype, expect_like, expect_meta, expect_self_disjoint, expect_shape, operands, AttentionDims, Meta,
+};
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 use crate::op::Op;
@@ -52,8 +54,7 @@ fn expect_param(op: &Op, name: &str, t: &impl Meta, x: &impl Meta) -> Result<()>
 /// A saved statistic: f32 with x's leading dims.
 fn expect_stat(op: &Op, name: &str, t: &impl Meta, x: &impl Meta) -> Result<()> {
     let lead = &x.shape()[..x.shape().len().saturating_sub(1)];
-    expect_shape(op, name, t, lead)?;
-    expect_dtype(op, name, t, DType::F32)
+    expect_meta(op, name, t, lead, DType::F32)
 }
 
 /// Operands of `LayerNorm { eps }`, `[x, weight, bias] -> [y, mean, rstd]`: eps >= 0, weight
@@ -168,8 +169,7 @@ pub fn add_rms_norm_linear<'a, T: Meta>(
     }
     expect_dtype(op, "weight", weight, x.dtype())?;
     if let Some(bias) = bias {
-        expect_shape(op, "bias", bias, &[n])?;
-        expect_dtype(op, "bias", bias, x.dtype())?;
+        expect_meta(op, "bias", bias, &[n], x.dtype())?;
     }
     if gated && n % 2 != 0 {
         return Err(BackendError::shape(format!(
@@ -179,8 +179,7 @@ pub fn add_rms_norm_linear<'a, T: Meta>(
         )));
     }
     let outputs_n = if gated { n / 2 } else { n };
-    expect_shape(op, "y", y, &[lead, &[outputs_n]].concat())?;
-    expect_dtype(op, "y", y, x.dtype())?;
+    expect_meta(op, "y", y, &[lead, &[outputs_n]].concat(), x.dtype())?;
     Ok((ins, bias, outs))
 }
 
@@ -198,8 +197,7 @@ fn expect_logits(op: &Op, logits: &impl Meta, target: &impl Meta, smoothing: f64
             op.name()
         )));
     };
-    expect_shape(op, "target", target, lead)?;
-    expect_dtype(op, "target", target, DType::I64)
+    expect_meta(op, "target", target, lead, DType::I64)
 }
 
 /// Operands of `CrossEntropy`, `[logits, target] -> [loss, lse]`: float logits `(.., c)`, an
