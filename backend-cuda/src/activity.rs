@@ -125,18 +125,19 @@ impl Cupti {
             .map_err(|e| BackendError::unsupported(format!("activity records need CUPTI, which was not found: {e}")))?;
         // SAFETY: the types are the documented C signatures of these CUPTI functions.
         unsafe {
-            Ok(Cupti {
-                register_callbacks: libs::symbol(&found, "cuptiActivityRegisterCallbacks")?,
-                enable: libs::symbol(&found, "cuptiActivityEnable")?,
-                disable: libs::symbol(&found, "cuptiActivityDisable")?,
-                flush_all: libs::symbol(&found, "cuptiActivityFlushAll")?,
-                next_record: libs::symbol(&found, "cuptiActivityGetNextRecord")?,
-                push: libs::symbol(&found, "cuptiActivityPushExternalCorrelationId")?,
-                pop: libs::symbol(&found, "cuptiActivityPopExternalCorrelationId")?,
-                timestamp: libs::symbol(&found, "cuptiGetTimestamp")?,
-                result_string: libs::symbol(&found, "cuptiGetResultString")?,
+            Ok(libs::entry_points!(found, Cupti {
+                register_callbacks: "cuptiActivityRegisterCallbacks",
+                enable: "cuptiActivityEnable",
+                disable: "cuptiActivityDisable",
+                flush_all: "cuptiActivityFlushAll",
+                next_record: "cuptiActivityGetNextRecord",
+                push: "cuptiActivityPushExternalCorrelationId",
+                pop: "cuptiActivityPopExternalCorrelationId",
+                timestamp: "cuptiGetTimestamp",
+                result_string: "cuptiGetResultString",
+                ;
                 found,
-            })
+            }))
         }
     }
 
