@@ -2,7 +2,7 @@
 //! products (themselves checked by finite differences in the oracle's tests). Each depends
 //! on its forward op passing for the dtype.
 
-use super::nn::cross_entropy_inputs;
+use super::nn::{attention_inputs, cross_entropy_inputs};
 use super::op_cases;
 use crate::case::{Case, OpCase, Tier};
 use crate::gen::{tensor, ValueRange};
@@ -263,9 +263,7 @@ fn attention_cases(t: &Target) -> Vec<Case> {
                 let r = ValueRange::normal(1.0);
                 let tiles = tier == Tier::Full;
                 let dense_or = |layout| if tiles { Layout::Contiguous } else { layout };
-                let q = tensor(rng, dtype, &[g.b, g.hq, g.s, g.d], Layout::Contiguous, r);
-                let k = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], Layout::Contiguous, r);
-                let v = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], dense_or(Layout::Offset), r);
+                let [q, k, v] = attention_inputs(rng, dtype, g, dense_or(Layout::Offset));
                 let d_o = tensor(
                     rng,
                     dtype,
