@@ -3,7 +3,7 @@
 //! on its forward op passing for the dtype.
 
 use super::nn::{attention_inputs, cross_entropy_inputs};
-use super::op_cases;
+use super::{only_sample, op_cases};
 use crate::case::{Case, OpCase, Tier};
 use crate::gen::{tensor, ValueRange};
 use crate::oracle::conv::{
@@ -84,11 +84,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 Some(Expected::normalized(stats_dtype(dtype), dw, rows, 2.0)),
                 Some(Expected::normalized(stats_dtype(dtype), db, rows, 2.0)),
             ];
-            vec![(
-                "rows6x24".to_string(),
-                Tier::Core,
-                OpCase { op: Op::LayerNormBackward, inputs, outputs: outs, expected: exp },
-            )]
+            only_sample("rows6x24", OpCase { op: Op::LayerNormBackward, inputs, outputs: outs, expected: exp })
         },
     ));
     cases.extend(op_cases(
@@ -114,11 +110,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 Some(Expected::normalized(DType::F32, dw, m, 2.0)),
                 Some(Expected::normalized(DType::F32, db, m, 2.0)),
             ];
-            vec![(
-                "nchw3x4x21".to_string(),
-                Tier::Core,
-                OpCase { op: Op::BatchNormBackward, inputs, outputs: outs, expected: exp },
-            )]
+            only_sample("nchw3x4x21", OpCase { op: Op::BatchNormBackward, inputs, outputs: outs, expected: exp })
         },
     ));
     cases.extend(op_cases(
@@ -141,11 +133,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 Some(Expected::normalized(stats_dtype(dtype), dx, n, 2.0)),
                 Some(Expected::normalized(stats_dtype(dtype), dw, rows, 2.0)),
             ];
-            vec![(
-                "rows5x33".to_string(),
-                Tier::Core,
-                OpCase { op: Op::RmsNormBackward, inputs, outputs: outs, expected: exp },
-            )]
+            only_sample("rows5x33", OpCase { op: Op::RmsNormBackward, inputs, outputs: outs, expected: exp })
         },
     ));
     cases.extend(op_cases(

@@ -1,6 +1,6 @@
 //! Suite `linalg`: matmul and the index ops (gather, scatter_add, index_select, index_add).
 
-use super::{no_deps, op_cases};
+use super::{no_deps, only_sample, op_cases};
 use crate::case::{Case, OpCase, Tier};
 use crate::gen::{tensor, ValueRange};
 use crate::oracle::tensor::{matmul, ravel, unravel};
@@ -119,11 +119,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 mag[at] += src.values[i].abs();
             }
             let exp = Expected::accumulated_in_place(dtype, values, &mag, 7);
-            vec![(
-                "dim0_duplicates".to_string(),
-                Tier::Core,
-                OpCase::single(Op::ScatterAdd { dim: 0 }, vec![src, idx], y0, exp),
-            )]
+            only_sample("dim0_duplicates", OpCase::single(Op::ScatterAdd { dim: 0 }, vec![src, idx], y0, exp))
         },
     ));
     cases.extend(op_cases(
@@ -146,11 +142,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 }
             }
             let exp = Expected::accumulated_in_place(dtype, values, &mag, 3);
-            vec![(
-                "dim0_duplicates".to_string(),
-                Tier::Core,
-                OpCase::single(Op::IndexAdd { dim: 0 }, vec![src, idx], y0, exp),
-            )]
+            only_sample("dim0_duplicates", OpCase::single(Op::IndexAdd { dim: 0 }, vec![src, idx], y0, exp))
         },
     ));
     cases

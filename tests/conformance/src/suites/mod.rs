@@ -118,6 +118,11 @@ pub fn op_cases(
     cases
 }
 
+/// A builder's one sample, `sample`, at tier core ([`op_cases`] runs a first sample at smoke).
+pub fn only_sample(sample: &str, case: OpCase) -> Vec<(String, Tier, OpCase)> {
+    vec![(sample.to_string(), Tier::Core, case)]
+}
+
 /// No extra prerequisites.
 pub fn no_deps(_: DType) -> Vec<String> {
     Vec::new()
