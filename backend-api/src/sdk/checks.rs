@@ -78,13 +78,17 @@ impl Geometry {
 
 crate::impl_meta!(Geometry);
 
+/// An op's operands as fixed-size arrays, inputs then outputs: what [`operands`] and the
+/// family checks hand back.
+pub type Operands<'a, T, const I: usize, const O: usize> = (&'a [T; I], &'a [T; O]);
+
 /// The operands as fixed-size arrays, or `InvalidArgument` naming the expected counts (the
 /// message of [`super::expect_arity`]).
 pub fn operands<'a, T, const I: usize, const O: usize>(
     op: &Op,
     inputs: &'a [T],
     outputs: &'a [T],
-) -> Result<(&'a [T; I], &'a [T; O])> {
+) -> Result<Operands<'a, T, I, O>> {
     match (<&[T; I]>::try_from(inputs), <&[T; O]>::try_from(outputs)) {
         (Ok(i), Ok(o)) => Ok((i, o)),
         _ => Err(super::arity_error(op, I, O, inputs.len(), outputs.len())),
