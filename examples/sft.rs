@@ -33,7 +33,7 @@
 //! rank's loss is its own mean over its tokens and the gradients are averaged over ranks.
 //! `--resume` is not supported with several ranks yet.
 
-use genesis::distributed::{DistributedDataParallel, ProcessGroup};
+use genesis::distributed::{MaybeDdp, ProcessGroup};
 use genesis::generation::GenerationConfig;
 use genesis::models::hf;
 use genesis::models::qwen2::Qwen2ForCausalLM;
@@ -236,17 +236,8 @@ fn main() -> Result<()> {
     }
     genesis::manual_seed(args.config.seed);
     let loaded = Qwen2ForCausalLM::from_pretrained(&args.model, &device, DType::F32)?;
-    let (plain, ddp);
-    let model: &Qwen2ForCausalLM = match &group {
-        Some(g) => {
-            ddp = DistributedDataParallel::new(loaded, g)?;
-            ddp.module()
-        }
-        None => {
-            plain = loaded;
-            &plain
-        }
-    };
+    let replica = MaybeDdp::new(loaded, group.as_ref())?;
+    let model = replica.module();
     let leader = place.rank == 0;
     let encoder = SftEncoder::from_folder(&args.model)?;
     let generation = GenerationConfig { max_new_tokens: 32, ..GenerationConfig::from_folder(&args.model)? };

@@ -10,7 +10,7 @@
 //! `DistributedDataParallel` replica on `cuda:{LOCAL_RANK}` with its own batch of `--batch`
 //! sequences, and rank 0 prints the line with the world size and the tokens/s of all ranks.
 
-use genesis::distributed::{DistributedDataParallel, ProcessGroup};
+use genesis::distributed::{MaybeDdp, ProcessGroup};
 use genesis::models::qwen2::{Qwen2Config, Qwen2ForCausalLM};
 use genesis::sft::{SftBatches, SftConfig, SftExample, SftTrainer};
 use genesis::{DType, Error, Result};
@@ -40,17 +40,8 @@ fn main() -> Result<()> {
     }
     genesis::manual_seed(0);
     let net = Qwen2ForCausalLM::new(config.clone(), &device, DType::F32)?;
-    let (plain, ddp);
-    let model: &Qwen2ForCausalLM = match &group {
-        Some(g) => {
-            ddp = DistributedDataParallel::new(net, g)?;
-            ddp.module()
-        }
-        None => {
-            plain = net;
-            &plain
-        }
-    };
+    let replica = MaybeDdp::new(net, group.as_ref())?;
+    let model = replica.module();
     let vocab = config.vocab_size as u64;
     // Random token ids from a fixed sequence (no device RNG needed); every token is a target.
     // Each rank its own sequences.

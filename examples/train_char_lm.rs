@@ -13,7 +13,7 @@
 //! trains a `DistributedDataParallel` replica per rank (on `cuda:{LOCAL_RANK}` with `--device
 //! cuda`), each on its own random windows (32 per rank and step); rank 0 reports and writes.
 
-use genesis::distributed::{DistributedDataParallel, ProcessGroup};
+use genesis::distributed::{MaybeDdp, ProcessGroup};
 use genesis::monitor::{MetricsLog, Progress};
 use genesis::nn::functional::{cross_entropy, gelu, scaled_dot_product_attention};
 use genesis::nn::{init, Embedding, Entry, LayerNorm, Linear, Module, ModuleList, Reduction};
@@ -268,19 +268,12 @@ fn main() -> Result<()> {
     ));
 
     genesis::manual_seed(1337);
-    let (plain, ddp);
-    let model: &CharLm = match &group {
-        Some(g) => {
-            ddp = DistributedDataParallel::new(CharLm::new(&c, &device)?, g)?;
-            // Rank 0's weights everywhere; from here each rank draws its own windows.
-            genesis::manual_seed(1337 + rank as u64);
-            ddp.module()
-        }
-        None => {
-            plain = CharLm::new(&c, &device)?;
-            &plain
-        }
-    };
+    let replica = MaybeDdp::new(CharLm::new(&c, &device)?, group.as_ref())?;
+    if group.is_some() {
+        // Rank 0's weights everywhere; from here each rank draws its own windows.
+        genesis::manual_seed(1337 + rank as u64);
+    }
+    let model = replica.module();
     say(format!(
         "model: {} layers, width {}, {} heads, context {}: {} parameters",
         c.layers,

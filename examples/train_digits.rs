@@ -15,7 +15,7 @@
 
 use flate2::read::GzDecoder;
 use genesis::data::{random_split, DataLoader, Dataset, DistributedSampler, TensorDataset};
-use genesis::distributed::{DistributedDataParallel, ProcessGroup};
+use genesis::distributed::{MaybeDdp, ProcessGroup};
 use genesis::monitor::{MetricsLog, Progress};
 use genesis::nn::{Conv2d, Conv2dOptions, CrossEntropyLoss, Flatten, Linear, MaxPool2d, Module, ReLU, Sequential};
 use genesis::optim::{AdamOptions, AdamW, CosineAnnealingLR, Optimizer};
@@ -136,17 +136,8 @@ fn train(
     genesis::manual_seed(0);
     let net = if kind == "cnn" { cnn(device)? } else { mlp(device)? };
     let leader = group.is_none_or(|g| g.rank() == 0);
-    let (plain, ddp);
-    let (model, inner): (&dyn Module, &dyn Module) = match group {
-        Some(group) => {
-            ddp = DistributedDataParallel::new(net, group)?;
-            (&ddp, ddp.module())
-        }
-        None => {
-            plain = net;
-            (&plain, &plain)
-        }
-    };
+    let replica = MaybeDdp::new(net, group)?;
+    let (model, inner): (&dyn Module, &dyn Module) = (replica.trained(), replica.module());
     if leader {
         println!("{kind}: {} parameters, {epochs} epochs", model.num_parameters());
     }

@@ -64,6 +64,35 @@ pub struct MemoryStats {
     pub oom_count: u64,
 }
 
+/// The accounting every allocator does, so that each backend counts the same way.
+impl MemoryStats {
+    /// A new live allocation of `bytes` (as requested): allocated bytes, their peak and the
+    /// live count grow.
+    pub fn record_allocation(&mut self, bytes: u64) {
+        self.allocated_bytes += bytes;
+        self.peak_allocated_bytes = self.peak_allocated_bytes.max(self.allocated_bytes);
+        self.active_allocations += 1;
+    }
+
+    /// The release of a live allocation of `bytes` (as requested when it was made).
+    pub fn record_release(&mut self, bytes: u64) {
+        self.allocated_bytes -= bytes;
+        self.active_allocations -= 1;
+    }
+
+    /// `bytes` more held from the system or driver: reserved bytes and their peak grow.
+    pub fn record_reservation(&mut self, bytes: u64) {
+        self.reserved_bytes += bytes;
+        self.peak_reserved_bytes = self.peak_reserved_bytes.max(self.reserved_bytes);
+    }
+
+    /// Both peaks back to the current values, as `Device::reset_peak_memory` asks.
+    pub fn reset_peaks(&mut self) {
+        self.peak_allocated_bytes = self.allocated_bytes;
+        self.peak_reserved_bytes = self.reserved_bytes;
+    }
+}
+
 /// Wire form of [`BackendInfo`].
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone)]

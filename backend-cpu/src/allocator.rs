@@ -93,17 +93,14 @@ impl CachingAllocator {
                         ),
                     ));
                 }
-                s.stats.reserved_bytes += class as u64;
-                s.stats.peak_reserved_bytes = s.stats.peak_reserved_bytes.max(s.stats.reserved_bytes);
+                s.stats.record_reservation(class as u64);
                 ptr
             }
         };
         s.next_id += 1;
         let id = s.next_id;
         s.live.insert(id, Block { ptr, requested: bytes, capacity: class });
-        s.stats.allocated_bytes += bytes as u64;
-        s.stats.peak_allocated_bytes = s.stats.peak_allocated_bytes.max(s.stats.allocated_bytes);
-        s.stats.active_allocations += 1;
+        s.stats.record_allocation(bytes as u64);
         Ok(BufferId(id))
     }
 
@@ -114,8 +111,7 @@ impl CachingAllocator {
             .live
             .remove(&id.0)
             .ok_or_else(|| BackendError::invalid(format!("cpu: free of unknown buffer {}", id.0)))?;
-        s.stats.allocated_bytes -= block.requested as u64;
-        s.stats.active_allocations -= 1;
+        s.stats.record_release(block.requested as u64);
         s.cached.entry(block.capacity).or_default().push(block.ptr);
         Ok(())
     }
@@ -136,9 +132,7 @@ impl CachingAllocator {
 
     /// Peaks back to the current values.
     pub fn reset_peak(&self) {
-        let mut s = self.lock();
-        s.stats.peak_allocated_bytes = s.stats.allocated_bytes;
-        s.stats.peak_reserved_bytes = s.stats.reserved_bytes;
+        self.lock().stats.reset_peaks();
     }
 
     /// Give every cached block back to the system.

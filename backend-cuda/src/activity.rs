@@ -125,18 +125,19 @@ impl Cupti {
             .map_err(|e| BackendError::unsupported(format!("activity records need CUPTI, which was not found: {e}")))?;
         // SAFETY: the types are the documented C signatures of these CUPTI functions.
         unsafe {
-            Ok(Cupti {
-                register_callbacks: libs::symbol(&found, "cuptiActivityRegisterCallbacks")?,
-                enable: libs::symbol(&found, "cuptiActivityEnable")?,
-                disable: libs::symbol(&found, "cuptiActivityDisable")?,
-                flush_all: libs::symbol(&found, "cuptiActivityFlushAll")?,
-                next_record: libs::symbol(&found, "cuptiActivityGetNextRecord")?,
-                push: libs::symbol(&found, "cuptiActivityPushExternalCorrelationId")?,
-                pop: libs::symbol(&found, "cuptiActivityPopExternalCorrelationId")?,
-                timestamp: libs::symbol(&found, "cuptiGetTimestamp")?,
-                result_string: libs::symbol(&found, "cuptiGetResultString")?,
+            Ok(libs::entry_points!(found, Cupti {
+                register_callbacks: "cuptiActivityRegisterCallbacks",
+                enable: "cuptiActivityEnable",
+                disable: "cuptiActivityDisable",
+                flush_all: "cuptiActivityFlushAll",
+                next_record: "cuptiActivityGetNextRecord",
+                push: "cuptiActivityPushExternalCorrelationId",
+                pop: "cuptiActivityPopExternalCorrelationId",
+                timestamp: "cuptiGetTimestamp",
+                result_string: "cuptiGetResultString",
+                ;
                 found,
-            })
+            }))
         }
     }
 
@@ -415,27 +416,20 @@ mod tests {
     use super::*;
     use std::mem::offset_of;
 
+    /// The offsets of the named fields of a record type, in order.
+    macro_rules! offsets {
+        ($record:ty: $($field:ident),*) => {
+            [$(offset_of!($record, $field)),*]
+        };
+    }
+
     /// The offsets of `cupti_activity.h` (CUDA 12 and 13) for the fields read.
     #[test]
     fn record_prefixes_match_cupti() {
-        let kernel = [
-            offset_of!(KernelRecord, start),
-            offset_of!(KernelRecord, end),
-            offset_of!(KernelRecord, device_id),
-            offset_of!(KernelRecord, stream_id),
-            offset_of!(KernelRecord, correlation_id),
-            offset_of!(KernelRecord, name),
-        ];
+        let kernel = offsets!(KernelRecord: start, end, device_id, stream_id, correlation_id, name);
         assert_eq!(kernel, [16, 24, 40, 48, 92, 104]);
-        let transfer = [
-            offset_of!(TransferRecord, copy_kind),
-            offset_of!(TransferRecord, start),
-            offset_of!(TransferRecord, device_id),
-            offset_of!(TransferRecord, stream_id),
-            offset_of!(TransferRecord, correlation_id),
-        ];
+        let transfer = offsets!(TransferRecord: copy_kind, start, device_id, stream_id, correlation_id);
         assert_eq!(transfer, [4, 16, 32, 40, 44]);
-        let link = [offset_of!(CorrelationRecord, external_id), offset_of!(CorrelationRecord, correlation_id)];
-        assert_eq!(link, [8, 16]);
+        assert_eq!(offsets!(CorrelationRecord: external_id, correlation_id), [8, 16]);
     }
 }

@@ -185,9 +185,7 @@ impl<M: Memory> CachingAllocator<M> {
         self.next_id += 1;
         let id = self.next_id;
         self.live.insert(id, live);
-        self.stats.allocated_bytes += bytes as u64;
-        self.stats.peak_allocated_bytes = self.stats.peak_allocated_bytes.max(self.stats.allocated_bytes);
-        self.stats.active_allocations += 1;
+        self.stats.record_allocation(bytes as u64);
         Ok(BufferId(id))
     }
 
@@ -255,8 +253,7 @@ impl<M: Memory> CachingAllocator<M> {
         match first {
             Ok(ptr) => {
                 self.segments += 1;
-                self.stats.reserved_bytes += segment as u64;
-                self.stats.peak_reserved_bytes = self.stats.peak_reserved_bytes.max(self.stats.reserved_bytes);
+                self.stats.record_reservation(segment as u64);
                 Ok(ptr)
             }
             Err(ReserveError::OutOfMemory(reason)) => {
@@ -301,8 +298,7 @@ impl<M: Memory> CachingAllocator<M> {
             .live
             .remove(&id.0)
             .ok_or_else(|| BackendError::invalid(format!("cuda: free of unknown buffer {}", id.0)))?;
-        self.stats.allocated_bytes -= live.requested as u64;
-        self.stats.active_allocations -= 1;
+        self.stats.record_release(live.requested as u64);
         let Some(mut i) = live.block else { return Ok(()) };
         self.block_mut(i).allocated = false;
         if let Some(p) = self.block(i).prev.filter(|&p| !self.block(p).allocated) {
@@ -342,8 +338,7 @@ impl<M: Memory> CachingAllocator<M> {
 
     /// Peaks back to the current values.
     pub fn reset_peak(&mut self) {
-        self.stats.peak_allocated_bytes = self.stats.allocated_bytes;
-        self.stats.peak_reserved_bytes = self.stats.reserved_bytes;
+        self.stats.reset_peaks();
     }
 
     /// Give every wholly free segment back to the driver. The caller has made sure no queued

@@ -165,27 +165,28 @@ impl Library {
             };
             let entries =
                 [entry(Direction::Forward)?, entry(Direction::BackwardData)?, entry(Direction::BackwardFilter)?];
-            Ok(Library {
+            Ok(libs::entry_points!(found, Library {
+                error_string: "cudnnGetErrorString",
+                create: "cudnnCreate",
+                set_stream: "cudnnSetStream",
+                create_tensor: "cudnnCreateTensorDescriptor",
+                set_tensor: "cudnnSetTensor4dDescriptorEx",
+                destroy_tensor: "cudnnDestroyTensorDescriptor",
+                create_filter: "cudnnCreateFilterDescriptor",
+                set_filter: "cudnnSetFilter4dDescriptor",
+                destroy_filter: "cudnnDestroyFilterDescriptor",
+                create_conv: "cudnnCreateConvolutionDescriptor",
+                set_conv: "cudnnSetConvolution2dDescriptor",
+                set_groups: "cudnnSetConvolutionGroupCount",
+                set_math: "cudnnSetConvolutionMathType",
+                destroy_conv: "cudnnDestroyConvolutionDescriptor",
+                add_tensor: "cudnnAddTensor",
+                backward_bias: "cudnnConvolutionBackwardBias",
+                ;
                 version,
-                error_string: libs::symbol(&found, "cudnnGetErrorString")?,
-                create: libs::symbol(&found, "cudnnCreate")?,
-                set_stream: libs::symbol(&found, "cudnnSetStream")?,
-                create_tensor: libs::symbol(&found, "cudnnCreateTensorDescriptor")?,
-                set_tensor: libs::symbol(&found, "cudnnSetTensor4dDescriptorEx")?,
-                destroy_tensor: libs::symbol(&found, "cudnnDestroyTensorDescriptor")?,
-                create_filter: libs::symbol(&found, "cudnnCreateFilterDescriptor")?,
-                set_filter: libs::symbol(&found, "cudnnSetFilter4dDescriptor")?,
-                destroy_filter: libs::symbol(&found, "cudnnDestroyFilterDescriptor")?,
-                create_conv: libs::symbol(&found, "cudnnCreateConvolutionDescriptor")?,
-                set_conv: libs::symbol(&found, "cudnnSetConvolution2dDescriptor")?,
-                set_groups: libs::symbol(&found, "cudnnSetConvolutionGroupCount")?,
-                set_math: libs::symbol(&found, "cudnnSetConvolutionMathType")?,
-                destroy_conv: libs::symbol(&found, "cudnnDestroyConvolutionDescriptor")?,
                 entries,
-                add_tensor: libs::symbol(&found, "cudnnAddTensor")?,
-                backward_bias: libs::symbol(&found, "cudnnConvolutionBackwardBias")?,
                 found,
-            })
+            }))
         }
     }
 

@@ -129,3 +129,15 @@ pub unsafe fn symbol<T: Copy>(found: &Found, symbol: &str) -> Result<T> {
         BackendError::new(ErrorKind::DeviceUnavailable, format!("cuda: {} lacks {symbol}: {e}", found.path))
     })
 }
+
+/// A struct literal whose function-pointer fields are looked up in a [`Found`] library by
+/// symbol name, each with [`symbol`] (so a missing one is an error naming it); the fields
+/// after the `;` are given as in any literal. It stands in an `unsafe` block whose SAFETY
+/// comment vouches for the field types, in a function returning `Result`:
+/// `entry_points!(found, Api { version: "nvrtcVersion", create: "nvrtcCreateProgram"; found })`.
+macro_rules! entry_points {
+    ($found:expr, $ty:ident { $($field:ident: $name:literal),* $(,)? ; $($rest:tt)* }) => {
+        $ty { $($field: $crate::libs::symbol(&$found, $name)?,)* $($rest)* }
+    };
+}
+pub(crate) use entry_points;

@@ -99,23 +99,24 @@ impl Nccl {
                     found.path
                 )));
             }
-            Ok(Nccl {
-                init_all: libs::symbol(&found, "ncclCommInitAll")?,
-                all_reduce: libs::symbol(&found, "ncclAllReduce")?,
-                broadcast: libs::symbol(&found, "ncclBroadcast")?,
-                all_gather: libs::symbol(&found, "ncclAllGather")?,
-                reduce_scatter: libs::symbol(&found, "ncclReduceScatter")?,
-                group_start: libs::symbol(&found, "ncclGroupStart")?,
-                group_end: libs::symbol(&found, "ncclGroupEnd")?,
-                error_string: libs::symbol(&found, "ncclGetErrorString")?,
-                get_unique_id: libs::symbol(&found, "ncclGetUniqueId")?,
-                init_rank: libs::symbol(&found, "ncclCommInitRank")?,
-                abort: libs::symbol(&found, "ncclCommAbort")?,
-                get_async_error: libs::symbol(&found, "ncclCommGetAsyncError")?,
+            Ok(libs::entry_points!(found, Nccl {
+                init_all: "ncclCommInitAll",
+                all_reduce: "ncclAllReduce",
+                broadcast: "ncclBroadcast",
+                all_gather: "ncclAllGather",
+                reduce_scatter: "ncclReduceScatter",
+                group_start: "ncclGroupStart",
+                group_end: "ncclGroupEnd",
+                error_string: "ncclGetErrorString",
+                get_unique_id: "ncclGetUniqueId",
+                init_rank: "ncclCommInitRank",
+                abort: "ncclCommAbort",
+                get_async_error: "ncclCommGetAsyncError",
+                ;
                 communicators: Mutex::new(HashMap::new()),
                 version,
                 found,
-            })
+            }))
         }
     }
 

@@ -82,18 +82,19 @@ impl Compiler {
         let found = libs::open("nvrtc", "cuda_nvrtc")?;
         // SAFETY: each type below is the documented C signature of the named NVRTC function.
         let api = unsafe {
-            Api {
-                version: libs::symbol(&found, "nvrtcVersion")?,
-                create: libs::symbol(&found, "nvrtcCreateProgram")?,
-                compile: libs::symbol(&found, "nvrtcCompileProgram")?,
-                log_size: libs::symbol(&found, "nvrtcGetProgramLogSize")?,
-                log: libs::symbol(&found, "nvrtcGetProgramLog")?,
-                cubin_size: libs::symbol(&found, "nvrtcGetCUBINSize")?,
-                cubin: libs::symbol(&found, "nvrtcGetCUBIN")?,
-                destroy: libs::symbol(&found, "nvrtcDestroyProgram")?,
-                error_string: libs::symbol(&found, "nvrtcGetErrorString")?,
+            libs::entry_points!(found, Api {
+                version: "nvrtcVersion",
+                create: "nvrtcCreateProgram",
+                compile: "nvrtcCompileProgram",
+                log_size: "nvrtcGetProgramLogSize",
+                log: "nvrtcGetProgramLog",
+                cubin_size: "nvrtcGetCUBINSize",
+                cubin: "nvrtcGetCUBIN",
+                destroy: "nvrtcDestroyProgram",
+                error_string: "nvrtcGetErrorString",
+                ;
                 found,
-            }
+            })
         };
         let (mut major, mut minor) = (0, 0);
         // SAFETY: writes two ints.

@@ -62,6 +62,15 @@ fn load(name: &str, dtype: DType) -> Qwen2ForCausalLM {
     Qwen2ForCausalLM::from_pretrained(fixtures().join(name), &device(), dtype).unwrap()
 }
 
+/// Run `check` on every fixture model loaded in every dtype under test.
+fn each_model(mut check: impl FnMut(&str, DType, Qwen2ForCausalLM)) {
+    for dtype in dtypes() {
+        for name in MODELS {
+            check(name, dtype, load(name, dtype));
+        }
+    }
+}
+
 fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
@@ -70,39 +79,32 @@ fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
 #[test]
 fn logits_match_transformers() {
     let refs = reference_tensors();
-    for dtype in dtypes() {
-        for name in MODELS {
-            let model = load(name, dtype);
-            let ids = refs[&format!("{name}.input_ids")].to(&device()).unwrap();
-            let expected = refs[&format!("{name}.logits")].to_f64_vec().unwrap();
-            let got = no_grad(|| model.forward(&ids)).unwrap().to_f64_vec().unwrap();
-            let (diff, tol) = (max_abs_diff(&got, &expected), tolerance(dtype, &expected));
-            println!("{name} {dtype}: max |logit - transformers| = {diff:.3e} (tolerance {tol:.1e})");
-            assert!(diff <= tol, "{name} {dtype}: {diff} > {tol}");
-        }
-    }
+    each_model(|name, dtype, model| {
+        let ids = refs[&format!("{name}.input_ids")].to(&device()).unwrap();
+        let expected = refs[&format!("{name}.logits")].to_f64_vec().unwrap();
+        let got = no_grad(|| model.forward(&ids)).unwrap().to_f64_vec().unwrap();
+        let (diff, tol) = (max_abs_diff(&got, &expected), tolerance(dtype, &expected));
+        println!("{name} {dtype}: max |logit - transformers| = {diff:.3e} (tolerance {tol:.1e})");
+        assert!(diff <= tol, "{name} {dtype}: {diff} > {tol}");
+    });
 }
 
 #[test]
 fn left_padded_logits_match_transformers_at_real_positions() {
     let (refs, json) = (reference_tensors(), reference_json());
-    for dtype in dtypes() {
-        for name in MODELS {
-            let model = load(name, dtype);
-            let ids = refs[&format!("{name}.padded.input_ids")].to(&device()).unwrap();
-            let mask = refs[&format!("{name}.padded.attention_mask")].to(&device()).unwrap();
-            let got = no_grad(|| model.forward_with_mask(&ids, Some(&mask))).unwrap();
-            let expected = &refs[&format!("{name}.padded.logits")];
-            for (row, span) in json["models"][name]["padded"]["valid_positions"].as_array().unwrap().iter().enumerate()
-            {
-                let (start, end) = (span[0].as_u64().unwrap() as usize, span[1].as_u64().unwrap() as usize);
-                let pick = |t: &Tensor| t.select(0, row as isize).unwrap().narrow(0, start, end - start).unwrap();
-                let expected = pick(expected).to_f64_vec().unwrap();
-                let diff = max_abs_diff(&pick(&got).to_f64_vec().unwrap(), &expected);
-                assert!(diff <= tolerance(dtype, &expected), "{name} {dtype} row {row}: {diff}");
-            }
+    each_model(|name, dtype, model| {
+        let ids = refs[&format!("{name}.padded.input_ids")].to(&device()).unwrap();
+        let mask = refs[&format!("{name}.padded.attention_mask")].to(&device()).unwrap();
+        let got = no_grad(|| model.forward_with_mask(&ids, Some(&mask))).unwrap();
+        let expected = &refs[&format!("{name}.padded.logits")];
+        for (row, span) in json["models"][name]["padded"]["valid_positions"].as_array().unwrap().iter().enumerate() {
+            let (start, end) = (span[0].as_u64().unwrap() as usize, span[1].as_u64().unwrap() as usize);
+            let pick = |t: &Tensor| t.select(0, row as isize).unwrap().narrow(0, start, end - start).unwrap();
+            let expected = pick(expected).to_f64_vec().unwrap();
+            let diff = max_abs_diff(&pick(&got).to_f64_vec().unwrap(), &expected);
+            assert!(diff <= tolerance(dtype, &expected), "{name} {dtype} row {row}: {diff}");
         }
-    }
+    });
 }
 
 /// Greedy ids must be identical to transformers'. In a half type a step whose reference
@@ -121,39 +123,31 @@ fn compare_greedy(name: &str, dtype: DType, got: &[u32], expected: &[u32], margi
 #[test]
 fn greedy_generation_matches_transformers() {
     let json = reference_json();
-    for dtype in dtypes() {
-        for name in MODELS {
-            let model = load(name, dtype);
-            let r = &json["models"][name]["greedy"];
-            let config = GenerationConfig {
-                max_new_tokens: r["max_new_tokens"].as_u64().unwrap() as usize,
-                ..Default::default()
-            };
-            let got = generate(&model, &[ids_of(&r["prompt"])], &config).unwrap();
-            compare_greedy(name, dtype, &got[0], &ids_of(&r["output"]), r["min_margin"].as_f64().unwrap());
-        }
-    }
+    each_model(|name, dtype, model| {
+        let r = &json["models"][name]["greedy"];
+        let config =
+            GenerationConfig { max_new_tokens: r["max_new_tokens"].as_u64().unwrap() as usize, ..Default::default() };
+        let got = generate(&model, &[ids_of(&r["prompt"])], &config).unwrap();
+        compare_greedy(name, dtype, &got[0], &ids_of(&r["output"]), r["min_margin"].as_f64().unwrap());
+    });
 }
 
 #[test]
 fn batched_left_padded_generation_matches_transformers() {
     let json = reference_json();
-    for dtype in dtypes() {
-        for name in MODELS {
-            let model = load(name, dtype);
-            let r = &json["models"][name]["batch_greedy"];
-            let prompts: Vec<Vec<u32>> = r["prompts"].as_array().unwrap().iter().map(ids_of).collect();
-            let config = GenerationConfig {
-                max_new_tokens: r["max_new_tokens"].as_u64().unwrap() as usize,
-                pad_token_id: Some(r["pad_token_id"].as_u64().unwrap() as u32),
-                ..Default::default()
-            };
-            let got = generate(&model, &prompts, &config).unwrap();
-            for (row, expected) in r["outputs"].as_array().unwrap().iter().enumerate() {
-                compare_greedy(name, dtype, &got[row], &ids_of(expected), r["min_margin"].as_f64().unwrap());
-            }
+    each_model(|name, dtype, model| {
+        let r = &json["models"][name]["batch_greedy"];
+        let prompts: Vec<Vec<u32>> = r["prompts"].as_array().unwrap().iter().map(ids_of).collect();
+        let config = GenerationConfig {
+            max_new_tokens: r["max_new_tokens"].as_u64().unwrap() as usize,
+            pad_token_id: Some(r["pad_token_id"].as_u64().unwrap() as u32),
+            ..Default::default()
+        };
+        let got = generate(&model, &prompts, &config).unwrap();
+        for (row, expected) in r["outputs"].as_array().unwrap().iter().enumerate() {
+            compare_greedy(name, dtype, &got[row], &ids_of(expected), r["min_margin"].as_f64().unwrap());
         }
-    }
+    });
 }
 
 #[test]

@@ -78,13 +78,17 @@ impl Geometry {
 
 crate::impl_meta!(Geometry);
 
+/// An op's operands as fixed-size arrays, inputs then outputs: what [`operands`] and the
+/// family checks hand back.
+pub type Operands<'a, T, const I: usize, const O: usize> = (&'a [T; I], &'a [T; O]);
+
 /// The operands as fixed-size arrays, or `InvalidArgument` naming the expected counts (the
 /// message of [`super::expect_arity`]).
 pub fn operands<'a, T, const I: usize, const O: usize>(
     op: &Op,
     inputs: &'a [T],
     outputs: &'a [T],
-) -> Result<(&'a [T; I], &'a [T; O])> {
+) -> Result<Operands<'a, T, I, O>> {
     match (<&[T; I]>::try_from(inputs), <&[T; O]>::try_from(outputs)) {
         (Ok(i), Ok(o)) => Ok((i, o)),
         _ => Err(super::arity_error(op, I, O, inputs.len(), outputs.len())),
@@ -111,10 +115,15 @@ pub fn expect_dtype(op: &Op, name: &str, t: &impl Meta, dtype: DType) -> Result<
     Ok(())
 }
 
-/// [`expect_shape`] then [`expect_dtype`] against `like`'s.
+/// [`expect_shape`] then [`expect_dtype`]: the usual rule for one operand.
+pub fn expect_meta(op: &Op, name: &str, t: &impl Meta, shape: &[usize], dtype: DType) -> Result<()> {
+    expect_shape(op, name, t, shape)?;
+    expect_dtype(op, name, t, dtype)
+}
+
+/// [`expect_meta`] against `like`'s shape and dtype.
 pub fn expect_like(op: &Op, name: &str, t: &impl Meta, like: &impl Meta) -> Result<()> {
-    expect_shape(op, name, t, like.shape())?;
-    expect_dtype(op, name, t, like.dtype())
+    expect_meta(op, name, t, like.shape(), like.dtype())
 }
 
 /// The shape of `t` as an array, or `ShapeMismatch` unless its rank is `R`; `name` describes

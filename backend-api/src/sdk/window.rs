@@ -1,7 +1,7 @@
 //! Sliding-window geometry (convolution and pooling), validated once for every backend,
 //! with the operand checks of the convolution and pooling ops.
 
-use super::checks::{dims, expect_dtype, expect_shape, Meta};
+use super::checks::{dims, expect_dtype, expect_meta, expect_shape, Meta};
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 use crate::op::{Op, Window2d};
@@ -137,11 +137,9 @@ impl Conv2d {
         };
         let g = Conv2d::new(op, window, groups, x, w)?;
         expect_dtype(op, "weight", w, x.dtype())?;
-        expect_shape(op, "y", y, &g.y_shape())?;
-        expect_dtype(op, "y", y, x.dtype())?;
+        expect_meta(op, "y", y, &g.y_shape(), x.dtype())?;
         if let Some(b) = bias {
-            expect_shape(op, "bias", b, &[g.o])?;
-            expect_dtype(op, "bias", b, x.dtype())?;
+            expect_meta(op, "bias", b, &[g.o], x.dtype())?;
         }
         Ok((g, ([x, w, y], bias)))
     }
@@ -186,8 +184,7 @@ impl Conv2d {
             expect_dtype(op, name, t, dy.dtype())?;
         }
         if let Some(db) = db {
-            expect_shape(op, "dbias", db, &[g.o])?;
-            expect_dtype(op, "dbias", db, dy.dtype())?;
+            expect_meta(op, "dbias", db, &[g.o], dy.dtype())?;
         }
         Ok((g, ([dy, x, dw], db)))
     }
@@ -288,10 +285,8 @@ impl Pool2d {
             return Err(count(op, "1 input (x) and 2 outputs (y, argmax)"));
         };
         let g = Pool2d::new(op, window, x, true)?;
-        expect_shape(op, "y", y, &g.y_shape())?;
-        expect_dtype(op, "y", y, x.dtype())?;
-        expect_shape(op, "argmax", idx, &g.y_shape())?;
-        expect_dtype(op, "argmax", idx, DType::I64)?;
+        expect_meta(op, "y", y, &g.y_shape(), x.dtype())?;
+        expect_meta(op, "argmax", idx, &g.y_shape(), DType::I64)?;
         Ok((g, [x, y, idx]))
     }
 
@@ -308,8 +303,7 @@ impl Pool2d {
         };
         let g = Pool2d::new(op, window, dx, true)?;
         expect_shape(op, "dy", dy, &g.y_shape())?;
-        expect_shape(op, "argmax", idx, &g.y_shape())?;
-        expect_dtype(op, "argmax", idx, DType::I64)?;
+        expect_meta(op, "argmax", idx, &g.y_shape(), DType::I64)?;
         expect_dtype(op, "dx", dx, dy.dtype())?;
         Ok((g, [dy, idx, dx]))
     }
@@ -323,8 +317,7 @@ impl Pool2d {
     ) -> Result<(Pool2d, [&'a T; 2])> {
         let ([x], [y]) = (inputs, outputs) else { return Err(count(op, "1 input (x) and 1 output (y)")) };
         let g = Pool2d::new(op, window, x, false)?;
-        expect_shape(op, "y", y, &g.y_shape())?;
-        expect_dtype(op, "y", y, x.dtype())?;
+        expect_meta(op, "y", y, &g.y_shape(), x.dtype())?;
         Ok((g, [x, y]))
     }
 

@@ -217,6 +217,44 @@ impl<M: Module> Module for DistributedDataParallel<M> {
     }
 }
 
+/// A module as a script trains it whether or not it was launched as one rank of a group:
+/// wrapped in [`DistributedDataParallel`] with a group, on its own without one. Scripts that
+/// run both ways hold this instead of choosing between the two at every use.
+pub enum MaybeDdp<M: Module> {
+    /// No group: the module alone.
+    Local(M),
+    /// One rank of a group: the module under DDP.
+    Ddp(DistributedDataParallel<M>),
+}
+
+impl<M: Module> MaybeDdp<M> {
+    /// `module` under [`DistributedDataParallel::new`] when `group` is given, alone otherwise.
+    pub fn new(module: M, group: Option<&ProcessGroup>) -> Result<Self> {
+        Ok(match group {
+            Some(group) => MaybeDdp::Ddp(DistributedDataParallel::new(module, group)?),
+            None => MaybeDdp::Local(module),
+        })
+    }
+
+    /// The module itself (inside the wrapper under DDP): its parameters and state-dict keys
+    /// are the unwrapped ones.
+    pub fn module(&self) -> &M {
+        match self {
+            MaybeDdp::Local(module) => module,
+            MaybeDdp::Ddp(ddp) => ddp.module(),
+        }
+    }
+
+    /// What a training step runs forward: the DDP wrapper (which averages the gradients), or
+    /// the module alone.
+    pub fn trained(&self) -> &dyn Module {
+        match self {
+            MaybeDdp::Local(module) => module,
+            MaybeDdp::Ddp(ddp) => ddp,
+        }
+    }
+}
+
 fn lock(r: &Mutex<Reducer>) -> std::sync::MutexGuard<'_, Reducer> {
     r.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -32,7 +32,7 @@ mod ddp;
 mod ring;
 mod store;
 
-pub use ddp::{DdpOptions, DistributedDataParallel, NoSync};
+pub use ddp::{DdpOptions, DistributedDataParallel, MaybeDdp, NoSync};
 pub use store::Store;
 
 use crate::autograd::no_grad;

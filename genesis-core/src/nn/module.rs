@@ -80,6 +80,15 @@ pub enum Entry<'a> {
     Training(&'a TrainingFlag),
 }
 
+/// The tensors `pick` takes from the entries of `module` and its descendants, with their
+/// dotted names, in walk order: the one walk behind the parameter, buffer and state-dict
+/// views.
+fn named_tensors<M: Module + ?Sized>(module: &M, pick: impl Fn(Entry<'_>) -> Option<Tensor>) -> Vec<(String, Tensor)> {
+    let mut out = Vec::new();
+    module.walk("", &mut |name, e| out.extend(pick(e).map(|t| (name, t))));
+    out
+}
+
 fn join(prefix: &str, name: &str) -> String {
     if prefix.is_empty() {
         name.to_string()
@@ -131,13 +140,10 @@ pub trait Module: Send + Sync {
 
     /// Parameters with their dotted names, in definition order.
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut out = Vec::new();
-        self.walk("", &mut |name, e| {
-            if let Entry::Param(p) = e {
-                out.push((name, p.get()));
-            }
-        });
-        out
+        named_tensors(self, |e| match e {
+            Entry::Param(p) => Some(p.get()),
+            _ => None,
+        })
     }
 
     /// The parameters (the tensors forward uses, for optimizers).
@@ -147,13 +153,10 @@ pub trait Module: Send + Sync {
 
     /// Buffers with their dotted names.
     fn named_buffers(&self) -> Vec<(String, Tensor)> {
-        let mut out = Vec::new();
-        self.walk("", &mut |name, e| {
-            if let Entry::Buffer(b) = e {
-                out.push((name, b.get()));
-            }
-        });
-        out
+        named_tensors(self, |e| match e {
+            Entry::Buffer(b) => Some(b.get()),
+            _ => None,
+        })
     }
 
     /// Total number of parameter elements.
@@ -163,13 +166,12 @@ pub trait Module: Send + Sync {
 
     /// Parameters and buffers by dotted name, detached (sharing storage with the module).
     fn state_dict(&self) -> StateDict {
-        let mut out = StateDict::new();
-        self.walk("", &mut |name, e| {
-            if let Entry::Param(p) | Entry::Buffer(p) = e {
-                out.insert(name, p.get().detach());
-            }
-        });
-        out
+        named_tensors(self, |e| match e {
+            Entry::Param(p) | Entry::Buffer(p) => Some(p.get().detach()),
+            _ => None,
+        })
+        .into_iter()
+        .collect()
     }
 
     /// Copy `state` into the parameters and buffers (cast to their dtype and device), as
@@ -180,12 +182,12 @@ pub trait Module: Send + Sync {
     /// of `state` and load with `strict` off.) The same rules as
     /// [`crate::serialize::load_state_dict_into`], which this calls.
     fn load_state_dict(&self, state: &StateDict, strict: bool) -> Result<LoadReport> {
-        let mut own = StateDict::new();
-        self.walk("", &mut |name, e| {
-            if let Entry::Param(p) | Entry::Buffer(p) = e {
-                own.insert(name, p.get());
-            }
-        });
+        let own: StateDict = named_tensors(self, |e| match e {
+            Entry::Param(p) | Entry::Buffer(p) => Some(p.get()),
+            _ => None,
+        })
+        .into_iter()
+        .collect();
         crate::serialize::load_state_dict_into(&own, state, strict)
     }
 

@@ -279,35 +279,31 @@ fn parse_messages(value: &Value, field: &str) -> std::result::Result<Vec<Message
         let Value::Object(m) = item else {
             return Err((BadLineKind::BadStructure, format!("{at} must be an object, got {}", json_type(item))));
         };
-        let role = match m.get("role") {
-            Some(Value::String(r)) => r.clone(),
-            Some(other) => {
-                return Err((
-                    BadLineKind::UnknownRole,
-                    format!("{at}: role must be a string, got {}", json_type(other)),
-                ))
-            }
-            None => return Err((BadLineKind::UnknownRole, format!("{at}: no \"role\""))),
-        };
+        let role = string_field(m, "role", BadLineKind::UnknownRole, &at)?;
         if !ROLES.contains(&role.as_str()) {
             return Err((
                 BadLineKind::UnknownRole,
                 format!("{at}: unknown role {role:?} (expected one of {})", ROLES.join(", ")),
             ));
         }
-        let content = match m.get("content") {
-            Some(Value::String(c)) => c.clone(),
-            Some(other) => {
-                return Err((
-                    BadLineKind::BadContent,
-                    format!("{at} ({role}): content must be a string, got {}", json_type(other)),
-                ))
-            }
-            None => return Err((BadLineKind::BadContent, format!("{at} ({role}): no \"content\""))),
-        };
+        let content = string_field(m, "content", BadLineKind::BadContent, &format!("{at} ({role})"))?;
         messages.push(Message::new(role, content));
     }
     Ok(messages)
+}
+
+/// The string field `key` of the message at `at` (for errors), or an error of `kind`.
+fn string_field(
+    m: &Map<String, Value>,
+    key: &str,
+    kind: BadLineKind,
+    at: &str,
+) -> std::result::Result<String, LineError> {
+    match m.get(key) {
+        Some(Value::String(v)) => Ok(v.clone()),
+        Some(other) => Err((kind, format!("{at}: {key} must be a string, got {}", json_type(other)))),
+        None => Err((kind, format!("{at}: no \"{key}\""))),
+    }
 }
 
 fn json_type(value: &Value) -> &'static str {

@@ -473,13 +473,30 @@ fn matmul(mem: &mut Memory, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
 // The index ops check shapes with the SDK's family checks (through `Geometry`, the `Meta`
 // view of a descriptor); this backend adds its own dtype limit (f32 data).
 
-fn gather(mem: &mut Memory, op: &Op, dim: u32, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-    let ([x, index], [y]) = checks::operands(op, inputs, outputs)?;
-    let (gx, gi, gy) = (Geometry::of(x)?, Geometry::of(index)?, Geometry::of(y)?);
+/// The family check of one index op, on the `Meta` views of its descriptors.
+type IndexCheck = fn(&Op, &Geometry, &Geometry, &Geometry, usize) -> Result<()>;
+
+/// The operands of an index op, `[x or src, index] -> [y]`: counted, checked by the SDK's
+/// family `check`, held to this backend's f32 data and to outputs that overlap no input.
+/// Returns the descriptors, their geometries and `dim` as an axis.
+fn index_operands<'a>(
+    op: &Op,
+    dim: u32,
+    inputs: &'a [TensorDesc],
+    outputs: &'a [TensorDesc],
+    check: IndexCheck,
+) -> Result<([&'a TensorDesc; 3], [Geometry; 3], usize)> {
+    let ([data, index], [y]) = checks::operands(op, inputs, outputs)?;
+    let (gd, gi, gy) = (Geometry::of(data)?, Geometry::of(index)?, Geometry::of(y)?);
     let d = dim as usize;
-    checks::gather(op, &gx, &gi, &gy, d)?;
+    check(op, &gd, &gi, &gy, d)?;
     sdk::expect_dtype(op, y, DType::F32)?;
     sdk::expect_no_overlap(op, inputs, outputs, false)?;
+    Ok(([data, index, y], [gd, gi, gy], d))
+}
+
+fn gather(mem: &mut Memory, op: &Op, dim: u32, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+    let ([x, index, y], [gx, gi, _], d) = index_operands(op, dim, inputs, outputs, checks::gather)?;
 
     let (xs, is) = (gx.shape(), gi.shape());
     let (xv, idx) = (mem.load::<f32>(x)?, mem.load::<i64>(index)?);
@@ -496,12 +513,7 @@ fn gather(mem: &mut Memory, op: &Op, dim: u32, inputs: &[TensorDesc], outputs: &
 }
 
 fn scatter_add(mem: &mut Memory, op: &Op, dim: u32, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-    let ([src, index], [y]) = checks::operands(op, inputs, outputs)?;
-    let (gs, gi, gy) = (Geometry::of(src)?, Geometry::of(index)?, Geometry::of(y)?);
-    let d = dim as usize;
-    checks::scatter_add(op, &gs, &gi, &gy, d)?;
-    sdk::expect_dtype(op, y, DType::F32)?;
-    sdk::expect_no_overlap(op, inputs, outputs, false)?;
+    let ([src, index, y], [gs, gi, gy], d) = index_operands(op, dim, inputs, outputs, checks::scatter_add)?;
 
     let (ss, is, ys) = (gs.shape(), gi.shape(), gy.shape());
     let (sv, idx, mut out) = (mem.load::<f32>(src)?, mem.load::<i64>(index)?, mem.load::<f32>(y)?);
@@ -517,12 +529,7 @@ fn scatter_add(mem: &mut Memory, op: &Op, dim: u32, inputs: &[TensorDesc], outpu
 }
 
 fn index_select(mem: &mut Memory, op: &Op, dim: u32, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-    let ([x, index], [y]) = checks::operands(op, inputs, outputs)?;
-    let (gx, gi, gy) = (Geometry::of(x)?, Geometry::of(index)?, Geometry::of(y)?);
-    let d = dim as usize;
-    checks::index_select(op, &gx, &gi, &gy, d)?;
-    sdk::expect_dtype(op, y, DType::F32)?;
-    sdk::expect_no_overlap(op, inputs, outputs, false)?;
+    let ([x, index, y], [gx, _, gy], d) = index_operands(op, dim, inputs, outputs, checks::index_select)?;
 
     let (xs, ys) = (gx.shape(), gy.shape());
     let xv = mem.load::<f32>(x)?;
@@ -539,12 +546,7 @@ fn index_select(mem: &mut Memory, op: &Op, dim: u32, inputs: &[TensorDesc], outp
 }
 
 fn index_add(mem: &mut Memory, op: &Op, dim: u32, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
-    let ([src, index], [y]) = checks::operands(op, inputs, outputs)?;
-    let (gs, gi, gy) = (Geometry::of(src)?, Geometry::of(index)?, Geometry::of(y)?);
-    let d = dim as usize;
-    checks::index_add(op, &gs, &gi, &gy, d)?;
-    sdk::expect_dtype(op, y, DType::F32)?;
-    sdk::expect_no_overlap(op, inputs, outputs, false)?;
+    let ([src, index, y], [gs, _, gy], d) = index_operands(op, dim, inputs, outputs, checks::index_add)?;
 
     let (ss, ys) = (gs.shape(), gy.shape());
     let sv = mem.load::<f32>(src)?;

@@ -37,11 +37,8 @@ impl Memory {
 
         // There is no caching allocator: every request is a miss and reserved == allocated.
         let s = &mut self.stats;
-        s.allocated_bytes += bytes as u64;
-        s.reserved_bytes = s.allocated_bytes;
-        s.peak_allocated_bytes = s.peak_allocated_bytes.max(s.allocated_bytes);
-        s.peak_reserved_bytes = s.peak_reserved_bytes.max(s.reserved_bytes);
-        s.active_allocations += 1;
+        s.record_allocation(bytes as u64);
+        s.record_reservation(bytes as u64);
         s.allocation_requests += 1;
         s.cache_misses += 1;
         Ok(BufferId(id))
@@ -53,9 +50,8 @@ impl Memory {
             .remove(&id.0)
             .ok_or_else(|| BackendError::invalid(format!("free: unknown buffer {}", id.0)))?;
         let s = &mut self.stats;
-        s.allocated_bytes -= buffer.len() as u64;
+        s.record_release(buffer.len() as u64);
         s.reserved_bytes = s.allocated_bytes;
-        s.active_allocations -= 1;
         Ok(())
     }
 
@@ -78,8 +74,7 @@ impl Memory {
     }
 
     pub fn reset_peaks(&mut self) {
-        self.stats.peak_allocated_bytes = self.stats.allocated_bytes;
-        self.stats.peak_reserved_bytes = self.stats.reserved_bytes;
+        self.stats.reset_peaks();
     }
 
     fn buffer(&self, id: BufferId) -> Result<&Vec<u8>> {

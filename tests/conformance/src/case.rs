@@ -185,6 +185,11 @@ impl Case {
     pub fn new(suite: &'static str, id: impl Into<String>, tier: Tier, run: CaseFn) -> Case {
         Case { id: format!("{suite}/{}", id.into()), suite, tier, deps: Vec::new(), run }
     }
+    /// A case that runs the op case `case` with [`run_claimed`]; `claimed` says whether the
+    /// target claims its (op, dtype) pair.
+    pub fn op(suite: &'static str, id: impl Into<String>, tier: Tier, claimed: bool, case: OpCase) -> Case {
+        Case::new(suite, id, tier, Box::new(move |t| run_claimed(t, claimed, &case)))
+    }
     /// Add prerequisite id prefixes.
     pub fn after(mut self, deps: impl IntoIterator<Item = String>) -> Case {
         self.deps.extend(deps);

@@ -1,6 +1,6 @@
 //! Scaled dot-product attention.
 
-use super::{dims, expect_dtype, expect_shape, operands, Meta};
+use super::{dims, expect_dtype, expect_meta, expect_shape, operands, Meta};
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 use crate::op::Op;
@@ -74,8 +74,7 @@ fn expect_qkv(op: &Op, q: &impl Meta, k: &impl Meta, v: &impl Meta) -> Result<At
 
 /// lse: f32 of shape `(b, hq, s)`.
 fn expect_lse(op: &Op, lse: &impl Meta, q: &impl Meta) -> Result<()> {
-    expect_shape(op, "lse", lse, &q.shape()[..3])?;
-    expect_dtype(op, "lse", lse, DType::F32)
+    expect_meta(op, "lse", lse, &q.shape()[..3], DType::F32)
 }
 
 /// Operands of `Attention`, `[q, k, v] -> [o, lse]`: see [`AttentionDims`]; o like q, lse f32
@@ -88,8 +87,7 @@ pub fn attention<'a, T: Meta>(
 ) -> Result<(AttentionDims, &'a [T; 3], &'a [T; 2])> {
     let (ins @ [q, k, v], outs @ [o, lse]) = operands(op, inputs, outputs)?;
     let dims = expect_qkv(op, q, k, v)?;
-    expect_shape(op, "o", o, q.shape())?;
-    expect_dtype(op, "o", o, q.dtype())?;
+    expect_meta(op, "o", o, q.shape(), q.dtype())?;
     expect_lse(op, lse, q)?;
     Ok((dims, ins, outs))
 }
@@ -105,8 +103,7 @@ pub fn attention_backward<'a, T: Meta>(
     let (ins @ [q, k, v, o, lse, d_o], outs @ [dq, dk, dv]) = operands(op, inputs, outputs)?;
     let dims = expect_qkv(op, q, k, v)?;
     for (name, t, like) in [("o", o, q), ("do", d_o, q), ("dq", dq, q), ("dk", dk, k), ("dv", dv, v)] {
-        expect_shape(op, name, t, like.shape())?;
-        expect_dtype(op, name, t, q.dtype())?;
+        expect_meta(op, name, t, like.shape(), q.dtype())?;
     }
     expect_lse(op, lse, q)?;
     Ok((dims, ins, outs))
@@ -122,10 +119,8 @@ pub fn masked_attention<'a, T: Meta>(
 ) -> Result<(AttentionDims, &'a [T; 4], &'a [T; 1])> {
     let (ins @ [q, k, v, keep], outs @ [o]) = operands(op, inputs, outputs)?;
     let dims = expect_qkv(op, q, k, v)?;
-    expect_shape(op, "keep", keep, &[dims.b, dims.s, dims.t])?;
-    expect_dtype(op, "keep", keep, DType::Bool)?;
-    expect_shape(op, "o", o, q.shape())?;
-    expect_dtype(op, "o", o, q.dtype())?;
+    expect_meta(op, "keep", keep, &[dims.b, dims.s, dims.t], DType::Bool)?;
+    expect_meta(op, "o", o, q.shape(), q.dtype())?;
     Ok((dims, ins, outs))
 }
 

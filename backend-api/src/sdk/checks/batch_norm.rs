@@ -1,52 +1,33 @@
 //! Batch normalization: per-channel statistics over the batch and spatial dims of `(n, c, s)`.
 
-use super::rows::expect_eps;
-use super::{dims, expect_dtype, expect_like, expect_shape, operands, Meta};
+use super::rows::{affine_norm, affine_norm_backward};
+use super::{dims, expect_meta, operands, Meta, Operands};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::op::Op;
 
 /// A per-channel f32 operand (weight, bias, statistics and their gradients): shape `[c]`.
 fn expect_channel(op: &Op, name: &str, t: &impl Meta, c: usize) -> Result<()> {
-    expect_shape(op, name, t, &[c])?;
-    expect_dtype(op, name, t, DType::F32)
+    expect_meta(op, name, t, &[c], DType::F32)
 }
 
 /// Operands of `BatchNorm { eps }`, `[x, weight, bias] -> [y, mean, rstd]`: x `(n, c, s)`,
 /// eps >= 0, y like x, the others f32 `[c]`.
-pub fn batch_norm<'a, T: Meta>(
-    op: &Op,
-    eps: f64,
-    inputs: &'a [T],
-    outputs: &'a [T],
-) -> Result<(&'a [T; 3], &'a [T; 3])> {
-    let (ins @ [x, w, b], outs @ [y, mean, rstd]) = operands(op, inputs, outputs)?;
-    let [_, c, _] = dims::<3>(op, "x", x)?;
-    expect_eps(op, eps)?;
-    expect_channel(op, "weight", w, c)?;
-    expect_channel(op, "bias", b, c)?;
-    expect_like(op, "y", y, x)?;
-    expect_channel(op, "mean", mean, c)?;
-    expect_channel(op, "rstd", rstd, c)?;
+pub fn batch_norm<'a, T: Meta>(op: &Op, eps: f64, inputs: &'a [T], outputs: &'a [T]) -> Result<Operands<'a, T, 3, 3>> {
+    let (ins, outs) = operands(op, inputs, outputs)?;
+    let [_, c, _] = dims::<3>(op, "x", &ins[0])?;
+    let channel = |name: &str, t: &T| expect_channel(op, name, t, c);
+    affine_norm(op, eps, ins, outs, channel, channel)?;
     Ok((ins, outs))
 }
 
 /// Operands of `BatchNormBackward`, `[dy, x, weight, mean, rstd] -> [dx, dweight, dbias]`, with
 /// the forward's rules (dy and dx like x).
-pub fn batch_norm_backward<'a, T: Meta>(
-    op: &Op,
-    inputs: &'a [T],
-    outputs: &'a [T],
-) -> Result<(&'a [T; 5], &'a [T; 3])> {
-    let (ins @ [dy, x, w, mean, rstd], outs @ [dx, dw, db]) = operands(op, inputs, outputs)?;
-    let [_, c, _] = dims::<3>(op, "x", x)?;
-    expect_like(op, "dy", dy, x)?;
-    for (name, t) in [("weight", w), ("mean", mean), ("rstd", rstd)] {
-        expect_channel(op, name, t, c)?;
-    }
-    expect_like(op, "dx", dx, x)?;
-    expect_channel(op, "dweight", dw, c)?;
-    expect_channel(op, "dbias", db, c)?;
+pub fn batch_norm_backward<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result<Operands<'a, T, 5, 3>> {
+    let (ins, outs) = operands(op, inputs, outputs)?;
+    let [_, c, _] = dims::<3>(op, "x", &ins[1])?;
+    let channel = |name: &str, t: &T| expect_channel(op, name, t, c);
+    affine_norm_backward(op, ins, outs, channel, channel)?;
     Ok((ins, outs))
 }
 

@@ -1,13 +1,16 @@
 //! The "last dim" families: softmax, layer and RMS norm, cross-entropy, rotary (and its fused
 //! cache write); and the elementwise SwiGLU gate, whose operands all share one shape.
 
-use super::{dims, expect_dtype, expect_like, expect_self_disjoint, expect_shape, operands, AttentionDims, Meta};
+use super::{
+    dims, expect_dtype, expect_like, expect_meta, expect_self_disjoint, expect_shape, operands, AttentionDims, Meta,
+    Operands,
+};
 use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 use crate::op::Op;
 
 /// Operands of `Softmax`/`LogSoftmax`, `[x] -> [y]`: y has x's shape and dtype.
-pub fn softmax<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result<(&'a [T; 1], &'a [T; 1])> {
+pub fn softmax<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result<Operands<'a, T, 1, 1>> {
     let (ins @ [x], outs @ [y]) = operands(op, inputs, outputs)?;
     expect_like(op, "y", y, x)?;
     Ok((ins, outs))
@@ -15,7 +18,7 @@ pub fn softmax<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Resul
 
 /// Operands of `SoftmaxBackward`/`LogSoftmaxBackward`, `[y, dy] -> [dx]`: dy and dx have y's
 /// shape and dtype.
-pub fn softmax_backward<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result<(&'a [T; 2], &'a [T; 1])> {
+pub fn softmax_backward<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result<Operands<'a, T, 2, 1>> {
     let (ins @ [y, dy], outs @ [dx]) = operands(op, inputs, outputs)?;
     expect_shape(op, "dy", dy, y.shape())?;
     expect_shape(op, "dx", dx, y.shape())?;
@@ -52,48 +55,66 @@ fn expect_param(op: &Op, name: &str, t: &impl Meta, x: &impl Meta) -> Result<()>
 /// A saved statistic: f32 with x's leading dims.
 fn expect_stat(op: &Op, name: &str, t: &impl Meta, x: &impl Meta) -> Result<()> {
     let lead = &x.shape()[..x.shape().len().saturating_sub(1)];
-    expect_shape(op, name, t, lead)?;
-    expect_dtype(op, name, t, DType::F32)
+    expect_meta(op, name, t, lead, DType::F32)
+}
+
+/// The operand rules layer and batch norm share, `[x, weight, bias] -> [y, mean, rstd]`:
+/// eps >= 0, y like x; `param` checks weight and bias, `stat` mean and rstd (by name), the
+/// only rules in which the two norms differ.
+pub(super) fn affine_norm<T: Meta>(
+    op: &Op,
+    eps: f64,
+    [x, w, b]: &[T; 3],
+    [y, mean, rstd]: &[T; 3],
+    param: impl Fn(&str, &T) -> Result<()>,
+    stat: impl Fn(&str, &T) -> Result<()>,
+) -> Result<()> {
+    expect_eps(op, eps)?;
+    param("weight", w)?;
+    param("bias", b)?;
+    expect_like(op, "y", y, x)?;
+    stat("mean", mean)?;
+    stat("rstd", rstd)
+}
+
+/// The backward of [`affine_norm`], `[dy, x, weight, mean, rstd] -> [dx, dweight, dbias]`:
+/// dy and dx like x, the gradients under `param` like their parameters.
+pub(super) fn affine_norm_backward<T: Meta>(
+    op: &Op,
+    [dy, x, w, mean, rstd]: &[T; 5],
+    [dx, dw, db]: &[T; 3],
+    param: impl Fn(&str, &T) -> Result<()>,
+    stat: impl Fn(&str, &T) -> Result<()>,
+) -> Result<()> {
+    expect_like(op, "dy", dy, x)?;
+    param("weight", w)?;
+    stat("mean", mean)?;
+    stat("rstd", rstd)?;
+    expect_like(op, "dx", dx, x)?;
+    param("dweight", dw)?;
+    param("dbias", db)
 }
 
 /// Operands of `LayerNorm { eps }`, `[x, weight, bias] -> [y, mean, rstd]`: eps >= 0, weight
 /// and bias `[d]` (x's last dim), y like x, mean and rstd f32 with x's leading dims.
-pub fn layer_norm<'a, T: Meta>(
-    op: &Op,
-    eps: f64,
-    inputs: &'a [T],
-    outputs: &'a [T],
-) -> Result<(&'a [T; 3], &'a [T; 3])> {
-    let (ins @ [x, w, b], outs @ [y, mean, rstd]) = operands(op, inputs, outputs)?;
-    expect_eps(op, eps)?;
-    expect_param(op, "weight", w, x)?;
-    expect_param(op, "bias", b, x)?;
-    expect_like(op, "y", y, x)?;
-    expect_stat(op, "mean", mean, x)?;
-    expect_stat(op, "rstd", rstd, x)?;
+pub fn layer_norm<'a, T: Meta>(op: &Op, eps: f64, inputs: &'a [T], outputs: &'a [T]) -> Result<Operands<'a, T, 3, 3>> {
+    let (ins, outs) = operands(op, inputs, outputs)?;
+    let x = &ins[0];
+    affine_norm(op, eps, ins, outs, |name, t| expect_param(op, name, t, x), |name, t| expect_stat(op, name, t, x))?;
     Ok((ins, outs))
 }
 
 /// Operands of `LayerNormBackward`, `[dy, x, weight, mean, rstd] -> [dx, dweight, dbias]`,
 /// with the forward's rules (dy and dx like x, the gradients like their parameters).
-pub fn layer_norm_backward<'a, T: Meta>(
-    op: &Op,
-    inputs: &'a [T],
-    outputs: &'a [T],
-) -> Result<(&'a [T; 5], &'a [T; 3])> {
-    let (ins @ [dy, x, w, mean, rstd], outs @ [dx, dw, db]) = operands(op, inputs, outputs)?;
-    expect_like(op, "dy", dy, x)?;
-    expect_param(op, "weight", w, x)?;
-    expect_stat(op, "mean", mean, x)?;
-    expect_stat(op, "rstd", rstd, x)?;
-    expect_like(op, "dx", dx, x)?;
-    expect_param(op, "dweight", dw, x)?;
-    expect_param(op, "dbias", db, x)?;
+pub fn layer_norm_backward<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result<Operands<'a, T, 5, 3>> {
+    let (ins, outs) = operands(op, inputs, outputs)?;
+    let x = &ins[1];
+    affine_norm_backward(op, ins, outs, |name, t| expect_param(op, name, t, x), |name, t| expect_stat(op, name, t, x))?;
     Ok((ins, outs))
 }
 
 /// Operands of `RmsNorm { eps }`, `[x, weight] -> [y, rstd]`, with [`layer_norm`]'s rules.
-pub fn rms_norm<'a, T: Meta>(op: &Op, eps: f64, inputs: &'a [T], outputs: &'a [T]) -> Result<(&'a [T; 2], &'a [T; 2])> {
+pub fn rms_norm<'a, T: Meta>(op: &Op, eps: f64, inputs: &'a [T], outputs: &'a [T]) -> Result<Operands<'a, T, 2, 2>> {
     let (ins @ [x, w], outs @ [y, rstd]) = operands(op, inputs, outputs)?;
     expect_eps(op, eps)?;
     expect_param(op, "weight", w, x)?;
@@ -103,7 +124,7 @@ pub fn rms_norm<'a, T: Meta>(op: &Op, eps: f64, inputs: &'a [T], outputs: &'a [T
 }
 
 /// Operands of `RmsNormBackward`, `[dy, x, weight, rstd] -> [dx, dweight]`.
-pub fn rms_norm_backward<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result<(&'a [T; 4], &'a [T; 2])> {
+pub fn rms_norm_backward<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result<Operands<'a, T, 4, 2>> {
     let (ins @ [dy, x, w, rstd], outs @ [dx, dw]) = operands(op, inputs, outputs)?;
     expect_like(op, "dy", dy, x)?;
     expect_param(op, "weight", w, x)?;
@@ -115,13 +136,12 @@ pub fn rms_norm_backward<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]
 
 /// Operands of `AddRmsNorm { eps }`, `[x, residual, weight] -> [y, sum, rstd]`: residual, y
 /// and sum like x, the rest with [`rms_norm`]'s rules.
-#[allow(clippy::type_complexity)]
 pub fn add_rms_norm<'a, T: Meta>(
     op: &Op,
     eps: f64,
     inputs: &'a [T],
     outputs: &'a [T],
-) -> Result<(&'a [T; 3], &'a [T; 3])> {
+) -> Result<Operands<'a, T, 3, 3>> {
     let (ins @ [x, residual, w], outs @ [y, sum, rstd]) = operands(op, inputs, outputs)?;
     expect_eps(op, eps)?;
     expect_like(op, "residual", residual, x)?;
@@ -168,8 +188,7 @@ pub fn add_rms_norm_linear<'a, T: Meta>(
     }
     expect_dtype(op, "weight", weight, x.dtype())?;
     if let Some(bias) = bias {
-        expect_shape(op, "bias", bias, &[n])?;
-        expect_dtype(op, "bias", bias, x.dtype())?;
+        expect_meta(op, "bias", bias, &[n], x.dtype())?;
     }
     if gated && n % 2 != 0 {
         return Err(BackendError::shape(format!(
@@ -179,8 +198,7 @@ pub fn add_rms_norm_linear<'a, T: Meta>(
         )));
     }
     let outputs_n = if gated { n / 2 } else { n };
-    expect_shape(op, "y", y, &[lead, &[outputs_n]].concat())?;
-    expect_dtype(op, "y", y, x.dtype())?;
+    expect_meta(op, "y", y, &[lead, &[outputs_n]].concat(), x.dtype())?;
     Ok((ins, bias, outs))
 }
 
@@ -198,8 +216,7 @@ fn expect_logits(op: &Op, logits: &impl Meta, target: &impl Meta, smoothing: f64
             op.name()
         )));
     };
-    expect_shape(op, "target", target, lead)?;
-    expect_dtype(op, "target", target, DType::I64)
+    expect_meta(op, "target", target, lead, DType::I64)
 }
 
 /// Operands of `CrossEntropy`, `[logits, target] -> [loss, lse]`: float logits `(.., c)`, an
@@ -210,7 +227,7 @@ pub fn cross_entropy<'a, T: Meta>(
     label_smoothing: f64,
     inputs: &'a [T],
     outputs: &'a [T],
-) -> Result<(&'a [T; 2], &'a [T; 2])> {
+) -> Result<Operands<'a, T, 2, 2>> {
     let (ins @ [logits, target], outs @ [loss, lse]) = operands(op, inputs, outputs)?;
     expect_logits(op, logits, target, label_smoothing)?;
     for (name, t) in [("loss", loss), ("lse", lse)] {
@@ -226,7 +243,7 @@ pub fn cross_entropy_backward<'a, T: Meta>(
     label_smoothing: f64,
     inputs: &'a [T],
     outputs: &'a [T],
-) -> Result<(&'a [T; 4], &'a [T; 1])> {
+) -> Result<Operands<'a, T, 4, 1>> {
     let (ins @ [logits, target, lse, dloss], outs @ [dlogits]) = operands(op, inputs, outputs)?;
     expect_logits(op, logits, target, label_smoothing)?;
     for (name, t) in [("lse", lse), ("dloss", dloss)] {
@@ -310,7 +327,7 @@ pub fn rotary_kv_write<'a, T: Meta>(
 }
 
 /// Operands of `SwiGlu`, `[gate, up] -> [y]`: up and y have gate's shape and dtype.
-pub fn swiglu<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result<(&'a [T; 2], &'a [T; 1])> {
+pub fn swiglu<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result<Operands<'a, T, 2, 1>> {
     let (ins @ [gate, up], outs @ [y]) = operands(op, inputs, outputs)?;
     expect_like(op, "up", up, gate)?;
     expect_like(op, "y", y, gate)?;
@@ -319,7 +336,7 @@ pub fn swiglu<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result
 
 /// Operands of `SwiGluBackward`, `[dy, gate, up] -> [dgate, dup]`: all have gate's shape and
 /// dtype.
-pub fn swiglu_backward<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result<(&'a [T; 3], &'a [T; 2])> {
+pub fn swiglu_backward<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result<Operands<'a, T, 3, 2>> {
     let (ins @ [dy, gate, up], outs @ [dgate, dup]) = operands(op, inputs, outputs)?;
     for (name, t) in [("dy", dy), ("up", up), ("dgate", dgate), ("dup", dup)] {
         expect_like(op, name, t, gate)?;

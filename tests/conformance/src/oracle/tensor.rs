@@ -16,6 +16,25 @@ pub fn ravel(idx: &[usize], shape: &[usize]) -> usize {
     idx.iter().zip(shape).fold(0, |acc, (&i, &n)| acc * n + i)
 }
 
+/// What gather and index_select read: for each position of an output of shape `out`, the
+/// element of `x` (shape `xs`) at that position with its coordinate along `dim` replaced by
+/// `index(flat position, coordinates)`.
+pub fn take_along(
+    x: &[f64],
+    xs: &[usize],
+    out: &[usize],
+    dim: usize,
+    index: impl Fn(usize, &[usize]) -> usize,
+) -> Vec<f64> {
+    (0..out.iter().product())
+        .map(|i| {
+            let mut at = unravel(i, out);
+            at[dim] = index(i, &at);
+            x[ravel(&at, xs)]
+        })
+        .collect()
+}
+
 /// The elements of each output position of a reduction over the axes marked in `reduced`,
 /// in output row-major order, each group in input row-major order.
 pub fn reduce_groups(x: &[f64], shape: &[usize], reduced: &[bool]) -> Vec<Vec<f64>> {

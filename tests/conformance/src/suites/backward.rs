@@ -2,8 +2,8 @@
 //! products (themselves checked by finite differences in the oracle's tests). Each depends
 //! on its forward op passing for the dtype.
 
-use super::nn::cross_entropy_inputs;
-use super::op_cases;
+use super::nn::{attention_inputs, cross_entropy_inputs};
+use super::{only_sample, op_cases};
 use crate::case::{Case, OpCase, Tier};
 use crate::gen::{tensor, ValueRange};
 use crate::oracle::conv::{
@@ -84,11 +84,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 Some(Expected::normalized(stats_dtype(dtype), dw, rows, 2.0)),
                 Some(Expected::normalized(stats_dtype(dtype), db, rows, 2.0)),
             ];
-            vec![(
-                "rows6x24".to_string(),
-                Tier::Core,
-                OpCase { op: Op::LayerNormBackward, inputs, outputs: outs, expected: exp },
-            )]
+            only_sample("rows6x24", OpCase { op: Op::LayerNormBackward, inputs, outputs: outs, expected: exp })
         },
     ));
     cases.extend(op_cases(
@@ -114,11 +110,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 Some(Expected::normalized(DType::F32, dw, m, 2.0)),
                 Some(Expected::normalized(DType::F32, db, m, 2.0)),
             ];
-            vec![(
-                "nchw3x4x21".to_string(),
-                Tier::Core,
-                OpCase { op: Op::BatchNormBackward, inputs, outputs: outs, expected: exp },
-            )]
+            only_sample("nchw3x4x21", OpCase { op: Op::BatchNormBackward, inputs, outputs: outs, expected: exp })
         },
     ));
     cases.extend(op_cases(
@@ -141,11 +133,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 Some(Expected::normalized(stats_dtype(dtype), dx, n, 2.0)),
                 Some(Expected::normalized(stats_dtype(dtype), dw, rows, 2.0)),
             ];
-            vec![(
-                "rows5x33".to_string(),
-                Tier::Core,
-                OpCase { op: Op::RmsNormBackward, inputs, outputs: outs, expected: exp },
-            )]
+            only_sample("rows5x33", OpCase { op: Op::RmsNormBackward, inputs, outputs: outs, expected: exp })
         },
     ));
     cases.extend(op_cases(
@@ -263,9 +251,7 @@ fn attention_cases(t: &Target) -> Vec<Case> {
                 let r = ValueRange::normal(1.0);
                 let tiles = tier == Tier::Full;
                 let dense_or = |layout| if tiles { Layout::Contiguous } else { layout };
-                let q = tensor(rng, dtype, &[g.b, g.hq, g.s, g.d], Layout::Contiguous, r);
-                let k = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], Layout::Contiguous, r);
-                let v = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], dense_or(Layout::Offset), r);
+                let [q, k, v] = attention_inputs(rng, dtype, g, dense_or(Layout::Offset));
                 let d_o = tensor(
                     rng,
                     dtype,

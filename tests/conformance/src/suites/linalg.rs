@@ -1,9 +1,9 @@
 //! Suite `linalg`: matmul and the index ops (gather, scatter_add, index_select, index_add).
 
-use super::{no_deps, op_cases};
+use super::{no_deps, only_sample, op_cases};
 use crate::case::{Case, OpCase, Tier};
 use crate::gen::{tensor, ValueRange};
-use crate::oracle::tensor::{matmul, ravel, unravel};
+use crate::oracle::tensor::{matmul, ravel, take_along};
 use crate::target::{Layout, Spec, Target};
 use crate::tolerance::Expected;
 use crate::values::{Rng, FLOATS};
@@ -58,13 +58,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 let ishape = [3usize, 4];
                 let bound = x.shape[dim as usize];
                 let idx = Spec::new(DType::I64, &ishape, index_values(rng, 12, bound));
-                let values = (0..12)
-                    .map(|i| {
-                        let mut at = unravel(i, &ishape);
-                        at[dim as usize] = idx.values[i] as usize;
-                        x.values[ravel(&at, &x.shape)]
-                    })
-                    .collect();
+                let values = take_along(&x.values, &x.shape, &ishape, dim as usize, |i, _| idx.values[i] as usize);
                 let exp = Expected::exact_signed(dtype, values);
                 let out = Spec::out(dtype, &ishape);
                 (name.to_string(), Tier::Core, OpCase::single(Op::Gather { dim }, vec![x, idx], out, exp))
@@ -87,13 +81,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                     let idx = Spec::new(DType::I64, &[4], index_values(rng, 4, x.shape[d]));
                     let mut oshape = x.shape.clone();
                     oshape[d] = 4;
-                    let values = (0..oshape.iter().product())
-                        .map(|i| {
-                            let mut at = unravel(i, &oshape);
-                            at[d] = idx.values[at[d]] as usize;
-                            x.values[ravel(&at, &x.shape)]
-                        })
-                        .collect();
+                    let values = take_along(&x.values, &x.shape, &oshape, d, |_, at| idx.values[at[d]] as usize);
                     let exp = Expected::exact_signed(dtype, values);
                     let out = Spec::out(dtype, &oshape);
                     (name.to_string(), Tier::Core, OpCase::single(Op::IndexSelect { dim }, vec![x, idx], out, exp))
@@ -119,11 +107,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 mag[at] += src.values[i].abs();
             }
             let exp = Expected::accumulated_in_place(dtype, values, &mag, 7);
-            vec![(
-                "dim0_duplicates".to_string(),
-                Tier::Core,
-                OpCase::single(Op::ScatterAdd { dim: 0 }, vec![src, idx], y0, exp),
-            )]
+            only_sample("dim0_duplicates", OpCase::single(Op::ScatterAdd { dim: 0 }, vec![src, idx], y0, exp))
         },
     ));
     cases.extend(op_cases(
@@ -146,11 +130,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 }
             }
             let exp = Expected::accumulated_in_place(dtype, values, &mag, 3);
-            vec![(
-                "dim0_duplicates".to_string(),
-                Tier::Core,
-                OpCase::single(Op::IndexAdd { dim: 0 }, vec![src, idx], y0, exp),
-            )]
+            only_sample("dim0_duplicates", OpCase::single(Op::IndexAdd { dim: 0 }, vec![src, idx], y0, exp))
         },
     ));
     cases

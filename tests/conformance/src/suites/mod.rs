@@ -17,11 +17,10 @@ mod reduce;
 mod rng;
 mod threads;
 
-use crate::case::{run_claimed, Case, OpCase, Tier};
+use crate::case::{Case, OpCase, Tier};
 use crate::target::Target;
 use crate::values::{short_name, Rng};
 use genesis_backend_api::{DType, OpKind};
-use std::sync::Arc;
 
 /// Suite names in run order.
 pub const SUITES: &[&str] = &[
@@ -110,30 +109,18 @@ pub fn op_cases(
         if claimed {
             for (i, (sample, tier, case)) in samples.into_iter().enumerate() {
                 let tier = if i == 0 { Tier::Smoke } else { tier };
-                let case = Arc::new(case);
-                cases.push(
-                    Case::new(
-                        suite,
-                        format!("{name}/{dt}/{sample}"),
-                        tier,
-                        Box::new(move |t| run_claimed(t, true, &case)),
-                    )
-                    .after(deps.clone()),
-                );
+                cases.push(Case::op(suite, format!("{name}/{dt}/{sample}"), tier, true, case).after(deps.clone()));
             }
         } else if let Some((_, _, case)) = samples.into_iter().next() {
-            cases.push(
-                Case::new(
-                    suite,
-                    format!("{name}/{dt}/unclaimed"),
-                    Tier::Smoke,
-                    Box::new(move |t| run_claimed(t, false, &case)),
-                )
-                .after(deps.clone()),
-            );
+            cases.push(Case::op(suite, format!("{name}/{dt}/unclaimed"), Tier::Smoke, false, case).after(deps.clone()));
         }
     }
     cases
+}
+
+/// A builder's one sample, `sample`, at tier core ([`op_cases`] runs a first sample at smoke).
+pub fn only_sample(sample: &str, case: OpCase) -> Vec<(String, Tier, OpCase)> {
+    vec![(sample.to_string(), Tier::Core, case)]
 }
 
 /// No extra prerequisites.

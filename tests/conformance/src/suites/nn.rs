@@ -49,6 +49,16 @@ pub fn cross_entropy_inputs(rng: &mut Rng, dtype: DType, ignored: usize) -> (Spe
     (x, target)
 }
 
+/// The inputs of the attention cases, forward and backward: q `(b, hq, s, d)`, k and v
+/// `(b, hk, t, d)` of shape `g` (normal, σ 1), q and k contiguous, v laid out as `v_layout`.
+pub fn attention_inputs(rng: &mut Rng, dtype: DType, g: AttnShape, v_layout: Layout) -> [Spec; 3] {
+    let r = ValueRange::normal(1.0);
+    let q = tensor(rng, dtype, &[g.b, g.hq, g.s, g.d], Layout::Contiguous, r);
+    let k = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], Layout::Contiguous, r);
+    let v = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], v_layout, r);
+    [q, k, v]
+}
+
 pub fn cases(t: &Target) -> Vec<Case> {
     let mut cases = Vec::new();
     for (name, op) in [("softmax", Op::Softmax), ("log_softmax", Op::LogSoftmax)] {
@@ -393,10 +403,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
             ]
             .into_iter()
             .map(|(causal, g, sample, tier)| {
-                let r = ValueRange::normal(1.0);
-                let q = tensor(rng, dtype, &[g.b, g.hq, g.s, g.d], Layout::Contiguous, r);
-                let k = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], Layout::Contiguous, r);
-                let v = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], Layout::Contiguous, r);
+                let [q, k, v] = attention_inputs(rng, dtype, g, Layout::Contiguous);
                 let scale = 1.0 / (g.d as f64).sqrt();
                 let (o, lse) = attention(&q.values, &k.values, &v.values, g, causal, scale);
                 let outs = vec![Spec::out(dtype, &q.shape), Spec::out(DType::F32, &[g.b, g.hq, g.s])];
@@ -435,10 +442,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
             ]
             .into_iter()
             .map(|(g, keep_layout, sample, tier)| {
-                let r = ValueRange::normal(1.0);
-                let q = tensor(rng, dtype, &[g.b, g.hq, g.s, g.d], Layout::Contiguous, r);
-                let k = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], Layout::Contiguous, r);
-                let v = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], Layout::Contiguous, r);
+                let [q, k, v] = attention_inputs(rng, dtype, g, Layout::Contiguous);
                 let row: Vec<Vec<f64>> = (0..g.b * g.s)
                     .map(|_| (0..g.t).map(|j| if j == 0 || rng.below(3) != 0 { 1.0 } else { 0.0 }).collect())
                     .collect();

@@ -4,7 +4,7 @@
 //! bits for the same (seed, offset).
 
 use super::memory_deps;
-use crate::case::{run_claimed, Case, OpCase, Outcome, Tier};
+use crate::case::{Case, OpCase, Outcome, Tier};
 use crate::target::{Scope, Spec, Target};
 use crate::tolerance::Expected;
 use crate::values::{quantize, short_name, FLOATS};
@@ -79,13 +79,8 @@ pub fn cases(t: &Target) -> Vec<Case> {
                 Expected::exact(dtype, uniform_expected(dtype, seed, offset, n, low, high)),
             );
             cases.push(
-                Case::new(
-                    "rng",
-                    format!("rand_uniform/{dt}/{name}"),
-                    Tier::Smoke,
-                    Box::new(move |t| run_claimed(t, uniform_claimed, &case)),
-                )
-                .after(deps.clone()),
+                Case::op("rng", format!("rand_uniform/{dt}/{name}"), Tier::Smoke, uniform_claimed, case)
+                    .after(deps.clone()),
             );
         }
         let normal_claimed = t.claims(normal_kind, dtype);
@@ -100,13 +95,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
             Expected::correctly_rounded(dtype, values),
         );
         cases.push(
-            Case::new(
-                "rng",
-                format!("rand_normal/{dt}/kat"),
-                Tier::Smoke,
-                Box::new(move |t| run_claimed(t, normal_claimed, &case)),
-            )
-            .after(deps.clone()),
+            Case::op("rng", format!("rand_normal/{dt}/kat"), Tier::Smoke, normal_claimed, case).after(deps.clone()),
         );
         if uniform_claimed {
             cases.push(
@@ -200,13 +189,8 @@ pub fn cases(t: &Target) -> Vec<Case> {
             Expected::ulps(dtype, y, 2.0, 0.0),
         );
         cases.push(
-            Case::new(
-                "rng",
-                format!("dropout/{dt}/mask_and_scale"),
-                Tier::Smoke,
-                Box::new(move |t| run_claimed(t, dropout_claimed, &case)),
-            )
-            .after(deps.clone()),
+            Case::op("rng", format!("dropout/{dt}/mask_and_scale"), Tier::Smoke, dropout_claimed, case)
+                .after(deps.clone()),
         );
     }
     cases
