@@ -163,28 +163,13 @@ impl CudaDevice {
         self.launch_with(op, module, dtype, name, params, (grid, block, smem), false)
     }
 
-    /// As [`launch_grid`](CudaDevice::launch_grid), for a kernel that calls `wait_previous`
-    /// (common.cuh) before it reads or writes device memory: where the device allows it
-    /// ([`Switches::early_launch`](super::Switches::early_launch)), its blocks may start
-    /// while the kernel ahead of it finishes, so that its launch and the prefetches it issues
-    /// before waiting overlap that kernel's tail.
+    /// As [`launch_grid`](CudaDevice::launch_grid), with the geometry as one tuple, and
+    /// `early` for a kernel that calls `wait_previous` (common.cuh) before it reads or writes
+    /// device memory: where the device allows it
+    /// ([`Switches::early_launch`](super::Switches::early_launch)), its blocks may then start
+    /// while the kernel ahead of it finishes, so that its launch overlaps that kernel's tail.
     #[allow(clippy::too_many_arguments)]
-    pub fn launch_grid_early<P: Copy>(
-        &self,
-        op: &str,
-        module: &'static Module,
-        dtype: DType,
-        name: &str,
-        params: &mut P,
-        grid: (u32, u32),
-        block: (u32, u32),
-        smem: u32,
-    ) -> Result<()> {
-        self.launch_with(op, module, dtype, name, params, (grid, block, smem), self.switches.early_launch)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn launch_with<P: Copy>(
+    pub fn launch_with<P: Copy>(
         &self,
         op: &str,
         module: &'static Module,
@@ -194,6 +179,7 @@ impl CudaDevice {
         (grid, block, smem): ((u32, u32), (u32, u32), u32),
         early: bool,
     ) -> Result<()> {
+        let early = early && self.switches.early_launch;
         if grid.0 == 0 || grid.1 == 0 {
             return Ok(());
         }

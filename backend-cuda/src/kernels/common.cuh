@@ -153,7 +153,7 @@ __device__ __forceinline__ float csqrt(float v) { return sqrtf(v); }
 __device__ __forceinline__ double csqrt(double v) { return sqrt(v); }
 
 // Programmatic dependent launch (sm_90+). A kernel the launcher starts early (see
-// `CudaDevice::launch_grid`) may run while the kernel before it in the stream is finishing:
+// `CudaDevice::launch_with`) may run while the kernel before it in the stream is finishing:
 // until `wait_previous` returns it must not read what that kernel writes nor write anything,
 // so it only warms caches before it. On an ordinary launch, or before sm_90, both are no-ops.
 __device__ __forceinline__ void wait_previous() {

@@ -127,7 +127,7 @@ template <int M, bool NORM, int G> __device__ __forceinline__ void gemv(const Ge
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int rows = WARPS / g.slices, slice = warp % g.slices;
     const i64 j = (i64)blockIdx.x * rows + warp / g.slices;
-    // Launched early (the launcher's `launch_grid_early`): the blocks are in place when the
+    // Launched early (`launch_with(.., true)`): the blocks are in place when the
     // kernel ahead ends, and the next kernel's may come in while this one streams its weights.
     wait_previous();
     start_next();

@@ -309,18 +309,9 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
                 if decode.is_some() {
                     // Dynamic shared memory: the warps' outputs for the group's heads.
                     let work = (dm.b * dm.hk * splits) as u64;
-                    let (blocks, threads, smem) = (grid(device, work, 8), THREADS, decode_smem);
+                    let shape = ((grid(device, work, 8), 1), (THREADS, 1), decode_smem);
                     let kernel = format!("attn_decode_{}", dm.d);
-                    device.launch_grid_early(
-                        op.name(),
-                        &MODULE,
-                        q.dtype,
-                        &kernel,
-                        &mut a,
-                        (blocks, 1),
-                        (threads, 1),
-                        smem,
-                    )?;
+                    device.launch_with(op.name(), &MODULE, q.dtype, &kernel, &mut a, shape, true)?;
                 } else {
                     // Shared: a chunk of scores, the reduction slots, the warps' outputs.
                     let smem = ((MA_CHUNK + 32 + MA_WARPS * dm.d) * elem) as u32;

@@ -267,7 +267,7 @@ fn launch_gemv(
         .map_err(|_| BackendError::unsupported(format!("matmul: {n} outputs exceed one grid")))?;
     let threads = 32 * GEMV_WARPS as u32;
     let smem = if prologue == Prologue::None { 0 } else { (m * k * dtype.size_in_bytes()) as u32 };
-    device.launch_grid_early("matmul", &MODULE, dtype, &name, &mut args, (blocks, 1), (threads, 1), smem)
+    device.launch_with("matmul", &MODULE, dtype, &name, &mut args, ((blocks, 1), (threads, 1), smem), true)
 }
 
 /// `AddRmsNormLinear`: `gemv_norm` (`gemv_norm_glu` when gated) for one or two packed rows,

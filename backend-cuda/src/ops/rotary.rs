@@ -150,16 +150,8 @@ fn kv_write(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tens
     device.queue_index_check(check, |number| {
         args.number = number as u64;
         // Every operand was validated against its buffer with the shapes and strides in `args`.
-        device.launch_grid_early(
-            op.name(),
-            &MODULE,
-            dtype,
-            "rotary_kv_write",
-            &mut args,
-            (grid, 1),
-            (KV_WRITE_THREADS as u32, 1),
-            0,
-        )
+        let shape = ((grid, 1), (KV_WRITE_THREADS as u32, 1), 0);
+        device.launch_with(op.name(), &MODULE, dtype, "rotary_kv_write", &mut args, shape, true)
     })
 }
 
