@@ -260,14 +260,20 @@ fn bad_inputs_are_clear_errors() {
     let w = Tensor::zeros(&[2, 3, 3, 3], DType::F32, &cpu()).unwrap();
     let kind = |r: Result<Tensor>| r.unwrap_err().kind();
     assert_eq!(kind(F::conv2d(&x, &w, None, [1, 1], [0, 0], [1, 1], 1)), ErrorKind::ShapeMismatch);
+    // The window checks are the SDK's, worded as every backend words them.
     let w = Tensor::zeros(&[2, 4, 7, 7], DType::F32, &cpu()).unwrap();
-    assert_eq!(kind(F::conv2d(&x, &w, None, [1, 1], [0, 0], [1, 1], 1)), ErrorKind::ShapeMismatch);
+    let err = F::conv2d(&x, &w, None, [1, 1], [0, 0], [1, 1], 1).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(err.message(), "conv2d: the height window spans 7 positions but the padded input has 5");
     let w = Tensor::zeros(&[2, 4, 3, 3], DType::F64, &cpu()).unwrap();
     assert_eq!(kind(F::conv2d(&x, &w, None, [1, 1], [0, 0], [1, 1], 1)), ErrorKind::DtypeMismatch);
-    assert_eq!(
-        kind(F::conv2d(&x, &w.to_dtype(DType::F32).unwrap(), None, [0, 1], [0, 0], [1, 1], 1)),
-        ErrorKind::InvalidArgument
-    );
+    let err = F::conv2d(&x, &w.to_dtype(DType::F32).unwrap(), None, [0, 1], [0, 0], [1, 1], 1).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(err.message(), "conv2d: height stride must be >= 1, got 0");
+    let bias = Tensor::zeros(&[3], DType::F32, &cpu()).unwrap();
+    let err = F::conv2d(&x, &w.to_dtype(DType::F32).unwrap(), Some(&bias), [1, 1], [0, 0], [1, 1], 1).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ShapeMismatch);
+    assert_eq!(err.message(), "conv2d: bias has shape [3], expected [2]");
     assert_eq!(kind(F::max_pool2d(&x, [2, 2], [2, 2], [2, 2], [1, 1])), ErrorKind::InvalidArgument);
     assert_eq!(kind(F::avg_pool2d(&x.reshape(&[4, 5, 5]).unwrap(), [2, 2], [2, 2], [0, 0])), ErrorKind::ShapeMismatch);
     let q = Tensor::zeros(&[1, 3, 2, 4], DType::F32, &cpu()).unwrap();

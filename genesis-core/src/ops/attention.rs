@@ -57,7 +57,7 @@ fn probabilities(q: &Tensor, k: &Tensor, mask: Option<&Tensor>, causal: Option<C
     }
     if let Some(m) = mask {
         scores = if m.dtype() == DType::Bool {
-            hide_unkept(&scores, &m)?
+            hide_unkept(&scores, m)?
         } else {
             scores.add(&m.to_dtype(scores.dtype())?)?
         };

@@ -8,6 +8,8 @@ use crate::amp::{cast_for, suspend, CastPolicy};
 use crate::autograd::{is_grad_enabled, record, record1, Saved};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use genesis_backend_api::sdk::checks::{expect_dtype, expect_meta};
+use genesis_backend_api::sdk::window::{Axis, Conv2d, Pool2d};
 use genesis_backend_api::{DType, Op, Window2d};
 
 /// Stride, padding and dilation per spatial axis, with the kernel size.
@@ -22,32 +24,20 @@ struct Geometry {
 }
 
 impl Geometry {
-    fn new(
-        name: &str,
-        input: [usize; 2],
-        kernel: [usize; 2],
-        stride: [usize; 2],
-        padding: [usize; 2],
-        dilation: [usize; 2],
-    ) -> Result<Geometry> {
-        let mut output = [0; 2];
-        for a in 0..2 {
-            if kernel[a] == 0 || stride[a] == 0 || dilation[a] == 0 {
-                return Err(Error::invalid(format!(
-                    "{name}: kernel size, stride and dilation must be positive, got {kernel:?}, {stride:?}, {dilation:?}"
-                )));
-            }
-            let span = dilation[a] * (kernel[a] - 1) + 1;
-            let padded = input[a] + 2 * padding[a];
-            if padded < span {
-                return Err(shape_err(format!(
-                    "{name}: the window spans {span} positions but the padded input has only {padded} (input {input:?}, \
-                     padding {padding:?})"
-                )));
-            }
-            output[a] = (padded - span) / stride[a] + 1;
+    /// The geometry of the SDK's validated axes (height, width): the output lengths and every
+    /// refusal come from `sdk::window::Axis`, as in the backends.
+    fn of(rows: Axis, cols: Axis) -> Geometry {
+        let [r, c] = [rows, cols];
+        // Validated: stride and dilation >= 1, padding >= 0, and every tap fits an i64.
+        let u = |v: i64| v as usize;
+        Geometry {
+            kernel: [r.kernel, c.kernel],
+            stride: [u(r.stride), u(c.stride)],
+            padding: [u(r.pad), u(c.pad)],
+            dilation: [u(r.dilation), u(c.dilation)],
+            input: [r.input, c.input],
+            output: [r.output, c.output],
         }
-        Ok(Geometry { kernel, stride, padding, dilation, input, output })
     }
 
     fn window(&self) -> Window2d {
@@ -124,14 +114,16 @@ impl Geometry {
     }
 }
 
-fn spatial(x: &Tensor) -> [usize; 2] {
-    [x.shape()[2], x.shape()[3]]
+/// The op's window attributes; a value past `i64::MAX` saturates, which the SDK's checks
+/// refuse as an overflowing geometry.
+fn window_of(kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2], dilation: [usize; 2]) -> Window2d {
+    let w = |a: [usize; 2]| a.map(|v| i64::try_from(v).unwrap_or(i64::MAX));
+    Window2d { kernel: w(kernel), stride: w(stride), padding: w(padding), dilation: w(dilation) }
 }
 
-fn check_input(name: &str, x: &Tensor) -> Result<()> {
-    if x.rank() != 4 {
-        return Err(shape_err(format!("{name}: expected an input (n, c, h, w), got {:?}", x.shape())));
-    }
+/// The core's own rule (a float input, as PyTorch requires); the rank and window are the
+/// SDK's checks.
+fn check_float(name: &str, x: &Tensor) -> Result<()> {
     if !x.dtype().is_float() {
         return Err(dtype_err(format!("{name}: expected a floating-point input, got {}", x.dtype())));
     }
@@ -152,36 +144,24 @@ pub fn conv2d(
     let x = cast_for(CastPolicy::Low, x)?;
     let w = cast_for(CastPolicy::Low, weight)?;
     let b = bias.map(|b| cast_for(CastPolicy::Low, b)).transpose()?;
-    check_input("conv2d", &x)?;
-    let (n, c) = (x.shape()[0], x.shape()[1]);
-    if w.rank() != 4 || groups == 0 || c % groups != 0 || w.shape()[0] % groups != 0 || w.shape()[1] * groups != c {
-        return Err(shape_err(format!(
-            "conv2d: weight {:?} does not fit input {:?} with {groups} groups (expected (o, c/groups, kh, kw), o a \
-             multiple of groups)",
-            w.shape(),
-            x.shape()
-        )));
-    }
-    let o = w.shape()[0];
+    check_float("conv2d", &x)?;
+    let groups_u32 =
+        u32::try_from(groups).map_err(|_| Error::invalid(format!("conv2d: groups ({groups}) must fit in 32 bits")))?;
+    // The SDK's rules, as the backends apply them: ranks, groups, channels, window (the
+    // kernel size comes from the weight), the weight's and bias's dtype and the bias's shape.
+    let window = window_of([0, 0], stride, padding, dilation);
+    let probe = Op::Conv2d { window, groups: groups_u32 };
+    let sdk = Conv2d::new(&probe, &window, groups_u32, &x, &w)?;
+    expect_dtype(&probe, "weight", &w, x.dtype())?;
+    let (n, o) = (sdk.n, sdk.o);
     let mut params = vec![&w];
     if let Some(b) = &b {
-        if b.shape() != [o] {
-            return Err(shape_err(format!("conv2d: bias {:?} should have shape [{o}]", b.shape())));
-        }
+        expect_meta(&probe, "bias", b, &[o], x.dtype())?;
         params.push(b);
     }
-    for p in &params {
-        if p.dtype() != x.dtype() {
-            return Err(dtype_err(format!(
-                "conv2d: input {} and weight/bias {} differ in dtype",
-                x.dtype(),
-                p.dtype()
-            )));
-        }
-    }
     common_device("conv2d", &[&[&x][..], &params].concat())?;
-    let g = Geometry::new("conv2d", spatial(&x), [w.shape()[2], w.shape()[3]], stride, padding, dilation)?;
-    let op = Op::Conv2d { window: g.window(), groups: groups as u32 };
+    let g = Geometry::of(sdk.rows, sdk.cols);
+    let op = Op::Conv2d { window: g.window(), groups: groups_u32 };
     if !super::fused::use_fused(&op, &x)? {
         return conv2d_composite(&x, &w, b.as_ref(), &g, groups);
     }
@@ -192,7 +172,7 @@ pub fn conv2d(
     let backward = Box::new(move |gr: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
         let gy = gr[0].as_ref().ok_or_else(|| Error::invalid("missing gradient"))?;
         let (x, w) = (sx.get("conv2d")?, sw.get("conv2d")?);
-        let (window, gu) = (g.window(), groups as u32);
+        let (window, gu) = (g.window(), groups_u32);
         let fused_bwd = Op::Conv2dBackwardInput { window, groups: gu };
         let weight_bwd = Op::Conv2dBackwardWeight { window, groups: gu };
         // Both backward kernels or neither: a backend may claim one without the other.
@@ -297,10 +277,12 @@ pub fn max_pool2d(
     padding: [usize; 2],
     dilation: [usize; 2],
 ) -> Result<Tensor> {
-    check_input("max_pool2d", x)?;
+    check_float("max_pool2d", x)?;
     check_pool_padding("max_pool2d", kernel, padding)?;
-    let g = Geometry::new("max_pool2d", spatial(x), kernel, stride, padding, dilation)?;
-    let op = Op::MaxPool2d { window: g.window() };
+    let window = window_of(kernel, stride, padding, dilation);
+    let op = Op::MaxPool2d { window };
+    let sdk = Pool2d::new(&op, &window, x, true)?;
+    let g = Geometry::of(sdk.rows, sdk.cols);
     if !super::fused::use_fused(&op, x)? {
         return g.unfold(&g.pad(x, f64::NEG_INFINITY)?)?.max_dims(&[2], false);
     }
@@ -325,10 +307,12 @@ pub fn max_pool2d(
 /// 2-D average pooling (`F.avg_pool2d`, floor output size, zero padding counted in the
 /// divisor as with PyTorch's default `count_include_pad=True`).
 pub fn avg_pool2d(x: &Tensor, kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2]) -> Result<Tensor> {
-    check_input("avg_pool2d", x)?;
+    check_float("avg_pool2d", x)?;
     check_pool_padding("avg_pool2d", kernel, padding)?;
-    let g = Geometry::new("avg_pool2d", spatial(x), kernel, stride, padding, [1, 1])?;
-    let op = Op::AvgPool2d { window: g.window() };
+    let window = window_of(kernel, stride, padding, [1, 1]);
+    let op = Op::AvgPool2d { window };
+    let sdk = Pool2d::new(&op, &window, x, false)?;
+    let g = Geometry::of(sdk.rows, sdk.cols);
     if !super::fused::use_fused(&op, x)? {
         return g.unfold(&g.pad(x, 0.0)?)?.mean_dims(&[2], false);
     }
@@ -362,7 +346,13 @@ fn bin_matrix(out: usize, len: usize, like: &Tensor) -> Result<Tensor> {
 
 /// Adaptive average pooling to `output_size` (`F.adaptive_avg_pool2d`), as PyTorch bins it.
 pub fn adaptive_avg_pool2d(x: &Tensor, output_size: [usize; 2]) -> Result<Tensor> {
-    check_input("adaptive_avg_pool2d", x)?;
+    check_float("adaptive_avg_pool2d", x)?;
+    if x.rank() != 4 {
+        return Err(shape_err(format!(
+            "adaptive_avg_pool2d: x (n, c, h, w) must have rank 4, got shape {:?}",
+            x.shape()
+        )));
+    }
     if output_size.contains(&0) || x.shape()[2] == 0 || x.shape()[3] == 0 {
         return Err(shape_err(format!(
             "adaptive_avg_pool2d: output size {output_size:?} and input {:?} must have positive spatial sizes",

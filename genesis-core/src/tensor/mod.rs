@@ -20,6 +20,20 @@ use std::sync::{Arc, Mutex};
 
 pub use create::TensorData;
 
+/// The SDK's operand checks read a tensor's dtype, shape and strides: the core validates an
+/// op's operands with the same rules and wording as every backend.
+impl genesis_backend_api::sdk::checks::Meta for Tensor {
+    fn dtype(&self) -> DType {
+        self.inner.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.inner.layout.shape
+    }
+    fn strides(&self) -> &[isize] {
+        &self.inner.layout.strides
+    }
+}
+
 /// An n-dimensional array on a device, with PyTorch's semantics: cloning is cheap and shares
 /// the data; views share storage; ops record an autograd graph when an input requires grad.
 #[derive(Clone)]
