@@ -190,6 +190,17 @@ fn bad_inputs_are_clear_errors() {
     let w16 = Tensor::ones(&[3], DType::F16, &cpu()).unwrap();
     assert_eq!(kind(F::layer_norm(&x, &[3], Some(&w16), None, 1e-5)), ErrorKind::DtypeMismatch);
     assert_eq!(kind(F::layer_norm(&ids(vec![1, 2, 3], &[3]), &[3], None, None, 1e-5)), ErrorKind::DtypeMismatch);
+    // The parameters are checked with the SDK's rule and wording, naming the argument.
+    let b4 = Tensor::zeros(&[4], DType::F32, &cpu()).unwrap();
+    let e = F::layer_norm(&x, &[3], None, Some(&b4), 1e-5).unwrap_err();
+    assert_eq!((e.kind(), e.message()), (ErrorKind::ShapeMismatch, "layer_norm: bias has shape [4], expected [3]"));
+    let e = F::rms_norm(&x, &[3], Some(&w16), Some(-1.0)).unwrap_err();
+    assert_eq!((e.kind(), e.message()), (ErrorKind::InvalidArgument, "rms_norm: eps must be >= 0, got -1"));
+    let e = F::batch_norm(&x, Some(&b4), None, None, None, false, 0.1, 1e-5).unwrap_err();
+    assert_eq!(
+        (e.kind(), e.message()),
+        (ErrorKind::ShapeMismatch, "batch_norm: running_mean has shape [4], expected [3]")
+    );
     assert_eq!(
         kind(F::linear(&x, &Tensor::zeros(&[4, 2], DType::F32, &cpu()).unwrap(), None)),
         ErrorKind::ShapeMismatch

@@ -88,7 +88,7 @@ pub fn add_rms_norm_linear(
     if !plain {
         return composition();
     }
-    let eps = super::norm::rms_eps("add_rms_norm_linear", eps, dtype)?;
+    let eps = super::norm::rms_eps(eps, dtype, |eps| Op::AddRmsNormLinear { eps, gated })?;
     let op = Op::AddRmsNormLinear { eps, gated };
     if !super::fused::use_fused(&op, x)? {
         return composition();

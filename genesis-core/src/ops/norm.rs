@@ -6,20 +6,23 @@ use crate::amp::{cast_for, CastPolicy};
 use crate::autograd::{is_grad_enabled, no_grad, record, record_reading_output, BackwardFn, Saved};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use genesis_backend_api::sdk::checks::{expect_eps, expect_meta, expect_shape};
 use genesis_backend_api::{DType, Op};
 
 fn grad0(g: &[Option<Tensor>]) -> Result<&Tensor> {
     g[0].as_ref().ok_or_else(|| Error::invalid("missing gradient"))
 }
 
-/// Check `x`'s trailing dims against `normalized_shape` and the affine parameters; returns
-/// `x` reshaped to `(.., d)` and the parameters flattened to `[d]`.
+/// Check `x`'s trailing dims against `normalized_shape` (the core's rule) and the affine
+/// parameters `[weight(, bias)]` (the SDK's); returns `x` reshaped to `(.., d)` and the
+/// parameters flattened to `[d]`.
 fn prepare(
-    name: &str,
+    op: &Op,
     x: &Tensor,
     normalized_shape: &[usize],
     params: &[Option<&Tensor>],
 ) -> Result<(Tensor, Vec<Option<Tensor>>)> {
+    let name = op.name();
     if !x.dtype().is_float() {
         return Err(dtype_err(format!("{name}: expected a floating-point input, got {}", x.dtype())));
     }
@@ -33,23 +36,13 @@ fn prepare(
     }
     let d: usize = normalized_shape.iter().product();
     let mut flat: Vec<Option<Tensor>> = Vec::new();
-    for p in params {
+    for (p, pname) in params.iter().zip(["weight", "bias"]) {
         flat.push(match p {
             None => None,
             Some(p) => {
-                if p.shape() != normalized_shape {
-                    return Err(shape_err(format!(
-                        "{name}: weight/bias shape {:?} differs from normalized_shape {normalized_shape:?}",
-                        p.shape()
-                    )));
-                }
-                if p.dtype() != x.dtype() {
-                    return Err(dtype_err(format!(
-                        "{name}: weight/bias dtype {} differs from the input's {}",
-                        p.dtype(),
-                        x.dtype()
-                    )));
-                }
+                // The SDK's rule and wording for one operand, against the user's normalized_shape
+                // (the kernel sees it flattened to `[d]`).
+                expect_meta(op, pname, *p, normalized_shape, x.dtype())?;
                 common_device(name, &[x, p])?;
                 Some(p.reshape(&[d as isize])?)
             }
@@ -98,10 +91,8 @@ pub fn layer_norm(
     let x = cast_for(CastPolicy::Float32, x)?;
     let weight = weight.map(|w| cast_for(CastPolicy::Float32, w)).transpose()?;
     let bias = bias.map(|b| cast_for(CastPolicy::Float32, b)).transpose()?;
-    if eps.is_nan() || eps < 0.0 {
-        return Err(Error::invalid(format!("layer_norm: eps must be >= 0, got {eps}")));
-    }
-    let (x2, p) = prepare("layer_norm", &x, normalized_shape, &[weight.as_ref(), bias.as_ref()])?;
+    expect_eps(&Op::LayerNorm { eps }, eps)?;
+    let (x2, p) = prepare(&Op::LayerNorm { eps }, &x, normalized_shape, &[weight.as_ref(), bias.as_ref()])?;
     let y = if super::fused::use_fused(&Op::LayerNorm { eps }, &x2)? {
         layer_norm_fused(&x2, &p[0], &p[1], eps)?
     } else {
@@ -187,8 +178,8 @@ fn wrap_backward(f: BackwardFn, has_w: bool, has_b: bool) -> BackwardFn {
 pub fn rms_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>, eps: Option<f64>) -> Result<Tensor> {
     let x = cast_for(CastPolicy::Float32, x)?;
     let weight = weight.map(|w| cast_for(CastPolicy::Float32, w)).transpose()?;
-    let eps = rms_eps("rms_norm", eps, x.dtype())?;
-    let (x2, p) = prepare("rms_norm", &x, normalized_shape, &[weight.as_ref()])?;
+    let eps = rms_eps(eps, x.dtype(), |eps| Op::RmsNorm { eps })?;
+    let (x2, p) = prepare(&Op::RmsNorm { eps }, &x, normalized_shape, &[weight.as_ref()])?;
     let w = &p[0];
     let y = if super::fused::use_fused(&Op::RmsNorm { eps }, &x2)? {
         let wk = or_const(w, 1.0, &x2)?;
@@ -209,17 +200,16 @@ pub fn rms_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>,
     restore_shape(y, &x)
 }
 
-/// The eps of an RMS norm: the given one (>= 0) or the dtype's machine epsilon.
-pub(super) fn rms_eps(name: &str, eps: Option<f64>, dtype: DType) -> Result<f64> {
+/// The eps of an RMS norm: the given one (>= 0, the SDK's rule for `op(eps)`) or the dtype's
+/// machine epsilon.
+pub(super) fn rms_eps(eps: Option<f64>, dtype: DType, op: impl Fn(f64) -> Op) -> Result<f64> {
     let eps = eps.unwrap_or(match dtype {
         DType::F64 => f64::EPSILON,
         DType::F16 => 0.0009765625,
         DType::BF16 => 0.0078125,
         _ => f32::EPSILON as f64,
     });
-    if eps.is_nan() || eps < 0.0 {
-        return Err(Error::invalid(format!("{name}: eps must be >= 0, got {eps}")));
-    }
+    expect_eps(&op(eps), eps)?;
     Ok(eps)
 }
 
@@ -264,9 +254,9 @@ pub fn add_rms_norm(
     }
     let (x, residual) = (x.to_dtype(dtype)?, residual.to_dtype(dtype)?);
     let weight = weight.map(|w| cast_for(CastPolicy::Float32, w)).transpose()?;
-    let eps = rms_eps("add_rms_norm", eps, dtype)?;
-    let (x2, p) = prepare("add_rms_norm", &x, normalized_shape, &[weight.as_ref()])?;
+    let eps = rms_eps(eps, dtype, |eps| Op::AddRmsNorm { eps })?;
     let op = Op::AddRmsNorm { eps };
+    let (x2, p) = prepare(&op, &x, normalized_shape, &[weight.as_ref()])?;
     if !super::fused::use_fused(&op, &x2)? {
         let h = x.add(&residual)?;
         return Ok((rms_norm(&h, normalized_shape, weight.as_ref(), Some(eps))?, h));
@@ -335,19 +325,16 @@ pub fn batch_norm(
     if x.rank() < 2 {
         return Err(shape_err(format!("batch_norm: expected an input (n, c, ..), got {:?}", x.shape())));
     }
-    if eps.is_nan() || eps < 0.0 {
-        return Err(Error::invalid(format!("batch_norm: eps must be >= 0, got {eps}")));
-    }
+    let op = Op::BatchNorm { eps };
+    expect_eps(&op, eps)?;
     let c = x.shape()[1];
-    for t in [running_mean, running_var, weight, bias].into_iter().flatten() {
-        if t.shape() != [c] {
-            return Err(shape_err(format!(
-                "batch_norm: per-channel tensors must have shape [{c}] for input {:?}, got {:?}",
-                x.shape(),
-                t.shape()
-            )));
+    let per_channel =
+        [("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)];
+    for (name, t) in per_channel {
+        if let Some(t) = t {
+            expect_shape(&op, name, t, &[c])?;
+            common_device("batch_norm", &[x, t])?;
         }
-        common_device("batch_norm", &[x, t])?;
     }
     let count = x.numel() / c.max(1);
     let running = match (running_mean, running_var) {

@@ -27,8 +27,9 @@ pub fn softmax_backward<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T])
     Ok((ins, outs))
 }
 
-/// The normalizations' eps: not NaN, >= 0 (batch norm's rule too).
-pub(super) fn expect_eps(op: &Op, eps: f64) -> Result<()> {
+/// `InvalidArgument` unless a normalization's eps is >= 0 (not NaN): the rule of layer, RMS
+/// and batch norm.
+pub fn expect_eps(op: &Op, eps: f64) -> Result<()> {
     if eps.is_nan() || eps < 0.0 {
         return Err(BackendError::invalid(format!("{}: eps must be >= 0, got {eps}", op.name())));
     }
