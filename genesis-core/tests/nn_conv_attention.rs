@@ -281,7 +281,14 @@ fn bad_inputs_are_clear_errors() {
     assert_eq!(kind(F::scaled_dot_product_attention(&q, &k, &k, None, false, None)), ErrorKind::ShapeMismatch);
     assert_eq!(kind(F::dropout(&x, 1.5, true)), ErrorKind::InvalidArgument);
     let c = Tensor::zeros(&[2, 3], DType::F32, &cpu()).unwrap();
-    assert_eq!(kind(F::rotary_embedding(&q, &c, &c)), ErrorKind::ShapeMismatch);
+    let err = F::rotary_embedding(&q, &c, &c).unwrap_err();
+    assert_eq!(
+        (err.kind(), err.message()),
+        (ErrorKind::ShapeMismatch, "rotary: cos has shape [2, 3], expected [2, 2]")
+    );
+    let odd = Tensor::zeros(&[1, 3, 2, 3], DType::F32, &cpu()).unwrap();
+    let err = F::rotary_embedding(&odd, &c, &c).unwrap_err();
+    assert_eq!(err.message(), "rotary: the head dim of x [1, 3, 2, 3] must be even");
 }
 
 /// Grouped-query attention with a mask per batch, query head and position (and a float mask)

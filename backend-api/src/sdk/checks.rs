@@ -74,6 +74,18 @@ impl Geometry {
     pub fn of(desc: &TensorDesc) -> Result<Geometry> {
         Ok(Geometry { dtype: desc.dtype()?, shape: desc.shape(), strides: desc.strides() })
     }
+
+    /// A copy of any operand's dtype, shape and strides: lets a caller hand one check
+    /// operands of different types (existing tensors and [`Geometry::dense`] outputs).
+    pub fn like(t: &impl Meta) -> Geometry {
+        Geometry { dtype: t.dtype(), shape: t.shape().to_vec(), strides: t.strides().to_vec() }
+    }
+
+    /// A dense, row-major operand of `dtype` and `shape`: describes an output before it is
+    /// allocated, so a caller can run an op's check first.
+    pub fn dense(dtype: DType, shape: &[usize]) -> Geometry {
+        Geometry { dtype, shape: shape.to_vec(), strides: crate::tensor::contiguous_strides(shape) }
+    }
 }
 
 crate::impl_meta!(Geometry);

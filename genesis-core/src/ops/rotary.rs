@@ -2,33 +2,24 @@
 //! claims it, a composition otherwise; the backward is the inverse rotation. And the decode
 //! step's fused rotary embedding and key/value cache write ([`rotary_kv_write`]).
 
-use super::{common_device, dtype_err, exec, shape_err};
+use super::{common_device, dtype_err, exec};
 use crate::autograd::record1;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use genesis_backend_api::sdk::checks::{self, Geometry};
 use genesis_backend_api::{DType, Op};
 
 /// Rotary position embedding of `x (b, h, s, d)` in the "rotate half" layout with `cos, sin`
 /// of shape `(s, d/2)` (x's dtype): pairs `(i, i + d/2)` are rotated by the angle of their
 /// position. `cos` and `sin` are treated as constants (no gradient flows to them).
 pub fn rotary_embedding(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    if x.rank() != 4 || x.shape()[3] % 2 != 0 {
-        return Err(shape_err(format!("rotary: x must be (b, h, s, d) with an even d, got {:?}", x.shape())));
+    if !x.dtype().is_float() {
+        return Err(dtype_err(format!("rotary: expected a floating-point x, got {}", x.dtype())));
     }
-    let (s, half) = (x.shape()[2], x.shape()[3] / 2);
-    for t in [cos, sin] {
-        if t.shape() != [s, half] {
-            return Err(shape_err(format!("rotary: cos/sin must have shape [{s}, {half}], got {:?}", t.shape())));
-        }
-        if t.dtype() != x.dtype() || !x.dtype().is_float() {
-            return Err(dtype_err(format!(
-                "rotary: x ({}) and cos/sin ({}) must share a float dtype",
-                x.dtype(),
-                t.dtype()
-            )));
-        }
-        common_device("rotary", &[x, t])?;
-    }
+    // The SDK's rules and wording (y, not yet allocated, is described like x).
+    let inputs = [x, cos, sin].map(Geometry::like);
+    checks::rotary(&Op::Rotary { inverse: false }, &inputs, &[Geometry::dense(x.dtype(), x.shape())])?;
+    common_device("rotary", &[x, cos, sin])?;
     rotary(x, &cos.detach(), &sin.detach(), false)
 }
 
@@ -78,53 +69,14 @@ pub(crate) fn rotary_kv_write(
 ) -> Result<Tensor> {
     const NAME: &str = "rotary_kv_write";
     k_cache.check_in_place(NAME, &[v_cache, q, k, v, cos, sin])?;
-    let [b, _, s, d] = q.shape()[..] else {
-        return Err(shape_err(format!("{NAME}: q must be (b, heads, s, head_dim), got {:?}", q.shape())));
-    };
-    if d % 2 != 0 {
-        return Err(shape_err(format!("{NAME}: the head dim of q {:?} must be even", q.shape())));
+    if !q.dtype().is_float() {
+        return Err(dtype_err(format!("{NAME}: expected a floating-point q, got {}", q.dtype())));
     }
-    let [_, hk, _, _] = k.shape()[..] else {
-        return Err(shape_err(format!("{NAME}: k must be (b, kv_heads, s, head_dim), got {:?}", k.shape())));
-    };
-    if k.shape() != [b, hk, s, d] || v.shape() != k.shape() {
-        return Err(shape_err(format!(
-            "{NAME}: k and v must be (b, kv_heads, s, head_dim) alike with q's b, s and head_dim {:?}, got {:?} and {:?}",
-            q.shape(),
-            k.shape(),
-            v.shape()
-        )));
-    }
-    let caches_fit = matches!(k_cache.shape()[..], [cb, ch, t, cd] if [cb, ch, cd] == [b, hk, d] && t >= s);
-    if !caches_fit || v_cache.shape() != k_cache.shape() {
-        return Err(shape_err(format!(
-            "{NAME}: the caches must be (b, kv_heads, t, head_dim) alike with the keys' {:?} and t >= {s}, got {:?} and \
-             {:?}",
-            k.shape(),
-            k_cache.shape(),
-            v_cache.shape()
-        )));
-    }
-    for (name, table) in [("cos", cos), ("sin", sin)] {
-        if table.shape() != [s, d / 2] {
-            return Err(shape_err(format!("{NAME}: {name} must have shape [{s}, {}], got {:?}", d / 2, table.shape())));
-        }
-    }
-    if position.shape() != [1] || position.dtype() != DType::I64 {
-        return Err(Error::invalid(format!(
-            "{NAME}: position must be an int64 tensor of shape [1], got {} {:?}",
-            position.dtype(),
-            position.shape()
-        )));
-    }
-    let floats = [k, v, cos, sin, k_cache, v_cache];
-    if !q.dtype().is_float() || floats.iter().any(|x| x.dtype() != q.dtype()) {
-        let dtypes: Vec<String> = std::iter::once(q).chain(floats).map(|x| x.dtype().to_string()).collect();
-        return Err(dtype_err(format!(
-            "{NAME}: q, k, v, cos, sin and the caches must share a float dtype, got {}",
-            dtypes.join(", ")
-        )));
-    }
+    // The SDK's rules and wording (q_out, not yet allocated, is described like q).
+    let inputs = [q, k, v, cos, sin, position].map(Geometry::like);
+    let outputs = [Geometry::dense(q.dtype(), q.shape()), Geometry::like(k_cache), Geometry::like(v_cache)];
+    let (dims, _, _) = checks::rotary_kv_write(&Op::RotaryKvWrite, &inputs, &outputs)?;
+    let s = dims.s;
     common_device(NAME, &[q, k, v, cos, sin, position, k_cache, v_cache])?;
     let op = Op::RotaryKvWrite;
     if !super::fused::use_fused(&op, q)? {
