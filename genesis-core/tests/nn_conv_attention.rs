@@ -278,7 +278,15 @@ fn bad_inputs_are_clear_errors() {
     assert_eq!(kind(F::avg_pool2d(&x.reshape(&[4, 5, 5]).unwrap(), [2, 2], [2, 2], [0, 0])), ErrorKind::ShapeMismatch);
     let q = Tensor::zeros(&[1, 3, 2, 4], DType::F32, &cpu()).unwrap();
     let k = Tensor::zeros(&[1, 2, 2, 4], DType::F32, &cpu()).unwrap();
-    assert_eq!(kind(F::scaled_dot_product_attention(&q, &k, &k, None, false, None)), ErrorKind::ShapeMismatch);
+    let err = F::scaled_dot_product_attention(&q, &k, &k, None, false, None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ShapeMismatch);
+    assert_eq!(
+        err.message(),
+        "attention: the query heads (3) must be a multiple of the kv heads (2 in k [1, 2, 2, 4])"
+    );
+    let k64 = k.to_dtype(DType::F64).unwrap();
+    let err = F::scaled_dot_product_attention(&k, &k64, &k64, None, false, None).unwrap_err();
+    assert_eq!((err.kind(), err.message()), (ErrorKind::DtypeMismatch, "attention: k is float64, expected float32"));
     assert_eq!(kind(F::dropout(&x, 1.5, true)), ErrorKind::InvalidArgument);
     let c = Tensor::zeros(&[2, 3], DType::F32, &cpu()).unwrap();
     let err = F::rotary_embedding(&q, &c, &c).unwrap_err();

@@ -6,6 +6,7 @@ use crate::amp::{cast_for, CastPolicy};
 use crate::autograd::{is_grad_enabled, record, Saved};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use genesis_backend_api::sdk::checks::{self, Geometry};
 use genesis_backend_api::{DType, Op};
 
 /// `k (b, hk, t, d)` repeated to `hq = hk·group` heads (query head `h` reads kv head
@@ -176,28 +177,16 @@ fn attention(
 ) -> Result<Tensor> {
     let (q, k, v) = (cast_for(CastPolicy::Low, q)?, cast_for(CastPolicy::Low, k)?, cast_for(CastPolicy::Low, v)?);
     common_device("attention", &[&q, &k, &v])?;
-    if q.rank() != 4 || k.rank() != 4 || v.shape() != k.shape() {
-        return Err(shape_err(format!(
-            "attention: expected q (b, hq, s, d) and k, v (b, hk, t, d), got {:?}, {:?}, {:?}",
-            q.shape(),
-            k.shape(),
-            v.shape()
-        )));
+    if !q.dtype().is_float() {
+        return Err(dtype_err(format!("attention: expected a floating-point q, got {}", q.dtype())));
     }
+    // The SDK's rules and wording for q, k and v (the outputs, not yet allocated, described
+    // as the kernel would get them; the op is for the name).
+    let probe = Op::Attention { causal: causal.is_some(), scale: scale.unwrap_or(1.0) };
+    let lse_shape = &q.shape()[..q.rank().min(3)];
+    let outputs = [Geometry::dense(q.dtype(), q.shape()), Geometry::dense(DType::F32, lse_shape)];
+    checks::attention(&probe, &[&q, &k, &v].map(Geometry::like), &outputs)?;
     let (qs, ks) = (q.shape(), k.shape());
-    if qs[0] != ks[0] || qs[3] != ks[3] || ks[1] == 0 || qs[1] % ks[1] != 0 {
-        return Err(shape_err(format!(
-            "attention: q {qs:?} and k {ks:?} must share batch and head dim, with query heads a multiple of kv heads"
-        )));
-    }
-    if !q.dtype().is_float() || k.dtype() != q.dtype() || v.dtype() != q.dtype() {
-        return Err(dtype_err(format!(
-            "attention: q, k, v must share one floating-point dtype, got {}, {}, {}",
-            q.dtype(),
-            k.dtype(),
-            v.dtype()
-        )));
-    }
     let scale = scale.unwrap_or(1.0 / (qs[3].max(1) as f64).sqrt());
     let group = qs[1] / ks[1];
     // The kernel's causal mask is aligned to the lower right; upper-left differs only when
