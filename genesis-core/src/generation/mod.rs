@@ -252,7 +252,7 @@ impl<'m, M: CausalLM + ?Sized> Generation<'m, M> {
         let b = self.finished.len();
         no_grad(|| {
             let logits = match &self.replay {
-                Replay::SelfFeeding { graph, chosen, .. } => {
+                Replay::SelfFeeding { graph, chosen } => {
                     let (start, count) =
                         (self.cache.len(), TOKENS_PER_READ.min(self.config.max_new_tokens - self.produced));
                     for _ in 0..count {
