@@ -205,17 +205,8 @@ impl CudaDevice {
             .map_err(|e| driver_error(&format!("{op}: cuFuncSetAttribute for {name}"), e))?;
         }
         let mut args = [params as *mut P as *mut c_void];
-        if !early {
-            // SAFETY: the kernel takes one argument of the struct `P` mirrors; the addresses
-            // inside were validated against their buffers by the caller.
-            unsafe {
-                result::launch_kernel(f, (grid.0, grid.1, 1), (block.0, block.1, 1), smem, self.stream, &mut args)
-                    .map_err(|e| driver_error(&format!("{op}: launching {name}"), e))?;
-            }
-            return Ok(());
-        }
         // SAFETY: a zeroed attribute is a valid (empty) value; the two fields set are the
-        // attribute's id and its value.
+        // attribute's id and its value. It is passed only when `early`.
         let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
         attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         attribute.value.programmaticStreamSerializationAllowed = 1;
@@ -229,9 +220,11 @@ impl CudaDevice {
             sharedMemBytes: smem,
             hStream: self.stream,
             attrs: &mut attribute,
-            numAttrs: 1,
+            numAttrs: early as u32,
         };
-        // SAFETY: as above; `config` and `attribute` outlive the call.
+        // SAFETY: the kernel takes one argument of the struct `P` mirrors; the addresses inside
+        // were validated against their buffers by the caller. `config` and `attribute` outlive
+        // the call.
         unsafe { sys::cuLaunchKernelEx(&config, f, args.as_mut_ptr(), std::ptr::null_mut()) }
             .result()
             .map_err(|e| driver_error(&format!("{op}: launching {name}"), e))?;
