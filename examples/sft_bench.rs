@@ -6,18 +6,24 @@
 //!
 //! `cargo run --release --example sft_bench -- --device cuda [--batch 8 --len 1024 --steps 5]`
 //!
+//! `--profile` then profiles one more step: the op table by device time, the kernels with the
+//! most device time, how much of the step's span the device was busy, and the memory peak's op
+//! (`--trace PATH` also writes the step's Chrome trace).
+//!
 //! Data-parallel under `genesis-run --nproc-per-node N`: each rank trains a
 //! `DistributedDataParallel` replica on `cuda:{LOCAL_RANK}` with its own batch of `--batch`
 //! sequences, and rank 0 prints the line with the world size and the tokens/s of all ranks.
 
 use genesis::distributed::{MaybeDdp, ProcessGroup};
 use genesis::models::qwen2::{Qwen2Config, Qwen2ForCausalLM};
+use genesis::profiler::{profile, Profile, ProfilerOptions, SortBy, TableOptions};
 use genesis::sft::{SftBatches, SftConfig, SftExample, SftTrainer};
 use genesis::{DType, Error, Result};
 use std::time::Instant;
 
 fn main() -> Result<()> {
     let (mut device, mut batch, mut len, mut steps, mut layers) = ("cuda".to_string(), 8, 1024, 5u64, None);
+    let (mut profiled, mut trace) = (false, None);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| Error::invalid(format!("{flag} needs a value")));
@@ -28,6 +34,8 @@ fn main() -> Result<()> {
             "--len" => len = number(value()?)?,
             "--steps" => steps = number(value()?)? as u64,
             "--layers" => layers = Some(number(value()?)?),
+            "--profile" => profiled = true,
+            "--trace" => (profiled, trace) = (true, Some(value()?)),
             other => return Err(Error::invalid(format!("unknown flag {other}"))),
         }
     }
@@ -75,7 +83,7 @@ fn main() -> Result<()> {
     let mut data = SftBatches::new(examples.clone(), batch, 0)?;
     trainer.train(&mut data, None)?; // warm-up: kernels compiled, allocator filled, optimizer state made
     device.synchronize()?;
-    let mut trainer = SftTrainer::new(model, SftConfig { max_steps: steps, ..sft }, &out)?;
+    let mut trainer = SftTrainer::new(model, SftConfig { max_steps: steps, ..sft.clone() }, &out)?;
     device.reset_peak_memory_stats()?;
     barrier()?;
     let start = Instant::now();
@@ -83,8 +91,20 @@ fn main() -> Result<()> {
     device.synchronize()?;
     barrier()?;
     let seconds = start.elapsed().as_secs_f64();
+    let peak = device.max_memory_allocated()?;
+    if profiled {
+        let mut trainer = SftTrainer::new(model, SftConfig { max_steps: 1, ..sft }, &out)?;
+        let options = ProfilerOptions { record_shapes: false, profile_memory: true, device_time: true };
+        let (_, prof) = profile(options, || trainer.train(&mut data, None))?;
+        if rank == 0 {
+            print_profile(&prof);
+        }
+        if let Some(path) = &trace {
+            prof.export_chrome_trace(path)?;
+        }
+    }
     let _ = std::fs::remove_dir_all(&out);
-    let peak = device.max_memory_allocated()? as f64 / (1u64 << 30) as f64;
+    let peak = peak as f64 / (1u64 << 30) as f64;
     if rank != 0 {
         return Ok(());
     }
@@ -97,4 +117,39 @@ fn main() -> Result<()> {
         report.losses.iter().map(|l| l.1 as f32).collect::<Vec<_>>()
     );
     Ok(())
+}
+
+/// One profiled step: the ops by device time, the kernels by device time, the device's busy
+/// and idle time over the step's span, and the op at the memory peak.
+fn print_profile(prof: &Profile) {
+    println!("{}", prof.table(&TableOptions { sort_by: SortBy::SelfDevice, row_limit: 40, group_by_input_shape: false }));
+    let mut spans: Vec<(u64, u64)> = prof.kernels().iter().map(|k| (k.start_ns, k.end_ns)).collect();
+    spans.sort_unstable();
+    let (mut covered, mut reach) = (0u64, 0u64);
+    for &(start, end) in &spans {
+        covered += end.saturating_sub(start.max(reach));
+        reach = reach.max(end);
+    }
+    let span = spans.first().map_or(0, |&(first, _)| reach - first);
+    println!(
+        "device: {} kernels, busy {:.1} ms of a {:.1} ms span (idle {:.1} ms)",
+        spans.len(),
+        covered as f64 / 1e6,
+        span as f64 / 1e6,
+        (span - covered) as f64 / 1e6
+    );
+    let mut by_name: std::collections::HashMap<&str, (usize, u64)> = Default::default();
+    for k in prof.kernels() {
+        let entry = by_name.entry(k.name.as_str()).or_default();
+        *entry = (entry.0 + 1, entry.1 + (k.end_ns - k.start_ns));
+    }
+    let mut by_name: Vec<_> = by_name.into_iter().collect();
+    by_name.sort_by_key(|(_, (_, ns))| std::cmp::Reverse(*ns));
+    for (name, (count, ns)) in by_name.iter().take(30) {
+        let name: String = name.chars().take(100).collect();
+        println!("{:>9.2} ms {count:>5}x  {name}", *ns as f64 / 1e6);
+    }
+    for (device, bytes, op) in prof.memory_peaks() {
+        println!("memory peak on {device}: {:.2} GiB above the start, while running `{op}`", bytes as f64 / (1u64 << 30) as f64);
+    }
 }

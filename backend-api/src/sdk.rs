@@ -61,7 +61,7 @@ pub fn expect_no_overlap(op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc],
         let Some(o) = out.byte_extent()? else { continue };
         for (j, other) in outputs.iter().enumerate().skip(i + 1) {
             if let Some(p) = other.byte_extent()? {
-                if other.buffer == out.buffer && o.0 < p.1 && p.0 < o.1 {
+                if other.buffer == out.buffer && o.0 < p.1 && p.0 < o.1 && !interleaved_rows(out, other)? {
                     return Err(BackendError::invalid(format!("{}: outputs {i} and {j} overlap", op.name())));
                 }
             }
@@ -78,6 +78,32 @@ pub fn expect_no_overlap(op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc],
         }
     }
     Ok(())
+}
+
+/// Whether `a` and `b`, whose byte ranges overlap, still share no byte because their rows
+/// interleave: one shape, strides and dtype; every element at `m·S + c` (elements from the
+/// operand's start) for an integer `m` and `0 <= c < len`, with the innermost dim dense of
+/// length `len` and every other stride a multiple of `S >= len`; and the starts `d` elements
+/// apart with `len <= d mod S <= S - len`. The two halves of a stacked projection's rows
+/// (`p[.., :n]` and `p[.., n:]`) are such a pair. Anything else is reported as shared.
+fn interleaved_rows(a: &TensorDesc, b: &TensorDesc) -> Result<bool> {
+    if a.dtype != b.dtype || a.shape() != b.shape() || a.strides() != b.strides() {
+        return Ok(false);
+    }
+    let size = a.dtype()?.size_in_bytes() as u64;
+    let dims: Vec<(usize, isize)> = a.shape().into_iter().zip(a.strides()).filter(|&(n, _)| n > 1).collect();
+    let Some(&(len, 1)) = dims.last() else { return Ok(false) };
+    let outer = &dims[..dims.len() - 1];
+    let Some(row) = outer.iter().map(|&(_, s)| s.unsigned_abs()).min() else { return Ok(false) };
+    if row < len || outer.iter().any(|&(_, s)| s.unsigned_abs() % row != 0) {
+        return Ok(false);
+    }
+    let apart = a.offset_bytes.abs_diff(b.offset_bytes);
+    if apart % size != 0 {
+        return Ok(false);
+    }
+    let within = (apart / size) % row as u64;
+    Ok(within >= len as u64 && row as u64 - within >= len as u64)
 }
 
 /// One operand's memory for [`expect_disjoint_updates`]: a region key (the buffer id, or 0
@@ -215,6 +241,7 @@ impl ExactSizeIterator for StridedOffsets {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::BufferId;
 
     #[test]
     fn offsets_walk_row_major() {
@@ -222,5 +249,25 @@ mod tests {
         assert_eq!(offsets(&[], &[]).collect::<Vec<_>>(), vec![0]);
         assert_eq!(offsets(&[2, 0], &[1, 1]).count(), 0);
         assert_eq!(offsets(&[3, 2], &[0, 1]).collect::<Vec<_>>(), vec![0, 1, 0, 1, 0, 1]);
+    }
+
+    #[test]
+    fn interleaved_rows_share_no_byte_and_overlapping_ones_do() {
+        let op = Op::SwiGluBackward;
+        let f32_at = |shape: &[usize], strides: &[isize], start: usize| {
+            TensorDesc::new(BufferId(1), 4 * start, DType::F32, shape, strides).unwrap()
+        };
+        // The halves of (3, 2, 8) rows: [.., :4] and [.., 4:].
+        let (gate, up) = (f32_at(&[3, 2, 4], &[16, 8, 1], 0), f32_at(&[3, 2, 4], &[16, 8, 1], 4));
+        assert!(expect_no_overlap(&op, &[], &[gate, up], false).is_ok());
+        // Starts 3 elements apart: rows of 4 share elements.
+        let shifted = f32_at(&[3, 2, 4], &[16, 8, 1], 3);
+        assert!(expect_no_overlap(&op, &[], &[gate, shifted], false).unwrap_err().message.contains("overlap"));
+        // A row stride that is not a multiple of the smallest outer stride.
+        let odd = |start| f32_at(&[2, 2, 4], &[12, 8, 1], start);
+        assert!(expect_no_overlap(&op, &[], &[odd(0), odd(4)], false).is_err());
+        // Different strides, and an input: the range rule.
+        assert!(expect_no_overlap(&op, &[], &[gate, f32_at(&[3, 2, 4], &[8, 4, 1], 4)], false).is_err());
+        assert!(expect_no_overlap(&op, &[up], &[gate], false).is_err());
     }
 }

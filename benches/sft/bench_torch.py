@@ -2,7 +2,10 @@
 (random weights, f32 parameters and AdamW state, fused AdamW), bf16 autocast, batch x len random
 ids as inputs and labels (transformers' loss shifts them). Prints one JSON line.
 
-python3 benches/sft/bench_torch.py [--batch 8 --len 1024 --steps 5 --layers 24]
+python3 benches/sft/bench_torch.py [--batch 8 --len 1024 --steps 5 --layers 24] [--profile]
+
+--profile then profiles one more step with torch.profiler and prints its kernels by device time
+(the counterpart of sft_bench's --profile).
 
 Under torchrun (WORLD_SIZE set): DistributedDataParallel over NCCL, one GPU per rank, each rank
 its own batch; rank 0 prints the line with the tokens/s of all ranks.
@@ -20,6 +23,7 @@ p.add_argument("--batch", type=int, default=8)
 p.add_argument("--len", type=int, default=1024)
 p.add_argument("--steps", type=int, default=5)
 p.add_argument("--layers", type=int, default=24)
+p.add_argument("--profile", action="store_true")
 a = p.parse_args()
 config = Qwen2Config(
     vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=a.layers,
@@ -70,5 +74,11 @@ if rank == 0:
         "tokens_per_s": round(world * a.batch * a.len * a.steps / seconds),
         "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "losses": losses,
     }))
+if a.profile and rank == 0:
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=90))
 if world > 1:
     torch.distributed.destroy_process_group()

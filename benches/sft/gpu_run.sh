@@ -26,7 +26,7 @@ remote)
         | grep -v Warning | tee "$out/check.txt"
     "$dist/chat" --model "$model" --device cuda --greedy --prompt "Add one 52307" --max-new-tokens 8 2>&1 | tail -3
     echo "== SFT step, Qwen2.5-0.5B shape, bf16 autocast, batch 8 x 1024"
-    "$dist/sft_bench" --device cuda --batch 8 --len 1024 --steps 5 2>&1 | tee "$out/bench.jsonl"
+    "$dist/sft_bench" --device cuda --batch 8 --len 1024 --steps 5 ${SFT_PROFILE:+--profile} 2>&1 | tee "$out/bench.jsonl"
     python3 benches/sft/bench_torch.py --batch 8 --len 1024 --steps 5 2>&1 | grep '^{' | tee -a "$out/bench.jsonl"
     ;;
 *)

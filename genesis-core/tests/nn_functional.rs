@@ -303,7 +303,25 @@ fn batch_norm_fused_matches_composite() {
 fn swiglu_gradcheck_fused_and_second_order() {
     // The halves of one stacked projection (row-strided views), as Qwen2's MLP passes them.
     let stacked = rand(&[4, 6], 30);
-    check(|t| F::swiglu(&t[0].narrow(1, 0, 3)?, &t[0].narrow(1, 3, 3)?), &[stacked]);
+    check(|t| F::swiglu(&t[0].narrow(1, 0, 3)?, &t[0].narrow(1, 3, 3)?), &[stacked.clone()]);
+    // The same through swiglu_halves (its gradient written into one buffer), fused and composed.
+    check(|t| F::swiglu_halves(&t[0]), &[stacked.clone()]);
+    check(|t| F::swiglu_halves(&t[0].transpose(0, 1)?), &[rand(&[8, 2], 34)]);
+    genesis::testing::composites_only(|| {
+        check(|t| F::swiglu_halves(&t[0]), &[stacked.clone()]);
+        Ok::<(), genesis::Error>(())
+    })
+    .unwrap();
+    check(
+        |t| {
+            let _on = genesis::autograd::set_grad_enabled(true);
+            let p = if t[0].requires_grad() { t[0].clone() } else { t[0].detach().requires_grad_(true)? };
+            let y = F::swiglu_halves(&p)?;
+            Ok(genesis::grad(&[y.square()?.sum()?], &[p], None, true, true)?[0].clone().unwrap())
+        },
+        &[stacked],
+    );
+    assert!(F::swiglu_halves(&rand(&[2, 5], 35)).is_err(), "an odd last dim has no halves");
     let (gate, up) = (rand(&[2, 5], 31), rand(&[2, 5], 32));
     check(|t| F::swiglu(&t[0], &t[1]), &[gate.clone(), up.clone()]);
     // Broadcasting (the composition, as PyTorch's `silu(gate) * up` broadcasts).

@@ -157,6 +157,34 @@ fn clip_grad_norm_scales_to_max_norm_and_returns_the_total() -> Result<()> {
     Ok(())
 }
 
+/// The total norm is combined on the device: one read to the host for all the gradients,
+/// however many there are (a read per gradient waited for the device ~300 times a step in
+/// the Qwen2 SFT step). Also checks the 1-norm, and that a NaN gradient gives a NaN norm.
+#[test]
+fn clip_grad_norm_reads_the_device_once() -> Result<()> {
+    use genesis::profiler::{profile, record_function, ProfilerOptions};
+    let cpu = Device::cpu()?;
+    let params = (0..12).map(|i| param(&[i as f32, -1.0, 2.0], &[3], &cpu)).collect::<Result<Vec<_>>>()?;
+    for (i, p) in params.iter().enumerate() {
+        set_grad(p, &[0.5 * i as f32, -1.0, 0.0])?;
+    }
+    let options = ProfilerOptions { device_time: false, ..Default::default() };
+    // Other tests of this binary may run ops meanwhile: count the reads inside this span.
+    let (total, prof) = profile(options, || {
+        let _clip = record_function("clip");
+        clip_grad_norm_(&params, 1e9, 1.0)
+    })?;
+    let expected: f64 = (0..12).map(|i| 0.5 * i as f64 + 1.0).sum();
+    assert!((total - expected).abs() < 1e-4, "{total} vs {expected}");
+    let clip = prof.events().iter().find(|e| e.name == "clip").map(|e| e.id);
+    let reads = prof.events().iter().filter(|e| e.name == "copy_to_host" && e.parent == clip).count();
+    assert_eq!(reads, 1, "reads to the host: {reads}");
+    set_grad(&params[3], &[f32::NAN, 0.0, 0.0])?;
+    assert!(clip_grad_norm_(&params, 1.0, 2.0)?.is_nan());
+    assert!(clip_grad_norm_(&params, 1.0, f64::INFINITY)?.is_nan());
+    Ok(())
+}
+
 /// A gradient shared between two parameters (as the backward of an addition gives) is
 /// clipped once for each, not twice.
 #[test]

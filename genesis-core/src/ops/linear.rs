@@ -40,8 +40,8 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
 ///
 /// With `gated`, `weight (2n, k)` is a gated feed-forward's stacked projection, the gate's
 /// rows then the up projection's, and the first output is `swiglu(p[.., :n], p[.., n:])` of
-/// the linear layer's `p (.., 2n)`, as `swiglu(&p.narrow(-1, 0, n)?, &p.narrow(-1, n, n)?)`
-/// gives; `p` itself is never stored.
+/// the linear layer's `p (.., 2n)`, as `swiglu_halves(&p)` gives; `p` itself is never
+/// stored by the fused op.
 ///
 /// Without recorded gradients, with one float dtype throughout and autocast off, it is one op
 /// of the backend (`add_rms_norm_linear`) when the backend claims it: on a GPU a decode step's
@@ -68,7 +68,7 @@ pub fn add_rms_norm_linear(
         let (h, sum) = super::norm::add_rms_norm(x, residual, &[k], norm_weight, eps)?;
         let p = linear(&h, weight, bias)?;
         let y = if gated {
-            super::swiglu::swiglu(&p.narrow(-1, 0, rows / 2)?, &p.narrow(-1, rows / 2, rows / 2)?)?
+            super::swiglu::swiglu_halves(&p)?
         } else {
             p
         };

@@ -63,8 +63,23 @@ fn matmul_2d_or_batched(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let g = g[0].as_ref().ok_or_else(|| Error::invalid("missing gradient"))?;
         let (a, b) = (sa.get("matmul")?, sb.get("matmul")?);
         let da = matmul_2d_or_batched(g, &b.transpose(-1, -2)?)?;
-        let db = matmul_2d_or_batched(&a.transpose(-1, -2)?, g)?;
-        Ok(vec![Some(sum_to(&da, &shape_a)?), Some(sum_to(&db, &shape_b)?)])
+        Ok(vec![Some(sum_to(&da, &shape_a)?), Some(shared_operand_grad(&a, g, &shape_b)?)])
     });
     Ok(record1("matmul", &[a, b], out, backward))
+}
+
+/// The gradient of `b` in `a @ b` from the output gradient `g`. When `b` is one matrix that
+/// every batch entry of `a` multiplies (`x (batch, s, k) @ w (k, n)`: every linear layer),
+/// its gradient is one product over all the batch's rows, `a (rows, k)ᵀ @ g (rows, n)`,
+/// rather than one product per entry and a sum over them: one GEMM with the whole reduction
+/// accumulated in the GEMM's precision, and no `(batch, k, n)` intermediate.
+fn shared_operand_grad(a: &Tensor, g: &Tensor, shape_b: &[usize]) -> Result<Tensor> {
+    let (ra, rg) = (a.rank(), g.rank());
+    let shared = shape_b[..shape_b.len() - 2].iter().product::<usize>() == 1;
+    if shared && ra > 2 && a.shape()[..ra - 2] == g.shape()[..rg - 2] {
+        let (k, n) = (a.shape()[ra - 1] as isize, g.shape()[rg - 1] as isize);
+        let db = matmul_2d_or_batched(&a.reshape(&[-1, k])?.t()?, &g.reshape(&[-1, n])?)?;
+        return db.reshape(&shape_b.iter().map(|&d| d as isize).collect::<Vec<_>>());
+    }
+    sum_to(&matmul_2d_or_batched(&a.transpose(-1, -2)?, g)?, shape_b)
 }

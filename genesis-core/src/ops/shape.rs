@@ -193,7 +193,38 @@ impl Tensor {
             return Err(Error::invalid("split: size must be positive"));
         }
         let n = self.shape()[d];
-        (0..n).step_by(size).map(|start| self.narrow(d as isize, start, size.min(n - start))).collect()
+        let sizes: Vec<usize> = (0..n).step_by(size).map(|start| size.min(n - start)).collect();
+        self.split_with_sizes(&sizes, d as isize)
+    }
+
+    /// Split into pieces of `sizes` along `dim`, which must add up to its length (`torch.split`
+    /// with a list). The pieces are views; their gradients are joined by one concatenation
+    /// (zeros for a piece without one), not each spread over zeros of the whole.
+    pub fn split_with_sizes(&self, sizes: &[usize], dim: isize) -> Result<Vec<Tensor>> {
+        let d = wrap_dim("split_with_sizes", dim, self.rank())?;
+        if sizes.iter().sum::<usize>() != self.shape()[d] {
+            return Err(shape_err(format!(
+                "split_with_sizes: sizes {sizes:?} do not add up to dim {d} of shape {:?}",
+                self.shape()
+            )));
+        }
+        let mut start = 0;
+        let mut pieces = Vec::with_capacity(sizes.len());
+        for &n in sizes {
+            pieces.push(self.with_layout(self.layout().slice(d, start, n, 1)));
+            start += n;
+        }
+        let shapes: Vec<Vec<usize>> = pieces.iter().map(|p| p.shape().to_vec()).collect();
+        let (dtype, device) = (self.dtype(), self.device().clone());
+        let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
+            let parts = g
+                .iter()
+                .zip(&shapes)
+                .map(|(g, shape)| g.clone().map_or_else(|| Tensor::zeros(shape, dtype, &device), Ok))
+                .collect::<Result<Vec<_>>>()?;
+            Ok(vec![Some(Tensor::cat(&parts, d as isize)?)])
+        });
+        Ok(crate::autograd::record("split", &[self], pieces, backward))
     }
 
     /// Split into `chunks` nearly equal pieces along `dim`.
@@ -249,8 +280,9 @@ impl Tensor {
     }
 
     /// The rows of `parts` (contiguous, each `(n_i, ..)`) as one `(Σ n_i, ..)` tensor without a
-    /// copy, when they lie back to back in one storage; `None` otherwise. No autograd link:
-    /// for inference over weights stored together (see `models::qwen2`).
+    /// copy, when they lie back to back in one storage; `None` otherwise. What `cat(parts, 0)`
+    /// gives, gradient included (each part's gradient is its rows of the output's, a view):
+    /// layers whose weights are stored together run as one (see `models::qwen2`).
     pub(crate) fn adjacent_rows(parts: &[Tensor]) -> Option<Tensor> {
         let first = parts.first()?;
         let mut next = first.layout().offset;
@@ -271,7 +303,18 @@ impl Tensor {
         shape[0] = parts.iter().map(|p| p.shape()[0]).sum();
         let mut layout = crate::tensor::Layout::contiguous(&shape);
         layout.offset = first.layout().offset;
-        Some(first.with_layout(layout))
+        let rows: Vec<usize> = parts.iter().map(|p| p.shape()[0]).collect();
+        let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
+            let g = g[0].as_ref().ok_or_else(|| Error::invalid("missing gradient"))?;
+            let mut start = 0;
+            rows.iter()
+                .map(|&n| {
+                    start += n;
+                    g.narrow(0, start - n, n).map(Some)
+                })
+                .collect()
+        });
+        Some(record1("cat", &parts.iter().collect::<Vec<_>>(), first.with_layout(layout), backward))
     }
 
     /// Stack along a new dim (`torch.stack`).

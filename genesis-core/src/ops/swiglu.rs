@@ -1,7 +1,7 @@
 //! SwiGLU, the gated feed-forward's activation `silu(gate) · up`: the fused kernel when the
 //! device claims it, the composition otherwise.
 
-use super::{common_device, exec};
+use super::{common_device, exec, exec_views};
 use crate::autograd::{is_grad_enabled, record, Saved};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -24,17 +24,70 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
         let dy = g[0].as_ref().ok_or_else(|| Error::invalid("missing gradient"))?;
         let (gate, up) = (sg.get("swiglu")?, su.get("swiglu")?);
-        // With a graph of the gradients wanted (double backward), the composition records it.
-        if is_grad_enabled() || !super::fused::use_fused(&Op::SwiGluBackward, dy)? || dy.dtype() != gate.dtype() {
-            let s = gate.sigmoid()?;
-            let dup = dy.mul(&gate.mul(&s)?)?;
-            let dsilu = s.mul(&gate.mul(&s.neg()?.add_scalar(1.0)?)?.add_scalar(1.0)?)?;
-            return Ok(vec![Some(dy.mul(up)?.mul(&dsilu)?), Some(dup)]);
+        if !fused_backward(dy, &gate)? {
+            return Ok(composed_backward(dy, &gate, &up)?.map(Some).to_vec());
         }
-        let dgate = Tensor::empty(gate.shape(), gate.dtype(), gate.device())?;
-        let dup = Tensor::empty(gate.shape(), gate.dtype(), gate.device())?;
-        exec(&Op::SwiGluBackward, &[(dy, dy.layout()), (gate, gate.layout()), (up, up.layout())], &[&dgate, &dup])?;
+        let (dgate, dup) = (Tensor::empty(gate.shape(), gate.dtype(), gate.device())?, Tensor::empty(up.shape(), up.dtype(), up.device())?);
+        let outputs = [(&dgate, dgate.layout()), (&dup, dup.layout())];
+        exec_views(&Op::SwiGluBackward, &[(dy, dy.layout()), (&gate, gate.layout()), (&up, up.layout())], &outputs)?;
         Ok(vec![Some(dgate), Some(dup)])
     });
     Ok(record("swiglu", &[gate, up], vec![y], backward).remove(0))
+}
+
+/// `swiglu` of the two halves of the last dim of `p (.., 2n)`: `silu(p[.., :n]) · p[.., n:]`,
+/// a gated feed-forward whose gate and up projections run as one stacked layer (the halves
+/// split as `F.glu` splits its input). With the fused kernels the gradient is written into
+/// one `(.., 2n)` buffer, each half in place, rather than as two tensors joined afterwards.
+pub fn swiglu_halves(p: &Tensor) -> Result<Tensor> {
+    let last = p.shape().last().copied().unwrap_or(0);
+    if p.rank() == 0 || last % 2 != 0 {
+        return Err(super::shape_err(format!("swiglu_halves: the last dim of {:?} must be even", p.shape())));
+    }
+    let n = last / 2;
+    let op = Op::SwiGlu;
+    if !p.dtype().is_float() || !super::fused::use_fused(&op, p)? {
+        let halves = p.split_with_sizes(&[n, n], -1)?;
+        return swiglu(&halves[0], &halves[1]);
+    }
+    let halves = move |t: &Tensor| -> [Tensor; 2] {
+        let d = t.rank() - 1;
+        [t.with_layout(t.layout().slice(d, 0, n, 1)), t.with_layout(t.layout().slice(d, n, n, 1))]
+    };
+    let mut shape = p.shape().to_vec();
+    shape[p.rank() - 1] = n;
+    let y = Tensor::empty(&shape, p.dtype(), p.device())?;
+    let [gate, up] = halves(p);
+    exec(&op, &[(&gate, gate.layout()), (&up, up.layout())], &[&y])?;
+    let saved = Saved::new(p);
+    let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
+        let dy = g[0].as_ref().ok_or_else(|| Error::invalid("missing gradient"))?;
+        let p = saved.get("swiglu_halves")?;
+        if !fused_backward(dy, p)? {
+            // Views through `split` keep the link to `p` that a gradient of this gradient needs.
+            let halves = p.split_with_sizes(&[n, n], -1)?;
+            return Ok(vec![Some(Tensor::cat(&composed_backward(dy, &halves[0], &halves[1])?, -1)?)]);
+        }
+        let [gate, up] = halves(p);
+        let dp = Tensor::empty(&[&gate.shape()[..gate.rank() - 1], &[2 * n]].concat(), gate.dtype(), gate.device())?;
+        let [dgate, dup] = halves(&dp);
+        let outputs = [(&dp, dgate.layout()), (&dp, dup.layout())];
+        exec_views(&Op::SwiGluBackward, &[(dy, dy.layout()), (&gate, gate.layout()), (&up, up.layout())], &outputs)?;
+        Ok(vec![Some(dp)])
+    });
+    Ok(record("swiglu", &[p], vec![y], backward).remove(0))
+}
+
+/// Whether the backward runs as the fused kernel: the device has it, `dy` has the
+/// operands' dtype, and no gradient of the gradient is recorded.
+fn fused_backward(dy: &Tensor, gate: &Tensor) -> Result<bool> {
+    Ok(!is_grad_enabled() && dy.dtype() == gate.dtype() && super::fused::use_fused(&Op::SwiGluBackward, dy)?)
+}
+
+/// `[dgate, dup]` by the composition (differentiable, for higher-order gradients).
+fn composed_backward(dy: &Tensor, gate: &Tensor, up: &Tensor) -> Result<[Tensor; 2]> {
+    let s = gate.sigmoid()?;
+    let dup = dy.mul(&gate.mul(&s)?)?;
+    let dsilu = s.mul(&gate.mul(&s.neg()?.add_scalar(1.0)?)?.add_scalar(1.0)?)?;
+    Ok([dy.mul(up)?.mul(&dsilu)?, dup])
 }

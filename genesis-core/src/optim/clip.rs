@@ -7,15 +7,41 @@ use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use genesis_backend_api::DType;
 
-/// The p-norm of one gradient, as f64 on the host; sums run in f32 or wider so that f16
-/// squares cannot overflow.
-fn grad_norm(g: &Tensor, norm_type: f64) -> Result<f64> {
+/// One gradient's part of the total norm as a 0-d tensor on its device: the sum of
+/// `|g|^norm_type`, or `max |g|` for the infinity norm (`None` for an empty gradient there).
+/// Sums run in f32 or wider so that f16 squares cannot overflow.
+fn norm_part(g: &Tensor, norm_type: f64) -> Result<Option<Tensor>> {
     let g = if g.dtype() == DType::F64 { g.clone() } else { g.to_dtype(DType::F32)? };
     if norm_type == f64::INFINITY {
-        return if g.numel() == 0 { Ok(0.0) } else { g.abs()?.max()?.item::<f64>() };
+        return if g.numel() == 0 { Ok(None) } else { g.abs()?.max().map(Some) };
     }
-    let sum = if norm_type == 2.0 { g.square()?.sum()? } else { g.abs()?.pow_scalar(norm_type)?.sum()? };
-    Ok(sum.item::<f64>()?.powf(1.0 / norm_type))
+    let powered = if norm_type == 2.0 { g.square()? } else { g.abs()?.pow_scalar(norm_type)? };
+    powered.sum().map(Some)
+}
+
+/// The total `norm_type`-norm of `grads`. The parts stay on their devices and are combined
+/// there, one read to the host per (device, dtype) group: a read per gradient would wait for
+/// the device hundreds of times a step.
+fn total_norm(grads: &[Tensor], norm_type: f64) -> Result<f64> {
+    let mut groups: Vec<Vec<Tensor>> = Vec::new();
+    for g in grads {
+        let Some(part) = norm_part(g, norm_type)? else { continue };
+        match groups.iter_mut().find(|group| group[0].device() == part.device() && group[0].dtype() == part.dtype()) {
+            Some(group) => group.push(part),
+            None => groups.push(vec![part]),
+        }
+    }
+    let mut total = 0.0f64;
+    for group in &groups {
+        let parts = Tensor::stack(group, 0)?;
+        if norm_type == f64::INFINITY {
+            let max = parts.max()?.item::<f64>()?;
+            total = if max.is_nan() || total.is_nan() { f64::NAN } else { total.max(max) };
+        } else {
+            total += parts.sum()?.item::<f64>()?;
+        }
+    }
+    Ok(if norm_type == f64::INFINITY { total } else { total.powf(1.0 / norm_type) })
 }
 
 /// Scale the gradients of `params` together so that their combined `norm_type`-norm is at
@@ -32,12 +58,7 @@ pub fn clip_grad_norm_(params: &[Tensor], max_norm: f64, norm_type: f64) -> Resu
     }
     no_grad(|| {
         let grads: Vec<(&Tensor, Tensor)> = params.iter().filter_map(|p| p.grad().map(|g| (p, g))).collect();
-        let norms = grads.iter().map(|(_, g)| grad_norm(g, norm_type)).collect::<Result<Vec<f64>>>()?;
-        let total = if norm_type == f64::INFINITY {
-            norms.iter().fold(0.0f64, |a, &b| if b.is_nan() || a.is_nan() { f64::NAN } else { a.max(b) })
-        } else {
-            norms.iter().map(|n| n.powf(norm_type)).sum::<f64>().powf(1.0 / norm_type)
-        };
+        let total = total_norm(&grads.iter().map(|(_, g)| g.clone()).collect::<Vec<_>>(), norm_type)?;
         let coef = max_norm / (total + 1e-6);
         // A NaN coefficient (NaN norm) scales too, spreading the NaN as PyTorch does.
         if coef.is_nan() || coef < 1.0 {

@@ -8,6 +8,7 @@ use crate::models::kv_cache::KvCache;
 use crate::models::rope::RotaryTables;
 use crate::nn::functional::{
     add_rms_norm_linear, rotary_embedding, scaled_dot_product_attention, scaled_dot_product_attention_lower_right,
+    swiglu_halves,
 };
 use crate::nn::{Embedding, Entry, Linear, Module, ModuleList, Param, RMSNorm};
 use crate::tensor::Tensor;
@@ -24,8 +25,8 @@ fn linear(source: &mut WeightSource<'_>, name: &str, input: usize, output: usize
 }
 
 /// Linear layers whose weights (and biases) are stored back to back in one buffer, as views
-/// that keep their own names: q/k/v and gate/up read the same input, so inference runs each
-/// group as one GEMM (`forward_stacked`) while training and state dicts see the separate
+/// that keep their own names: q/k/v and gate/up read the same input, so each group runs as
+/// one GEMM (`forward_stacked`, `gated`) while optimizers and state dicts see the separate
 /// Hugging Face parameters.
 fn stacked_linears(
     source: &mut WeightSource<'_>,
@@ -59,12 +60,10 @@ fn stacked_linears(
 }
 
 /// The weights (and biases) of `group` as one stacked layer, when they are still back to back
-/// in one buffer and no gradient is recorded.
+/// in one buffer. In training too: each layer's gradient is then its rows of the stacked
+/// one, and the group costs one GEMM (and one cast of its input) forward and two backward.
 fn stacked(group: &[&Linear]) -> Option<(Tensor, Option<Tensor>)> {
     let weights: Vec<Tensor> = group.iter().map(|l| l.weight.get()).collect();
-    if crate::autograd::is_grad_enabled() && weights.iter().any(|w| w.requires_grad()) {
-        return None;
-    }
     let weight = Tensor::adjacent_rows(&weights)?;
     let biases: Option<Vec<Tensor>> = group.iter().map(|l| l.bias.as_ref().map(Param::get)).collect();
     match biases {
@@ -75,16 +74,8 @@ fn stacked(group: &[&Linear]) -> Option<(Tensor, Option<Tensor>)> {
 
 /// The stacked layer's output `y (.., Σ out)` split back into one view per layer of `group`.
 fn unstack(y: &Tensor, group: &[&Linear]) -> Result<Vec<Tensor>> {
-    let mut start = 0;
-    group
-        .iter()
-        .map(|l| {
-            let out = l.weight.get().shape()[0];
-            let part = y.narrow(-1, start, out);
-            start += out;
-            part
-        })
-        .collect()
+    let sizes: Vec<usize> = group.iter().map(|l| l.weight.get().shape()[0]).collect();
+    y.split_with_sizes(&sizes, -1)
 }
 
 /// `x` through each layer of `group`: one GEMM over their stacked weights when it can
@@ -93,6 +84,15 @@ fn forward_stacked(x: &Tensor, group: &[&Linear]) -> Result<Vec<Tensor>> {
     match stacked(group) {
         Some((w, b)) => unstack(&crate::nn::functional::linear(x, &w, b.as_ref())?, group),
         None => group.iter().map(|l| l.forward(x)).collect(),
+    }
+}
+
+/// `silu(gate(x)) · up(x)` of the projections `[gate, up]`: one GEMM and [`swiglu_halves`]
+/// when they are stacked, which keeps their gradient in one buffer too.
+fn gated(x: &Tensor, [gate, up]: [&Linear; 2]) -> Result<Tensor> {
+    match stacked(&[gate, up]) {
+        Some((w, b)) => swiglu_halves(&crate::nn::functional::linear(x, &w, b.as_ref())?),
+        None => crate::nn::functional::swiglu(&gate.forward(x)?, &up.forward(x)?),
     }
 }
 
@@ -252,15 +252,9 @@ impl Qwen2Mlp {
     }
 }
 
-/// `silu(gate) · up` of the projections `[gate, up]`.
-fn gated(gate_up: Vec<Tensor>) -> Result<Tensor> {
-    let [gate, up]: [Tensor; 2] = gate_up.try_into().map_err(|_| Error::invalid("gate/up projections"))?;
-    crate::nn::functional::swiglu(&gate, &up)
-}
-
 impl Module for Qwen2Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.down_proj.forward(&gated(forward_stacked(x, &self.projections())?)?)
+        self.down_proj.forward(&gated(x, self.projections())?)
     }
 
     fn visit(&self, f: &mut dyn FnMut(&str, Entry<'_>)) {
@@ -314,7 +308,7 @@ impl Stream {
             return fused;
         }
         let (normed, x) = self.norm(norm)?;
-        Ok((gated(forward_stacked(&normed, &group)?)?, x))
+        Ok((gated(&normed, group)?, x))
     }
 
     /// The same view (`f`) of both parts, such as the last position.
