@@ -322,6 +322,33 @@ fn swiglu_gradcheck_fused_and_second_order() {
         &[stacked],
     );
     assert!(F::swiglu_halves(&rand(&[2, 5], 35)).is_err(), "an odd last dim has no halves");
+}
+
+#[test]
+fn swiglu_linear_recomputes_and_matches_the_composition() {
+    let (p, w) = (rand(&[2, 3, 8], 36), rand(&[5, 4], 37));
+    check(|t| F::swiglu_linear(&t[0], &t[1]), &[p.clone(), w.clone()]);
+    genesis::testing::composites_only(|| {
+        check(|t| F::swiglu_linear(&t[0], &t[1]), &[p.clone(), w.clone()]);
+        Ok::<(), genesis::Error>(())
+    })
+    .unwrap();
+    // A gradient of the gradient goes through the recomputation.
+    check(
+        |t| {
+            let _on = genesis::autograd::set_grad_enabled(true);
+            let p = if t[0].requires_grad() { t[0].clone() } else { t[0].detach().requires_grad_(true)? };
+            let y = F::swiglu_linear(&p, &t[1])?;
+            Ok(genesis::grad(&[y.square()?.sum()?], &[p], None, true, true)?[0].clone().unwrap())
+        },
+        &[p.clone(), w.clone()],
+    );
+    // The same values as the composition it replaces (what it keeps: tests/memory.rs).
+    let y = F::swiglu_linear(&p, &w).unwrap();
+    let reference = F::linear(&F::swiglu_halves(&p).unwrap(), &w, None).unwrap();
+    assert_eq!(y.to_vec::<f64>().unwrap(), reference.to_vec::<f64>().unwrap());
+    assert_eq!(y.grad_fn_name(), Some("swiglu_linear"));
+    assert!(F::swiglu_linear(&p, &rand(&[5, 3], 38)).is_err(), "weight (5, 3) does not fit halves of 4");
     let (gate, up) = (rand(&[2, 5], 31), rand(&[2, 5], 32));
     check(|t| F::swiglu(&t[0], &t[1]), &[gate.clone(), up.clone()]);
     // Broadcasting (the composition, as PyTorch's `silu(gate) * up` broadcasts).

@@ -10,7 +10,7 @@ pub use crate::ops::loss::{
 };
 pub use crate::ops::norm::{add_rms_norm, batch_norm, layer_norm, rms_norm};
 pub use crate::ops::rotary::rotary_embedding;
-pub use crate::ops::swiglu::{swiglu, swiglu_halves};
+pub use crate::ops::swiglu::{swiglu, swiglu_halves, swiglu_linear};
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;

@@ -2,6 +2,7 @@
 //! device claims it, the composition otherwise.
 
 use super::{common_device, exec, exec_views};
+use crate::amp::{cast_for, CastPolicy};
 use crate::autograd::{is_grad_enabled, record, Saved};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -50,32 +51,79 @@ pub fn swiglu_halves(p: &Tensor) -> Result<Tensor> {
         let halves = p.split_with_sizes(&[n, n], -1)?;
         return swiglu(&halves[0], &halves[1]);
     }
-    let halves = move |t: &Tensor| -> [Tensor; 2] {
-        let d = t.rank() - 1;
-        [t.with_layout(t.layout().slice(d, 0, n, 1)), t.with_layout(t.layout().slice(d, n, n, 1))]
-    };
-    let mut shape = p.shape().to_vec();
-    shape[p.rank() - 1] = n;
-    let y = Tensor::empty(&shape, p.dtype(), p.device())?;
+    let y = Tensor::empty(&halves_out_shape(p), p.dtype(), p.device())?;
     let [gate, up] = halves(p);
     exec(&op, &[(&gate, gate.layout()), (&up, up.layout())], &[&y])?;
     let saved = Saved::new(p);
     let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
         let dy = g[0].as_ref().ok_or_else(|| Error::invalid("missing gradient"))?;
-        let p = saved.get("swiglu_halves")?;
-        if !fused_backward(dy, p)? {
-            // Views through `split` keep the link to `p` that a gradient of this gradient needs.
-            let halves = p.split_with_sizes(&[n, n], -1)?;
-            return Ok(vec![Some(Tensor::cat(&composed_backward(dy, &halves[0], &halves[1])?, -1)?)]);
-        }
-        let [gate, up] = halves(p);
-        let dp = Tensor::empty(&[&gate.shape()[..gate.rank() - 1], &[2 * n]].concat(), gate.dtype(), gate.device())?;
-        let [dgate, dup] = halves(&dp);
-        let outputs = [(&dp, dgate.layout()), (&dp, dup.layout())];
-        exec_views(&Op::SwiGluBackward, &[(dy, dy.layout()), (&gate, gate.layout()), (&up, up.layout())], &outputs)?;
-        Ok(vec![Some(dp)])
+        Ok(vec![Some(halves_backward(dy, saved.get("swiglu_halves")?)?)])
     });
     Ok(record("swiglu", &[p], vec![y], backward).remove(0))
+}
+
+/// `linear(swiglu_halves(p), weight)` without a bias, the end of a gated feed-forward
+/// (`down(silu(gate) · up)` from the stacked gate/up projection `p (.., 2n)`, `weight
+/// (out, n)`), whose backward computes `swiglu_halves(p)` again instead of keeping it: the
+/// `(.., n)` activation, the largest a transformer layer would save after `p`, is not held
+/// from the forward to the backward pass (one extra SwiGLU kernel in the backward). Under
+/// autocast it runs in the low-precision dtype, as `linear` does. Not in PyTorch, where
+/// `torch.utils.checkpoint` around the activation and the layer recomputes both.
+pub fn swiglu_linear(p: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    let p = cast_for(CastPolicy::Low, p)?;
+    let w = cast_for(CastPolicy::Low, weight)?;
+    let n = p.shape().last().copied().unwrap_or(0) / 2;
+    if w.rank() != 2 || w.shape()[1] != n {
+        return Err(super::shape_err(format!(
+            "swiglu_linear: weight {:?} does not fit the halves of {:?} (expected (out, {n}))",
+            w.shape(),
+            p.shape()
+        )));
+    }
+    let y = crate::autograd::no_grad(|| super::linear::linear(&swiglu_halves(&p)?, &w, None))?;
+    let (sp, sw) = (Saved::new(&p), Saved::new(&w));
+    let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
+        let dy = g[0].as_ref().ok_or_else(|| Error::invalid("missing gradient"))?;
+        let (p, w) = (sp.get("swiglu_linear")?, sw.get("swiglu_linear")?);
+        let h = swiglu_halves(p)?;
+        let rows = |t: &Tensor| t.reshape(&[-1, *t.shape().last().unwrap_or(&0) as isize]);
+        let dw = rows(dy)?.t()?.matmul(&rows(&h)?)?;
+        drop(h);
+        let dp = halves_backward(&dy.matmul(w)?, p)?;
+        Ok(vec![Some(dp), Some(dw)])
+    });
+    Ok(record("swiglu_linear", &[&p, &w], vec![y], backward).remove(0))
+}
+
+/// `p (.., 2n)`'s gate and up halves as views, without autograd links.
+fn halves(p: &Tensor) -> [Tensor; 2] {
+    let (d, n) = (p.rank() - 1, p.shape()[p.rank() - 1] / 2);
+    [p.with_layout(p.layout().slice(d, 0, n, 1)), p.with_layout(p.layout().slice(d, n, n, 1))]
+}
+
+/// The shape of `swiglu_halves(p)`: `p`'s with the last dim halved.
+fn halves_out_shape(p: &Tensor) -> Vec<usize> {
+    let mut shape = p.shape().to_vec();
+    shape[p.rank() - 1] /= 2;
+    shape
+}
+
+/// The gradient of `swiglu_halves(p)` for `p` from the output's `dy`: one `(.., 2n)` buffer
+/// that the fused kernel writes half by half, or the composition (differentiable, for a
+/// gradient of this gradient).
+fn halves_backward(dy: &Tensor, p: &Tensor) -> Result<Tensor> {
+    if !fused_backward(dy, p)? {
+        // Views through `split` keep the link to `p` that a gradient of this gradient needs.
+        let n = p.shape()[p.rank() - 1] / 2;
+        let parts = p.split_with_sizes(&[n, n], -1)?;
+        return Tensor::cat(&composed_backward(dy, &parts[0], &parts[1])?, -1);
+    }
+    let [gate, up] = halves(p);
+    let dp = Tensor::empty(p.shape(), p.dtype(), p.device())?;
+    let [dgate, dup] = halves(&dp);
+    let outputs = [(&dp, dgate.layout()), (&dp, dup.layout())];
+    exec_views(&Op::SwiGluBackward, &[(dy, dy.layout()), (&gate, gate.layout()), (&up, up.layout())], &outputs)?;
+    Ok(dp)
 }
 
 /// Whether the backward runs as the fused kernel: the device has it, `dy` has the

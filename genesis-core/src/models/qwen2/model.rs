@@ -8,7 +8,7 @@ use crate::models::kv_cache::KvCache;
 use crate::models::rope::RotaryTables;
 use crate::nn::functional::{
     add_rms_norm_linear, rotary_embedding, scaled_dot_product_attention, scaled_dot_product_attention_lower_right,
-    swiglu_halves,
+    swiglu_halves, swiglu_linear,
 };
 use crate::nn::{Embedding, Entry, Linear, Module, ModuleList, Param, RMSNorm};
 use crate::tensor::Tensor;
@@ -253,8 +253,16 @@ impl Qwen2Mlp {
 }
 
 impl Module for Qwen2Mlp {
+    /// With the gate/up projections stacked, the down projection takes their output through
+    /// [`swiglu_linear`], whose backward computes the activation again rather than keeping it
+    /// (in training, the largest tensor a layer would hold after the projection itself).
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.down_proj.forward(&gated(x, self.projections())?)
+        match stacked(&self.projections()) {
+            Some((w, b)) if self.down_proj.bias.is_none() => {
+                swiglu_linear(&crate::nn::functional::linear(x, &w, b.as_ref())?, &self.down_proj.weight.get())
+            }
+            _ => self.down_proj.forward(&gated(x, self.projections())?),
+        }
     }
 
     fn visit(&self, f: &mut dyn FnMut(&str, Entry<'_>)) {
@@ -311,6 +319,20 @@ impl Stream {
         Ok((gated(&normed, group)?, x))
     }
 
+    /// `(mlp(norm(h + pending)), h + pending)`. Without recorded gradients the norm, the
+    /// gate/up projections and SwiGLU are one op where [`Stream::fused`] applies; with them
+    /// the MLP's own forward keeps less for the backward.
+    fn norm_mlp(self, norm: &RMSNorm, mlp: &Qwen2Mlp) -> Result<(Tensor, Tensor)> {
+        let recording = crate::autograd::is_grad_enabled()
+            && mlp.projections().iter().chain([&&mlp.down_proj]).any(|l| l.weight.get().requires_grad());
+        if recording {
+            let (normed, x) = self.norm(norm)?;
+            return Ok((mlp.forward(&normed)?, x));
+        }
+        let (gated, x) = self.norm_gated(norm, mlp.projections())?;
+        Ok((mlp.down_proj.forward(&gated)?, x))
+    }
+
     /// The same view (`f`) of both parts, such as the last position.
     fn view(self, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Stream> {
         Ok(Stream { h: f(&self.h)?, pending: self.pending.as_ref().map(f).transpose()? })
@@ -353,8 +375,8 @@ impl Qwen2DecoderLayer {
         let (qkv, x) = x.norm_linear(&self.input_layernorm, &self.self_attn.projections())?;
         let attn = self.self_attn.attend(qkv, ctx, cache)?;
         let x = Stream { h: x, pending: Some(attn) };
-        let (gated, x) = x.norm_gated(&self.post_attention_layernorm, self.mlp.projections())?;
-        Ok(Stream { h: x, pending: Some(self.mlp.down_proj.forward(&gated)?) })
+        let (mlp, x) = x.norm_mlp(&self.post_attention_layernorm, &self.mlp)?;
+        Ok(Stream { h: x, pending: Some(mlp) })
     }
 }
 
