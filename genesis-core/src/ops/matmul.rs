@@ -63,7 +63,8 @@ fn matmul_2d_or_batched(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let g = g[0].as_ref().ok_or_else(|| Error::invalid("missing gradient"))?;
         let (a, b) = (sa.get("matmul")?, sb.get("matmul")?);
         let da = matmul_2d_or_batched(g, &b.transpose(-1, -2)?)?;
-        Ok(vec![Some(sum_to(&da, &shape_a)?), Some(shared_operand_grad(&a, g, &shape_b)?)])
+        let b_transposed = b.rank() == 2 && !b.is_contiguous() && b.t()?.is_contiguous();
+        Ok(vec![Some(sum_to(&da, &shape_a)?), Some(shared_operand_grad(&a, g, &shape_b, b_transposed)?)])
     });
     Ok(record1("matmul", &[a, b], out, backward))
 }
@@ -73,12 +74,19 @@ fn matmul_2d_or_batched(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// its gradient is one product over all the batch's rows, `a (rows, k)ᵀ @ g (rows, n)`,
 /// rather than one product per entry and a sum over them: one GEMM with the whole reduction
 /// accumulated in the GEMM's precision, and no `(batch, k, n)` intermediate.
-fn shared_operand_grad(a: &Tensor, g: &Tensor, shape_b: &[usize]) -> Result<Tensor> {
+fn shared_operand_grad(a: &Tensor, g: &Tensor, shape_b: &[usize], b_transposed: bool) -> Result<Tensor> {
     let (ra, rg) = (a.rank(), g.rank());
     let shared = shape_b[..shape_b.len() - 2].iter().product::<usize>() == 1;
     if shared && ra > 2 && a.shape()[..ra - 2] == g.shape()[..rg - 2] {
         let (k, n) = (a.shape()[ra - 1] as isize, g.shape()[rg - 1] as isize);
-        let db = matmul_2d_or_batched(&a.reshape(&[-1, k])?.t()?, &g.reshape(&[-1, n])?)?;
+        let (a, g) = (a.reshape(&[-1, k])?, g.reshape(&[-1, n])?);
+        let db = if b_transposed {
+            // `b` is `w.t()` (a linear layer): the gradient in `w`'s own layout, so that what
+            // follows it (the transpose's backward, autocast's cast back to f32) reads it densely.
+            matmul_2d_or_batched(&g.t()?, &a)?.t()?
+        } else {
+            matmul_2d_or_batched(&a.t()?, &g)?
+        };
         return db.reshape(&shape_b.iter().map(|&d| d as isize).collect::<Vec<_>>());
     }
     sum_to(&matmul_2d_or_batched(&a.transpose(-1, -2)?, g)?, shape_b)
