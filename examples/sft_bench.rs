@@ -67,8 +67,10 @@ fn main() -> Result<()> {
         })
         .collect();
     let on_gpu = device.backend().name() != "cpu";
+    // One trainer (one optimizer and its state, as in the PyTorch script): a warm-up step,
+    // the timed steps, then the profiled step if asked for.
     let sft = SftConfig {
-        max_steps: steps + 1,
+        max_steps: 1 + steps + u64::from(profiled),
         batch_size: batch,
         lr: 1e-5,
         warmup_steps: 0,
@@ -79,23 +81,21 @@ fn main() -> Result<()> {
     };
     let out = std::env::temp_dir().join(format!("genesis-sft-bench-{}", std::process::id()));
     let barrier = || group.as_ref().map_or(Ok(()), |g| g.barrier());
-    let mut trainer = SftTrainer::new(model, SftConfig { max_steps: 1, ..sft.clone() }, &out)?;
+    let mut trainer = SftTrainer::new(model, sft, &out)?;
     let mut data = SftBatches::new(examples.clone(), batch, 0)?;
-    trainer.train(&mut data, None)?; // warm-up: kernels compiled, allocator filled, optimizer state made
+    trainer.train_for(&mut data, None, 1)?; // warm-up: kernels compiled, allocator filled, optimizer state made
     device.synchronize()?;
-    let mut trainer = SftTrainer::new(model, SftConfig { max_steps: steps, ..sft.clone() }, &out)?;
     device.reset_peak_memory_stats()?;
     barrier()?;
     let start = Instant::now();
-    let report = trainer.train(&mut data, None)?;
+    let report = trainer.train_for(&mut data, None, steps)?;
     device.synchronize()?;
     barrier()?;
     let seconds = start.elapsed().as_secs_f64();
     let peak = device.max_memory_allocated()?;
     if profiled {
-        let mut trainer = SftTrainer::new(model, SftConfig { max_steps: 1, ..sft }, &out)?;
         let options = ProfilerOptions { record_shapes: false, profile_memory: true, device_time: true };
-        let (_, prof) = profile(options, || trainer.train(&mut data, None))?;
+        let (_, prof) = profile(options, || trainer.train_for(&mut data, None, 1))?;
         if rank == 0 {
             print_profile(&prof);
         }
@@ -122,7 +122,10 @@ fn main() -> Result<()> {
 /// One profiled step: the ops by device time, the kernels by device time, the device's busy
 /// and idle time over the step's span, and the op at the memory peak.
 fn print_profile(prof: &Profile) {
-    println!("{}", prof.table(&TableOptions { sort_by: SortBy::SelfDevice, row_limit: 40, group_by_input_shape: false }));
+    println!(
+        "{}",
+        prof.table(&TableOptions { sort_by: SortBy::SelfDevice, row_limit: 40, group_by_input_shape: false })
+    );
     let mut spans: Vec<(u64, u64)> = prof.kernels().iter().map(|k| (k.start_ns, k.end_ns)).collect();
     spans.sort_unstable();
     let (mut covered, mut reach) = (0u64, 0u64);
@@ -150,6 +153,9 @@ fn print_profile(prof: &Profile) {
         println!("{:>9.2} ms {count:>5}x  {name}", *ns as f64 / 1e6);
     }
     for (device, bytes, op) in prof.memory_peaks() {
-        println!("memory peak on {device}: {:.2} GiB above the start, while running `{op}`", bytes as f64 / (1u64 << 30) as f64);
+        println!(
+            "memory peak on {device}: {:.2} GiB above the start, while running `{op}`",
+            bytes as f64 / (1u64 << 30) as f64
+        );
     }
 }

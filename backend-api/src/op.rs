@@ -724,6 +724,13 @@ declare_ops! {
         /// The result's halves go through `SwiGlu`.
         gated: bool => int[0],
     } = 43 => "add_rms_norm_linear" in Floats,
+    /// `[a (m, k), b (k, n)] -> [y (m, n)]`, `y` read and written: `y += a · b` (PyTorch's
+    /// `y.addmm_(a, b)`), the products summed in f32 (f64 for f64) with `y`'s old value and
+    /// rounded once to `y`'s dtype. `a` and `b` share a float dtype; `y` has it too, or is f32
+    /// when it is f16 or bf16 (a low-precision product accumulated into an f32 buffer, as a
+    /// gradient summed over blocks of rows is). Transposes arrive as strides; `y` overlaps
+    /// neither input nor itself. The claimed dtype is that of `a` and `b`.
+    Addmm = 44 => "addmm" in Floats,
 }
 
 /// An op kind: the wire code of an [`Op`] without its attributes. Used in capability lists.
@@ -970,6 +977,7 @@ mod tests {
             Op::AddRmsNorm { eps: 1e-6 },
             Op::RotaryKvWrite,
             Op::AddRmsNormLinear { eps: 1e-5, gated: true },
+            Op::Addmm,
         ]
     }
 
@@ -1037,5 +1045,6 @@ mod tests {
         batch_norm_backward 0x528 [] []\n\
         add_rms_norm 0x529 [1e-6] []\n\
         rotary_kv_write 0x52a [] []\n\
-        add_rms_norm_linear 0x52b [1e-5] [1]\n";
+        add_rms_norm_linear 0x52b [1e-5] [1]\n\
+        addmm 0x52c [] []\n";
 }

@@ -303,12 +303,12 @@ fn batch_norm_fused_matches_composite() {
 fn swiglu_gradcheck_fused_and_second_order() {
     // The halves of one stacked projection (row-strided views), as Qwen2's MLP passes them.
     let stacked = rand(&[4, 6], 30);
-    check(|t| F::swiglu(&t[0].narrow(1, 0, 3)?, &t[0].narrow(1, 3, 3)?), &[stacked.clone()]);
+    check(|t| F::swiglu(&t[0].narrow(1, 0, 3)?, &t[0].narrow(1, 3, 3)?), std::slice::from_ref(&stacked));
     // The same through swiglu_halves (its gradient written into one buffer), fused and composed.
-    check(|t| F::swiglu_halves(&t[0]), &[stacked.clone()]);
+    check(|t| F::swiglu_halves(&t[0]), std::slice::from_ref(&stacked));
     check(|t| F::swiglu_halves(&t[0].transpose(0, 1)?), &[rand(&[8, 2], 34)]);
     genesis::testing::composites_only(|| {
-        check(|t| F::swiglu_halves(&t[0]), &[stacked.clone()]);
+        check(|t| F::swiglu_halves(&t[0]), std::slice::from_ref(&stacked));
         Ok::<(), genesis::Error>(())
     })
     .unwrap();

@@ -101,6 +101,31 @@ fn the_stop_flag_saves_a_checkpoint_and_resume_continues() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `train_for` runs a given number of steps and the next call continues: 1 + 2 + the rest
+/// gives the losses of one uninterrupted run, with one optimizer throughout.
+#[test]
+fn train_for_runs_some_steps_and_the_next_call_continues() {
+    let data = examples(16);
+    let config = SftConfig { save_every: 0, ..config(4) };
+    let straight_model = model();
+    let mut straight = SftTrainer::new(&straight_model, config.clone(), out("whole")).unwrap();
+    let whole = straight.train(&mut SftBatches::new(data.clone(), 4, 3).unwrap(), None).unwrap();
+    let parts_model = model();
+    let mut parts = SftTrainer::new(&parts_model, config, out("parts")).unwrap();
+    let mut batches = SftBatches::new(data, 4, 3).unwrap();
+    let first = parts.train_for(&mut batches, None, 1).unwrap();
+    assert_eq!((first.outcome, first.step, first.losses.len()), (SftOutcome::Paused, 1, 1));
+    let second = parts.train_for(&mut batches, None, 2).unwrap();
+    assert_eq!((second.outcome, second.step), (SftOutcome::Paused, 3));
+    let rest = parts.train_for(&mut batches, None, 10).unwrap();
+    assert_eq!((rest.outcome, rest.step, rest.losses.len()), (SftOutcome::Finished, 4, 1));
+    let losses: Vec<(u64, f64)> = [first.losses, second.losses, rest.losses].concat();
+    let bits = |l: &[(u64, f64)]| l.iter().map(|(s, v)| (*s, v.to_bits())).collect::<Vec<_>>();
+    assert_eq!(bits(&losses), bits(&whole.losses));
+    std::fs::remove_dir_all(out("whole")).ok();
+    std::fs::remove_dir_all(out("parts")).ok();
+}
+
 #[test]
 fn only_complete_checkpoints_are_kept_and_the_newest_survive() {
     let dir = out("keep");

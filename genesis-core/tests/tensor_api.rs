@@ -119,3 +119,52 @@ fn in_place_results_and_integer_division_follow_pytorch() {
     let inf = Tensor::new([1.0f32], &d).unwrap().div(&Tensor::new([0.0f32], &d).unwrap()).unwrap();
     assert_eq!(inf.to_vec::<f32>().unwrap(), vec![f32::INFINITY]);
 }
+
+/// `addmm_` accumulates a product into a matrix in place: the same result through the
+/// backend's op and through the composition, bf16 products into an f32 matrix summed in f32,
+/// and clear errors for operands that do not fit or take part in autograd.
+#[test]
+fn addmm_accumulates_a_product_in_place() {
+    let gen = genesis::Generator::new(5);
+    let (a, b) = (
+        gen.normal(&[3, 5], 0.0, 1.0, DType::F32, &cpu()).unwrap(),
+        gen.normal(&[4, 5], 0.0, 1.0, DType::F32, &cpu()).unwrap(),
+    );
+    let y0 = gen.normal(&[3, 4], 0.0, 1.0, DType::F32, &cpu()).unwrap();
+    let expected = y0.add(&a.matmul(&b.t().unwrap()).unwrap()).unwrap().to_vec::<f32>().unwrap();
+    let run = |a: &Tensor, b: &Tensor, y_dtype: DType| {
+        let y = y0.copy().unwrap().to_dtype(y_dtype).unwrap();
+        y.addmm_(a, &b.t().unwrap()).unwrap();
+        y.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap()
+    };
+    let close = |got: &[f32], want: &[f32], tol: f32| {
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{got:?} vs {want:?}");
+        }
+    };
+    close(&run(&a, &b, DType::F32), &expected, 1e-6);
+    close(
+        &genesis::testing::composites_only(|| Ok::<_, genesis::Error>(run(&a, &b, DType::F32))).unwrap(),
+        &expected,
+        1e-6,
+    );
+    // bf16 operands into an f32 matrix: the products of the bf16 values, summed in f32.
+    let (a16, b16) = (a.to_dtype(DType::BF16).unwrap(), b.to_dtype(DType::BF16).unwrap());
+    let wide = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+    let want = y0.add(&wide(&a16).matmul(&wide(&b16).t().unwrap()).unwrap()).unwrap().to_vec::<f32>().unwrap();
+    close(&run(&a16, &b16, DType::F32), &want, 1e-6);
+    close(
+        &genesis::testing::composites_only(|| Ok::<_, genesis::Error>(run(&a16, &b16, DType::F32))).unwrap(),
+        &want,
+        1e-6,
+    );
+    // And into a bf16 matrix: one rounding of the f32 sum.
+    close(&run(&a16, &b16, DType::BF16), &want, 8e-3);
+    let y = y0.copy().unwrap();
+    let err = y.addmm_(&a, &b).unwrap_err();
+    assert!(err.message().contains("do not fit"), "{err}");
+    let err = y0.to_dtype(DType::BF16).unwrap().addmm_(&a, &b.t().unwrap()).unwrap_err();
+    assert_eq!(err.kind(), genesis::ErrorKind::DtypeMismatch, "{err}");
+    let leaf = a.detach().requires_grad_(true).unwrap();
+    assert!(y.addmm_(&leaf, &b.t().unwrap()).unwrap_err().message().contains("autograd"));
+}

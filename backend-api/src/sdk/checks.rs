@@ -12,6 +12,7 @@ mod adamw;
 mod attention;
 mod batch_norm;
 mod index;
+mod linalg;
 mod rows;
 mod shape;
 
@@ -21,6 +22,7 @@ pub use adamw::*;
 pub use attention::*;
 pub use batch_norm::*;
 pub use index::*;
+pub use linalg::*;
 pub use rows::*;
 pub use shape::*;
 

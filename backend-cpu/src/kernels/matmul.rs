@@ -16,7 +16,7 @@ use super::{map_tasks, unsupported, Kernel, SyncPtr, View};
 use crate::element::{Arith, Element};
 use crate::with_dtype;
 use gemm::Parallelism;
-use genesis_backend_api::sdk::domain;
+use genesis_backend_api::sdk::{checks, domain};
 use genesis_backend_api::{BackendError, DType, Op, OpKind, Result};
 use half::{bf16, f16};
 
@@ -24,7 +24,7 @@ use half::{bf16, f16};
 const GEMM_PARALLEL: usize = 64 * 64 * 64;
 
 fn claims() -> Vec<(OpKind, DType)> {
-    domain::claims(&[Op::Matmul])
+    domain::claims(&[Op::Matmul, Op::Addmm])
 }
 
 /// One matrix operand: its first element and its (row, column) strides in elements.
@@ -185,6 +185,9 @@ macro_rules! no_matmul {
 no_matmul!(u8, crate::element::Bool);
 
 pub(super) fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
+    if *op == Op::Addmm {
+        return addmm(op, inputs, outputs);
+    }
     let ([a, b], [y]) = (inputs, outputs) else {
         return Err(BackendError::invalid(format!(
             "matmul: expected 2 inputs and 1 output, got {} and {}",
@@ -262,6 +265,95 @@ fn batched<T: MatElem>(a: &View, b: &View, y: &View, m: usize, n: usize, k: usiz
         // Small products: one per task when there are several and they cannot collide.
         let parallel = batches > 1 && batches.saturating_mul(work) > GEMM_PARALLEL && y.is_non_overlapping();
         map_tasks(batches, parallel, |i| one(i, Parallelism::None));
+    }
+}
+
+/// `Addmm`, `y += a · b`: f64 through the f64 `gemm` reading `y`; every other dtype widened
+/// to f32 and multiplied by the f32 `gemm`, which reads `y` in place when it is f32, or a
+/// widened copy that is rounded once into `y` otherwise.
+fn addmm(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
+    let (([a, b], [y]), [m, k, n]) = checks::addmm(op, inputs, outputs)?;
+    if m == 0 || n == 0 || k == 0 {
+        return Ok(());
+    }
+    let par = if m.saturating_mul(n).saturating_mul(k) > GEMM_PARALLEL {
+        Parallelism::Rayon(rayon::current_num_threads())
+    } else {
+        Parallelism::None
+    };
+    let mat = |v: &View| Mat { ptr: SyncPtr(v.base as *mut f32), rs: v.strides[0], cs: v.strides[1] };
+    let dense = |v: &mut Vec<f32>, cols: usize| Mat { ptr: SyncPtr(v.as_mut_ptr()), rs: cols as isize, cs: 1 };
+    // SAFETY: the views are bounds-checked by the device, `y` overlaps neither input (checked
+    // by the device) nor itself (checked above), and `k > 0`.
+    unsafe {
+        if a.dtype == DType::F64 {
+            let mat64 = |v: &View| Mat { ptr: SyncPtr(v.base as *mut f64), rs: v.strides[0], cs: v.strides[1] };
+            accumulate((m, n, k), mat64(a), mat64(b), mat64(y), 1.0, par);
+            return Ok(());
+        }
+        let widened = |v: &View, rows, cols| with_dtype!(v.dtype, T => widen_any::<T>(rows, cols, v));
+        let (mut wa, mut wb) = (widened(a, m, k), widened(b, k, n));
+        let (ma, mb) = (dense(&mut wa, k), dense(&mut wb, n));
+        if y.dtype == DType::F32 {
+            accumulate((m, n, k), ma, mb, mat(y), 1.0, par);
+        } else {
+            let mut wy = widened(y, m, n);
+            accumulate((m, n, k), ma, mb, dense(&mut wy, n), 1.0, par);
+            with_dtype!(y.dtype, T => store_all::<T>(&wy, m, n, y));
+        }
+    }
+    Ok(())
+}
+
+/// `y += a · b` by `gemm`, reading `y` (`alpha` scales `y`, `beta` the product).
+unsafe fn accumulate<T: 'static + Copy>(
+    (m, n, k): (usize, usize, usize),
+    a: Mat<T>,
+    b: Mat<T>,
+    y: Mat<T>,
+    one: T,
+    par: Parallelism,
+) {
+    gemm::gemm(
+        m,
+        n,
+        k,
+        y.ptr.get(),
+        y.cs,
+        y.rs,
+        true,
+        a.ptr.get(),
+        a.cs,
+        a.rs,
+        b.ptr.get(),
+        b.cs,
+        b.rs,
+        one,
+        one,
+        false,
+        false,
+        false,
+        par,
+    );
+}
+
+/// A strided matrix of any float dtype as a dense row-major f32 buffer.
+unsafe fn widen_any<T: Element>(rows: usize, cols: usize, v: &View) -> Vec<f32> {
+    let src = Mat { ptr: SyncPtr(v.base as *mut T), rs: v.strides[0], cs: v.strides[1] };
+    let mut out = Vec::with_capacity(rows * cols);
+    for i in 0..rows {
+        out.extend((0..cols).map(|j| (*src.at(i, j)).to_f64() as f32));
+    }
+    out
+}
+
+/// A dense f32 result rounded once into the strided `y`.
+unsafe fn store_all<T: Element>(values: &[f32], rows: usize, cols: usize, y: &View) {
+    let dst = Mat { ptr: SyncPtr(y.base as *mut T), rs: y.strides[0], cs: y.strides[1] };
+    for i in 0..rows {
+        for j in 0..cols {
+            *dst.at(i, j) = T::from_f64(values[i * cols + j] as f64);
+        }
     }
 }
 

@@ -63,7 +63,7 @@ const GEMV_NORM_SMEM: usize = 40 << 10;
 
 /// What this family runs.
 fn claims() -> Vec<(OpKind, DType)> {
-    let ops = [Op::Matmul.kind(), Op::AddRmsNormLinear { eps: 0.0, gated: false }.kind()];
+    let ops = [Op::Matmul.kind(), Op::AddRmsNormLinear { eps: 0.0, gated: false }.kind(), Op::Addmm.kind()];
     ops.iter().flat_map(|&op| DType::FLOATS.iter().map(move |&d| (op, d))).collect()
 }
 
@@ -105,6 +105,7 @@ fn dense_copy(device: &CudaDevice, x: &Operand) -> Result<(Operand, BufferId)> {
 fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     match *op {
         Op::AddRmsNormLinear { eps, gated } => add_rms_norm_linear(device, op, (eps, gated), inputs, outputs),
+        Op::Addmm => addmm(device, op, inputs, outputs),
         _ => matmul(device, op, inputs, outputs),
     }
 }
@@ -405,18 +406,8 @@ fn product(
     scratch: &mut Vec<BufferId>,
 ) -> Result<()> {
     let r = a.shape.len();
-    let mut mat = |x: &mut Operand, rows, cols| -> Result<(i32, i32)> {
-        if let Some(l) = layout(rows, cols, x.strides[r - 2], x.strides[r - 1]) {
-            return Ok(l);
-        }
-        let (dense, id) = dense_copy(device, x)?;
-        scratch.push(id);
-        *x = dense;
-        layout(rows, cols, x.strides[r - 2], x.strides[r - 1])
-            .ok_or_else(|| BackendError::internal("matmul: dense copy has no cuBLAS layout"))
-    };
-    let (op_a, ld_a) = mat(&mut a, m, k)?;
-    let (op_b, ld_b) = mat(&mut b, k, n)?;
+    let (op_a, ld_a) = cublas_matrix(device, &mut a, (m, k), scratch)?;
+    let (op_b, ld_b) = cublas_matrix(device, &mut b, (k, n), scratch)?;
     // The output must be row-major with unit column stride; otherwise compute into scratch.
     let (out, copy_back) = match layout(m, n, y.strides[r - 2], y.strides[r - 1]) {
         Some((0, ld)) => ((y.clone(), ld), None),
@@ -479,6 +470,83 @@ fn product(
         device.launch("matmul (copy out)", y.dtype, "copy_s", &mut args, 1)?;
     }
     Ok(())
+}
+
+/// How the last two dims of `x` (`rows × cols`) go to cuBLAS ([`layout`]), after replacing
+/// `x` by a dense copy in a scratch buffer (pushed on `scratch`) when they cannot as they are.
+fn cublas_matrix(
+    device: &CudaDevice,
+    x: &mut Operand,
+    (rows, cols): (usize, usize),
+    scratch: &mut Vec<BufferId>,
+) -> Result<(i32, i32)> {
+    let r = x.shape.len();
+    if let Some(l) = layout(rows, cols, x.strides[r - 2], x.strides[r - 1]) {
+        return Ok(l);
+    }
+    let (dense, id) = dense_copy(device, x)?;
+    scratch.push(id);
+    *x = dense;
+    layout(rows, cols, x.strides[r - 2], x.strides[r - 1])
+        .ok_or_else(|| BackendError::internal("matmul: dense copy has no cuBLAS layout"))
+}
+
+/// `Addmm`, `y += a · b`: one cuBLAS product with `beta = 1` whose C is `y` itself, of `y`'s
+/// dtype (f32 for an f16/bf16 product accumulated into f32), accumulated in f32 (f64 for
+/// f64). A `y` that is not row-major with unit column stride is accumulated in a dense copy
+/// and copied back.
+fn addmm(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+    let (ins, outs) = resolve(device, inputs, outputs)?;
+    let (([a, b], [y]), [m, k, n]) = checks::addmm(op, &ins, &outs)?;
+    if m == 0 || n == 0 || k == 0 {
+        return Ok(());
+    }
+    if [m, n, k].iter().any(|&d| d > i32::MAX as usize) {
+        return Err(BackendError::unsupported(format!("addmm: dims {m}, {k}, {n} exceed cuBLAS's 32-bit sizes")));
+    }
+    let mut scratch = Vec::new();
+    let mut run = || -> Result<()> {
+        let (mut a, mut b) = (a.clone(), b.clone());
+        let (op_a, ld_a) = cublas_matrix(device, &mut a, (m, k), &mut scratch)?;
+        let (op_b, ld_b) = cublas_matrix(device, &mut b, (k, n), &mut scratch)?;
+        let (c, ld_c) = match layout(m, n, y.strides[0], y.strides[1]) {
+            Some((0, ld)) => (y.clone(), ld),
+            _ => {
+                let (dense, id) = dense_copy(device, y)?;
+                scratch.push(id);
+                (dense, n as i32)
+            }
+        };
+        let (dtype, compute) = gemm_types(a.dtype, "addmm")?;
+        let c_dtype = if c.dtype == a.dtype { dtype } else { gemm_types(c.dtype, "addmm")?.0 };
+        let g = Gemm {
+            trans: (op_b, op_a),
+            m: n as i32,
+            n: m as i32,
+            k: k as i32,
+            a: (b.ptr, ld_b, 0),
+            b: (a.ptr, ld_a, 0),
+            c: (c.ptr, ld_c, 0),
+            batch: 1,
+            dtype,
+            compute,
+        };
+        // SAFETY: every matrix lies inside its validated view or a scratch buffer of its
+        // size, `y` overlaps neither input (checked by the device); the handle is on this
+        // device's stream.
+        unsafe { blas(device)?.gemm_into(&g, c_dtype, true)? };
+        if c.ptr != y.ptr {
+            let mut args = Args::default();
+            set_geometry(&mut args, &[&c, y]);
+            device.launch("addmm (copy out)", y.dtype, "copy_s", &mut args, 1)?;
+        }
+        Ok(())
+    };
+    let result = run();
+    for id in scratch {
+        device.free_scratch(id)?;
+    }
+    result
 }
 
 #[cfg(test)]

@@ -67,11 +67,7 @@ pub fn add_rms_norm_linear(
     let composition = || -> Result<(Tensor, Tensor)> {
         let (h, sum) = super::norm::add_rms_norm(x, residual, &[k], norm_weight, eps)?;
         let p = linear(&h, weight, bias)?;
-        let y = if gated {
-            super::swiglu::swiglu_halves(&p)?
-        } else {
-            p
-        };
+        let y = if gated { super::swiglu::swiglu_halves(&p)? } else { p };
         Ok((y, sum))
     };
     let dtype = x.dtype();

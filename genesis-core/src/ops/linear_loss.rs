@@ -87,11 +87,14 @@ pub fn linear_cross_entropy(
             if let Some(d) = d {
                 // `matmul` applies autocast; without it the logits, hidden and weight share a dtype.
                 grad_hidden.push(d.matmul(&w)?.to_dtype(hidden.dtype())?);
-                let gw = d.t()?.matmul(&h)?.to_dtype(compute)?;
-                grad_weight = Some(match grad_weight {
-                    Some(acc) => acc.add(&gw)?,
-                    None => gw,
-                });
+                // The head's gradient, summed over the blocks in one `compute` buffer that
+                // each block's product is accumulated into by the GEMM itself (`addmm_`):
+                // no block-sized product, cast or addition of the whole (classes, dim).
+                let acc = match &grad_weight {
+                    Some(acc) => acc.clone(),
+                    None => grad_weight.insert(Tensor::zeros(w.shape(), compute, hidden.device())?).clone(),
+                };
+                acc.addmm_(&d.to_dtype(w.dtype())?.t()?, &h.to_dtype(w.dtype())?)?;
             }
             start += rows;
         }

@@ -1,6 +1,6 @@
 //! Matrix products with PyTorch's `matmul` rules (vectors, batches, broadcasting).
 
-use super::{common_device, exec, sum_to};
+use super::{common_device, exec, exec_views, sum_to};
 use crate::autograd::{record1, Saved};
 use crate::error::{Error, Result};
 use crate::tensor::layout::broadcast_or_err;
@@ -13,6 +13,31 @@ impl Tensor {
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
         let low = |t| crate::amp::cast_for(crate::amp::CastPolicy::Low, t);
         low(self)?.matmul_uncast(&low(other)?)
+    }
+
+    /// `self += a @ b` for matrices `a (m, k)` and `b (k, n)`: PyTorch's `self.addmm_(a, b)`
+    /// with `beta = alpha = 1`. `a` and `b` share a float dtype and `self` has it too or, unlike
+    /// PyTorch, is f32 when it is f16 or bf16: the products are summed in f32 and added to
+    /// `self` with one rounding, so a gradient summed over blocks of rows can stay in f32
+    /// without a cast and an addition per block. One op where the device has it, else the
+    /// product (in f32 for an f32 `self`) and an in-place addition. In place, so outside
+    /// autograd: none of the three may take part in a recorded graph (use `no_grad`).
+    pub fn addmm_(&self, a: &Tensor, b: &Tensor) -> Result<()> {
+        common_device("addmm_", &[self, a, b])?;
+        self.check_in_place("addmm_", &[a, b])?;
+        let op = Op::Addmm;
+        genesis_backend_api::sdk::checks::addmm(&op, &[a.clone(), b.clone()], std::slice::from_ref(self))?;
+        if super::fused::use_fused(&op, a)? {
+            exec_views(&op, &[(a, a.layout()), (b, b.layout())], &[(self, self.layout())])?;
+            self.storage().bump_version();
+            return Ok(());
+        }
+        let product = if self.dtype() == a.dtype() {
+            a.matmul_uncast(b)?
+        } else {
+            a.to_dtype(self.dtype())?.matmul_uncast(&b.to_dtype(self.dtype())?)?
+        };
+        self.add_(&product)
     }
 
     fn matmul_uncast(&self, other: &Tensor) -> Result<Tensor> {
@@ -64,7 +89,7 @@ fn matmul_2d_or_batched(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let (a, b) = (sa.get("matmul")?, sb.get("matmul")?);
         let da = matmul_2d_or_batched(g, &b.transpose(-1, -2)?)?;
         let b_transposed = b.rank() == 2 && !b.is_contiguous() && b.t()?.is_contiguous();
-        Ok(vec![Some(sum_to(&da, &shape_a)?), Some(shared_operand_grad(&a, g, &shape_b, b_transposed)?)])
+        Ok(vec![Some(sum_to(&da, &shape_a)?), Some(shared_operand_grad(a, g, &shape_b, b_transposed)?)])
     });
     Ok(record1("matmul", &[a, b], out, backward))
 }

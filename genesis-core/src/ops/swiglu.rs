@@ -25,12 +25,15 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
         let dy = g[0].as_ref().ok_or_else(|| Error::invalid("missing gradient"))?;
         let (gate, up) = (sg.get("swiglu")?, su.get("swiglu")?);
-        if !fused_backward(dy, &gate)? {
-            return Ok(composed_backward(dy, &gate, &up)?.map(Some).to_vec());
+        if !fused_backward(dy, gate)? {
+            return Ok(composed_backward(dy, gate, up)?.map(Some).to_vec());
         }
-        let (dgate, dup) = (Tensor::empty(gate.shape(), gate.dtype(), gate.device())?, Tensor::empty(up.shape(), up.dtype(), up.device())?);
+        let (dgate, dup) = (
+            Tensor::empty(gate.shape(), gate.dtype(), gate.device())?,
+            Tensor::empty(up.shape(), up.dtype(), up.device())?,
+        );
         let outputs = [(&dgate, dgate.layout()), (&dup, dup.layout())];
-        exec_views(&Op::SwiGluBackward, &[(dy, dy.layout()), (&gate, gate.layout()), (&up, up.layout())], &outputs)?;
+        exec_views(&Op::SwiGluBackward, &[(dy, dy.layout()), (gate, gate.layout()), (up, up.layout())], &outputs)?;
         Ok(vec![Some(dgate), Some(dup)])
     });
     Ok(record("swiglu", &[gate, up], vec![y], backward).remove(0))
@@ -119,10 +122,18 @@ fn halves_backward(dy: &Tensor, p: &Tensor) -> Result<Tensor> {
         return Tensor::cat(&composed_backward(dy, &parts[0], &parts[1])?, -1);
     }
     let [gate, up] = halves(p);
+    let inputs = [(dy, dy.layout()), (&gate, gate.layout()), (&up, up.layout())];
+    // Plugins take two outputs whose rows interleave in one buffer from interface 1.9 on.
+    let api = p.device().backend().api_version();
+    if api.major == 1 && api.minor < 9 {
+        let (dgate, dup) =
+            (Tensor::empty(gate.shape(), p.dtype(), p.device())?, Tensor::empty(up.shape(), p.dtype(), p.device())?);
+        exec_views(&Op::SwiGluBackward, &inputs, &[(&dgate, dgate.layout()), (&dup, dup.layout())])?;
+        return Tensor::cat(&[dgate, dup], -1);
+    }
     let dp = Tensor::empty(p.shape(), p.dtype(), p.device())?;
     let [dgate, dup] = halves(&dp);
-    let outputs = [(&dp, dgate.layout()), (&dp, dup.layout())];
-    exec_views(&Op::SwiGluBackward, &[(dy, dy.layout()), (&gate, gate.layout()), (&up, up.layout())], &outputs)?;
+    exec_views(&Op::SwiGluBackward, &inputs, &[(&dp, dgate.layout()), (&dp, dup.layout())])?;
     Ok(dp)
 }
 

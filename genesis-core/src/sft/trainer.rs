@@ -149,6 +149,8 @@ pub enum SftOutcome {
     Finished,
     /// The stop flag was raised (Ctrl-C); a checkpoint of the last step was saved.
     Stopped,
+    /// [`SftTrainer::train_for`] ran the steps it was asked for, before `max_steps`.
+    Paused,
 }
 
 /// What [`SftTrainer::train`] did.
@@ -281,6 +283,18 @@ impl<'m, M: SftModel> SftTrainer<'m, M> {
     /// Train until `max_steps` or the stop flag, drawing batches from `data` (its position
     /// is saved in checkpoints) and evaluating on `eval` every `eval_every` steps.
     pub fn train<T: SftItem>(&mut self, data: &mut SftBatches<T>, eval: Option<&[T]>) -> Result<SftReport> {
+        self.train_for(data, eval, u64::MAX)
+    }
+
+    /// As [`SftTrainer::train`], for at most `steps` more steps (a later call continues where
+    /// this one stopped, as after a stop request): a warm-up step and then timed steps of one
+    /// trainer, say, without a second optimizer and its state.
+    pub fn train_for<T: SftItem>(
+        &mut self,
+        data: &mut SftBatches<T>,
+        eval: Option<&[T]>,
+        steps: u64,
+    ) -> Result<SftReport> {
         let fingerprint = data_fingerprint(data);
         if let Some(saved) = &self.data_fingerprint {
             if saved != &fingerprint {
@@ -293,7 +307,8 @@ impl<'m, M: SftModel> SftTrainer<'m, M> {
         let device = self.model.device();
         let params = self.model.parameters();
         let total = self.config.max_steps;
-        let left = total.saturating_sub(self.step);
+        let end = total.min(self.step.saturating_add(steps));
+        let left = end.saturating_sub(self.step);
         let mut bar = if self.config.progress { Progress::new(left, "sft") } else { Progress::hidden(left, "sft") }
             .unit("tokens");
         let mut report = SftReport {
@@ -306,7 +321,7 @@ impl<'m, M: SftModel> SftTrainer<'m, M> {
             checkpoints: Vec::new(),
         };
         let started = Instant::now();
-        while self.step < total {
+        while self.step < end {
             let step_start = Instant::now();
             let batches = (0..self.config.grad_accum)
                 .map(|_| T::collate(&data.next_batch(), &device))
@@ -362,6 +377,9 @@ impl<'m, M: SftModel> SftTrainer<'m, M> {
             }
         }
         bar.finish();
+        if report.outcome == SftOutcome::Finished && self.step < total {
+            report.outcome = SftOutcome::Paused;
+        }
         self.write_metrics()?;
         report.step = self.step;
         report.tokens_per_second = report.tokens as f64 / started.elapsed().as_secs_f64().max(1e-9);

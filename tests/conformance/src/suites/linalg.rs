@@ -1,4 +1,5 @@
-//! Suite `linalg`: matmul and the index ops (gather, scatter_add, index_select, index_add).
+//! Suite `linalg`: matmul, addmm and the index ops (gather, scatter_add, index_select,
+//! index_add).
 
 use super::{no_deps, only_sample, op_cases};
 use crate::case::{Case, OpCase, Tier};
@@ -19,6 +20,20 @@ fn matmul_case(rng: &mut Rng, dtype: DType, batch: &[usize], mkn: [usize; 3], la
     let exp = Expected::accumulated(dtype, y, &mag, k, 1.0);
     let out = Spec::out(dtype, &[batch, &[m, n]].concat());
     OpCase::single(Op::Matmul, vec![a, b], out, exp)
+}
+
+/// `y += a · b` with `y` of `y_dtype` (the products' dtype, or f32 for f16/bf16 products).
+fn addmm_case(rng: &mut Rng, dtype: DType, y_dtype: DType, mkn: [usize; 3], lb: Layout, ly: Layout) -> OpCase {
+    let [m, k, n] = mkn;
+    let r = ValueRange::normal(1.0);
+    let a = tensor(rng, dtype, &[m, k], Layout::Contiguous, r);
+    let b = tensor(rng, dtype, &[k, n], lb, r);
+    let y0 = tensor(rng, y_dtype, &[m, n], ly, r);
+    let (product, mag) = matmul(&a.values, &b.values, 1, m, k, n);
+    let values = y0.values.iter().zip(&product).map(|(y, p)| y + p).collect();
+    let mag: Vec<f64> = y0.values.iter().zip(&mag).map(|(y, m)| y.abs() + m).collect();
+    let exp = Expected::accumulated(y_dtype, values, &mag, k + 1, 1.0);
+    OpCase::single(Op::Addmm, vec![a, b], y0, exp)
 }
 
 fn index_values(rng: &mut Rng, n: usize, bound: usize) -> Vec<f64> {
@@ -48,6 +63,24 @@ pub fn cases(t: &Target) -> Vec<Case> {
         v.push(("m128k256n96".into(), Tier::Full, matmul_case(rng, dtype, &[], [128, 256, 96], c, Layout::Transposed)));
         v
     });
+    cases.extend(op_cases(t, "linalg", "addmm", Op::Addmm.kind(), &FLOATS, &no_deps, &|dtype, rng| {
+        let t = Layout::Transposed;
+        let mut v = vec![
+            ("m3k5n4".to_string(), Tier::Smoke, addmm_case(rng, dtype, dtype, [3, 5, 4], c, c)),
+            (
+                "transposed_b_offset_y".to_string(),
+                Tier::Core,
+                addmm_case(rng, dtype, dtype, [6, 9, 7], t, Layout::Offset),
+            ),
+            ("k300_strided_y".to_string(), Tier::Core, addmm_case(rng, dtype, dtype, [5, 300, 3], t, Layout::Strided)),
+        ];
+        if matches!(dtype, DType::F16 | DType::BF16) {
+            // A low-precision product accumulated into f32, as a gradient summed over blocks.
+            v.push(("into_f32".to_string(), Tier::Core, addmm_case(rng, dtype, DType::F32, [7, 33, 5], t, c)));
+            v.push(("into_f32_k1000".to_string(), Tier::Full, addmm_case(rng, dtype, DType::F32, [4, 1000, 6], t, c)));
+        }
+        v
+    }));
     let domain = [&FLOATS[..], &[DType::I64]].concat();
     let r = |dtype: DType| ValueRange::normal(if dtype.is_float() { 3.0 } else { 30.0 });
     cases.extend(op_cases(t, "linalg", "gather", Op::Gather { dim: 0 }.kind(), &domain, &no_deps, &|dtype, rng| {

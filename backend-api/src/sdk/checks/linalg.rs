@@ -1,0 +1,69 @@
+//! Matrix products that accumulate: `Addmm`.
+
+use super::{dims, expect_dtype, expect_self_disjoint, expect_shape, operands, Meta, Operands};
+use crate::{BackendError, DType, Op, Result};
+
+/// Operands of `Addmm`, `[a (m, k), b (k, n)] -> [y (m, n)]` with `y += a · b`: `a` and `b`
+/// of one float dtype, `y` of that dtype or f32 when it is f16 or bf16, `y` not overlapping
+/// itself (each position gets one `+=`). Returns `(m, k, n)` with the operands.
+pub fn addmm<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result<(Operands<'a, T, 2, 1>, [usize; 3])> {
+    let (ins @ [a, b], outs @ [y]) = operands(op, inputs, outputs)?;
+    let [m, k] = dims(op, "a (m, k)", a)?;
+    let [k2, n] = dims(op, "b (k, n)", b)?;
+    if k2 != k {
+        return Err(BackendError::shape(format!(
+            "{}: a {:?} and b {:?} do not fit (m, k) x (k, n)",
+            op.name(),
+            a.shape(),
+            b.shape()
+        )));
+    }
+    expect_shape(op, "y", y, &[m, n])?;
+    if !a.dtype().is_float() {
+        return Err(BackendError::unsupported(format!("{}: a is {}, expected a float dtype", op.name(), a.dtype())));
+    }
+    expect_dtype(op, "b", b, a.dtype())?;
+    let widened = matches!(a.dtype(), DType::F16 | DType::BF16) && y.dtype() == DType::F32;
+    if !widened {
+        expect_dtype(op, "y", y, a.dtype())?;
+    }
+    expect_self_disjoint(op, y)?;
+    Ok(((ins, outs), [m, k, n]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Fake;
+    use super::*;
+    use crate::ErrorKind;
+
+    #[test]
+    fn addmm_rules() {
+        let op = Op::Addmm;
+        let f = |dtype, shape: &[usize]| Fake::new(dtype, shape);
+        let (bf, f32_) = (DType::BF16, DType::F32);
+        let ok = |a: Fake, b: Fake, y: Fake| addmm(&op, &[a, b], &[y]).map(|(_, mkn)| mkn);
+        assert_eq!(ok(f(f32_, &[2, 3]), f(f32_, &[3, 4]), f(f32_, &[2, 4])).unwrap(), [2, 3, 4]);
+        // bf16 products into an f32 accumulator, or into bf16.
+        assert!(ok(f(bf, &[2, 3]), f(bf, &[3, 4]), f(f32_, &[2, 4])).is_ok());
+        assert!(ok(f(bf, &[2, 3]), f(bf, &[3, 4]), f(bf, &[2, 4])).is_ok());
+        // But not f32 products into bf16, nor mixed inputs.
+        let err = ok(f(f32_, &[2, 3]), f(f32_, &[3, 4]), f(bf, &[2, 4])).unwrap_err();
+        assert_eq!(
+            (err.kind, err.message.as_str()),
+            (ErrorKind::DtypeMismatch, "addmm: y is bfloat16, expected float32")
+        );
+        assert!(ok(f(bf, &[2, 3]), f(f32_, &[3, 4]), f(f32_, &[2, 4])).is_err());
+        let err = ok(f(f32_, &[2, 3]), f(f32_, &[4, 4]), f(f32_, &[2, 4])).unwrap_err();
+        assert_eq!(err.message, "addmm: a [2, 3] and b [4, 4] do not fit (m, k) x (k, n)");
+        assert!(ok(f(f32_, &[2, 3]), f(f32_, &[3, 4]), f(f32_, &[4, 2])).is_err());
+        assert!(ok(f(f32_, &[1, 2, 3]), f(f32_, &[3, 4]), f(f32_, &[2, 4])).is_err());
+        assert_eq!(
+            ok(f(DType::I64, &[2, 3]), f(DType::I64, &[3, 4]), f(DType::I64, &[2, 4])).unwrap_err().kind,
+            ErrorKind::Unsupported
+        );
+        // A broadcast output would take two `+=` at one address.
+        let y = Fake(f32_, vec![2, 4], vec![0, 1]);
+        assert!(ok(f(f32_, &[2, 3]), f(f32_, &[3, 4]), y).unwrap_err().message.contains("overlaps itself"));
+    }
+}
