@@ -244,3 +244,28 @@ fn grad_scaler_skips_steps_on_inf_and_adapts_the_scale() -> Result<()> {
     assert_eq!(other.get_scale(), 1024.0);
     Ok(())
 }
+
+/// The moments are made once: a later AdamW step fills no new tensors (making them on every
+/// step, then dropping them, cost a zeroed copy of the parameters twice per step).
+#[test]
+fn adamw_makes_its_moments_on_the_first_step_only() -> Result<()> {
+    use genesis::profiler::{profile, record_function, ProfilerOptions};
+    let cpu = Device::cpu()?;
+    let params = vec![param(&[1.0, -2.0, 3.0], &[3], &cpu)?, param(&[0.5, 0.25], &[1, 2], &cpu)?];
+    let mut opt = AdamW::new(params.clone(), AdamOptions { lr: 0.1, ..AdamOptions::adamw() })?;
+    let fills_in_step = |opt: &mut AdamW| -> Result<usize> {
+        for p in &params {
+            set_grad(p, &vec![0.5; p.numel()])?;
+        }
+        let options = ProfilerOptions { device_time: false, ..Default::default() };
+        let ((), prof) = profile(options, || {
+            let _step = record_function("step");
+            opt.step()
+        })?;
+        let step = prof.events().iter().find(|e| e.name == "step").map(|e| e.id);
+        Ok(prof.events().iter().filter(|e| e.name == "fill" && e.parent == step).count())
+    };
+    assert_eq!(fills_in_step(&mut opt)?, 4, "two moments per parameter on the first step");
+    assert_eq!(fills_in_step(&mut opt)?, 0, "none after it");
+    Ok(())
+}

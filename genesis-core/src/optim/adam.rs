@@ -118,11 +118,13 @@ impl AdamCore {
                 let mut batches: Vec<FusedBatch> = Vec::new();
                 for (k, p) in group.params.iter().enumerate() {
                     let Some(grad) = p.grad() else { continue };
-                    let m = self.state[first + k].get_or_insert(Moments {
-                        step: 0,
-                        exp_avg: p.zeros_like()?,
-                        exp_avg_sq: p.zeros_like()?,
-                    });
+                    // The moments are made on the first step only (an eager `get_or_insert`
+                    // argument would allocate and zero two parameter-sized tensors every step).
+                    let slot = &mut self.state[first + k];
+                    if slot.is_none() {
+                        *slot = Some(Moments { step: 0, exp_avg: p.zeros_like()?, exp_avg_sq: p.zeros_like()? });
+                    }
+                    let Some(m) = slot.as_mut() else { continue };
                     let step = m.step + 1;
                     if Self::fusable(self.decoupled, o, p, &grad)? {
                         // The step count moves only once the fused call succeeded (below), so
