@@ -5,7 +5,8 @@
 //! PyTorch + transformers on the same GPU).
 //!
 //! `cargo run --release --example sft_bench -- --device cuda [--batch 8 --len 1024 --steps 5]`
-//! (`--chunk N`: rows per block of the head's loss, 1,024 by default)
+//! (`--chunk N`: rows per block of the head's loss, 1,024 by default; `--no-autocast`: the same
+//! steps in f32, the reference for the bf16 losses)
 //!
 //! `--profile` then profiles one more step: the op table by device time, the kernels with the
 //! most device time, how much of the step's span the device was busy, and the memory peak's op
@@ -24,7 +25,7 @@ use std::time::Instant;
 
 fn main() -> Result<()> {
     let (mut device, mut batch, mut len, mut steps, mut layers) = ("cuda".to_string(), 8, 1024, 5u64, None);
-    let (mut profiled, mut trace, mut chunk) = (false, None, 1024);
+    let (mut profiled, mut trace, mut chunk, mut autocast) = (false, None, 1024, true);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| Error::invalid(format!("{flag} needs a value")));
@@ -36,6 +37,7 @@ fn main() -> Result<()> {
             "--steps" => steps = number(value()?)? as u64,
             "--layers" => layers = Some(number(value()?)?),
             "--chunk" => chunk = number(value()?)?,
+            "--no-autocast" => autocast = false,
             "--profile" => profiled = true,
             "--trace" => (profiled, trace) = (true, Some(value()?)),
             other => return Err(Error::invalid(format!("unknown flag {other}"))),
@@ -69,6 +71,7 @@ fn main() -> Result<()> {
         })
         .collect();
     let on_gpu = device.backend().name() != "cpu";
+    let autocast = on_gpu && autocast;
     // One trainer (one optimizer and its state, as in the PyTorch script): a warm-up step,
     // the timed steps, then the profiled step if asked for.
     let sft = SftConfig {
@@ -78,7 +81,7 @@ fn main() -> Result<()> {
         lr: 1e-5,
         warmup_steps: 0,
         min_lr_ratio: 1.0,
-        autocast: on_gpu.then_some(DType::BF16),
+        autocast: autocast.then_some(DType::BF16),
         loss_chunk_rows: chunk,
         progress: false,
         ..SftConfig::default()
@@ -114,7 +117,7 @@ fn main() -> Result<()> {
     }
     println!(
         "{{\"system\": \"genesis\", \"world\": {world}, \"batch\": {batch}, \"len\": {len}, \"layers\": {}, \
-         \"chunk\": {chunk}, \"ms_per_step\": {:.1}, \"tokens_per_s\": {:.0}, \"peak_gib\": {peak:.2}, \"losses\": {:?}}}",
+         \"chunk\": {chunk}, \"autocast\": {autocast}, \"ms_per_step\": {:.1}, \"tokens_per_s\": {:.0}, \"peak_gib\": {peak:.2}, \"losses\": {:?}}}",
         config.num_hidden_layers,
         1e3 * seconds / steps as f64,
         (world * batch * len) as f64 * steps as f64 / seconds,
