@@ -138,16 +138,9 @@ fn main() -> Result<()> {
     }
     // The kernels that took the most device time (with activity records, the kernels'
     // own names; with timing events, the ops').
-    let mut kernels: std::collections::HashMap<&str, (usize, u64)> = Default::default();
-    for k in prof.kernels() {
-        let entry = kernels.entry(k.name.as_str()).or_default();
-        *entry = (entry.0 + 1, entry.1 + (k.end_ns - k.start_ns));
-    }
-    let mut kernels: Vec<_> = kernels.into_iter().collect();
-    kernels.sort_by_key(|(_, (_, ns))| std::cmp::Reverse(*ns));
-    for (name, (count, ns)) in kernels.iter().take(10) {
+    for (name, count, ns) in prof.kernel_totals().into_iter().take(10) {
         let name: String = name.chars().take(90).collect();
-        println!("{:>10.1} us {count:>5}x  {name}", *ns as f64 / 1e3);
+        println!("{:>10.1} us {count:>5}x  {name}", ns as f64 / 1e3);
     }
     let trace = out.join("trace.json");
     prof.export_chrome_trace(&trace)?;

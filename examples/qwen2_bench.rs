@@ -130,30 +130,17 @@ fn profile_tokens(
     let busy: u64 = prof.kernels().iter().map(|k| k.end_ns - k.start_ns).sum();
     // Kernels launched early overlap the one before: the device is busy for the union of
     // their intervals, and idle for the rest of the span from the first start to the last end.
-    let mut spans: Vec<(u64, u64)> = prof.kernels().iter().map(|k| (k.start_ns, k.end_ns)).collect();
-    spans.sort_unstable();
-    let (mut covered, mut reach) = (0u64, 0u64);
-    for &(start, end) in &spans {
-        covered += end.saturating_sub(start.max(reach));
-        reach = reach.max(end);
-    }
-    let span = spans.first().map_or(0, |&(first, _)| reach - first);
-    let mut by_name: std::collections::BTreeMap<&str, (usize, u64)> = Default::default();
-    for k in prof.kernels() {
-        let e = by_name.entry(k.name.as_str()).or_default();
-        *e = (e.0 + 1, e.1 + (k.end_ns - k.start_ns));
-    }
-    let mut top: Vec<_> = by_name.into_iter().collect();
-    top.sort_by_key(|(_, (_, ns))| std::cmp::Reverse(*ns));
-    let top: Vec<String> = top
-        .iter()
+    let (covered, span) = prof.device_coverage();
+    let top: Vec<String> = prof
+        .kernel_totals()
+        .into_iter()
         .take(14)
-        .map(|(name, (n, ns))| {
+        .map(|(name, n, ns)| {
             let short: String = name.chars().take(48).collect();
             format!(
                 "{{\"kernel\": \"{short}\", \"per_token\": {:.1}, \"us_per_token\": {:.1}}}",
-                *n as f64 / tokens as f64,
-                *ns as f64 / 1e3 / tokens as f64
+                n as f64 / tokens as f64,
+                ns as f64 / 1e3 / tokens as f64
             )
         })
         .collect();

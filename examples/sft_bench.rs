@@ -133,31 +133,17 @@ fn print_profile(prof: &Profile) {
         "{}",
         prof.table(&TableOptions { sort_by: SortBy::SelfDevice, row_limit: 40, group_by_input_shape: false })
     );
-    let mut spans: Vec<(u64, u64)> = prof.kernels().iter().map(|k| (k.start_ns, k.end_ns)).collect();
-    spans.sort_unstable();
-    let (mut covered, mut reach) = (0u64, 0u64);
-    for &(start, end) in &spans {
-        covered += end.saturating_sub(start.max(reach));
-        reach = reach.max(end);
-    }
-    let span = spans.first().map_or(0, |&(first, _)| reach - first);
+    let (busy, span) = prof.device_coverage();
     println!(
         "device: {} kernels, busy {:.1} ms of a {:.1} ms span (idle {:.1} ms)",
-        spans.len(),
-        covered as f64 / 1e6,
+        prof.kernels().len(),
+        busy as f64 / 1e6,
         span as f64 / 1e6,
-        (span - covered) as f64 / 1e6
+        (span - busy) as f64 / 1e6
     );
-    let mut by_name: std::collections::HashMap<&str, (usize, u64)> = Default::default();
-    for k in prof.kernels() {
-        let entry = by_name.entry(k.name.as_str()).or_default();
-        *entry = (entry.0 + 1, entry.1 + (k.end_ns - k.start_ns));
-    }
-    let mut by_name: Vec<_> = by_name.into_iter().collect();
-    by_name.sort_by_key(|(_, (_, ns))| std::cmp::Reverse(*ns));
-    for (name, (count, ns)) in by_name.iter().take(30) {
+    for (name, count, ns) in prof.kernel_totals().into_iter().take(30) {
         let name: String = name.chars().take(100).collect();
-        println!("{:>9.2} ms {count:>5}x  {name}", *ns as f64 / 1e6);
+        println!("{:>9.2} ms {count:>5}x  {name}", ns as f64 / 1e6);
     }
     for (device, bytes, op) in prof.memory_peaks() {
         println!(

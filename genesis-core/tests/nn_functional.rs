@@ -299,6 +299,15 @@ fn batch_norm_fused_matches_composite() {
     assert!(diff < 0.03, "{diff}");
 }
 
+/// The gradient of `sum(f(x)²)` for `x`, itself recorded (`create_graph`): checking it
+/// against finite differences checks `f`'s second-order gradient.
+fn gradient_of_square_sum(f: impl Fn(&Tensor) -> Result<Tensor>, x: &Tensor) -> Result<Tensor> {
+    let _on = genesis::autograd::set_grad_enabled(true);
+    let x = if x.requires_grad() { x.clone() } else { x.detach().requires_grad_(true)? };
+    let y = f(&x)?;
+    Ok(genesis::grad(&[y.square()?.sum()?], &[x], None, true, true)?[0].clone().unwrap())
+}
+
 #[test]
 fn swiglu_gradcheck_fused_and_second_order() {
     // The halves of one stacked projection (row-strided views), as Qwen2's MLP passes them.
@@ -312,15 +321,7 @@ fn swiglu_gradcheck_fused_and_second_order() {
         Ok::<(), genesis::Error>(())
     })
     .unwrap();
-    check(
-        |t| {
-            let _on = genesis::autograd::set_grad_enabled(true);
-            let p = if t[0].requires_grad() { t[0].clone() } else { t[0].detach().requires_grad_(true)? };
-            let y = F::swiglu_halves(&p)?;
-            Ok(genesis::grad(&[y.square()?.sum()?], &[p], None, true, true)?[0].clone().unwrap())
-        },
-        &[stacked],
-    );
+    check(|t| gradient_of_square_sum(F::swiglu_halves, &t[0]), &[stacked]);
     assert!(F::swiglu_halves(&rand(&[2, 5], 35)).is_err(), "an odd last dim has no halves");
 }
 
@@ -334,15 +335,7 @@ fn swiglu_linear_recomputes_and_matches_the_composition() {
     })
     .unwrap();
     // A gradient of the gradient goes through the recomputation.
-    check(
-        |t| {
-            let _on = genesis::autograd::set_grad_enabled(true);
-            let p = if t[0].requires_grad() { t[0].clone() } else { t[0].detach().requires_grad_(true)? };
-            let y = F::swiglu_linear(&p, &t[1])?;
-            Ok(genesis::grad(&[y.square()?.sum()?], &[p], None, true, true)?[0].clone().unwrap())
-        },
-        &[p.clone(), w.clone()],
-    );
+    check(|t| gradient_of_square_sum(|p| F::swiglu_linear(p, &t[1]), &t[0]), &[p.clone(), w.clone()]);
     // The same values as the composition it replaces (what it keeps: tests/memory.rs).
     let y = F::swiglu_linear(&p, &w).unwrap();
     let reference = F::linear(&F::swiglu_halves(&p).unwrap(), &w, None).unwrap();
@@ -354,15 +347,7 @@ fn swiglu_linear_recomputes_and_matches_the_composition() {
     // Broadcasting (the composition, as PyTorch's `silu(gate) * up` broadcasts).
     check(|t| F::swiglu(&t[0], &t[1]), &[gate.clone(), rand(&[5], 33)]);
     // create_graph takes the composite backward, itself differentiable.
-    check(
-        |t| {
-            let _on = genesis::autograd::set_grad_enabled(true);
-            let g = if t[0].requires_grad() { t[0].clone() } else { t[0].detach().requires_grad_(true)? };
-            let y = F::swiglu(&g, &t[1])?;
-            Ok(genesis::grad(&[y.square()?.sum()?], &[g], None, true, true)?[0].clone().unwrap())
-        },
-        &[gate, up],
-    );
+    check(|t| gradient_of_square_sum(|g| F::swiglu(g, &t[1]), &t[0]), &[gate, up]);
 }
 
 /// Output, both gradients, and the backward node's name.

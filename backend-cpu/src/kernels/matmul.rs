@@ -54,18 +54,19 @@ trait MatElem: Element {
     unsafe fn matmul(m: usize, n: usize, k: usize, a: Mat<Self>, b: Mat<Self>, y: Mat<Self>, par: Parallelism);
 }
 
-/// `gemm` for its native types. Argument order: dst, dst column stride, dst row stride,
-/// read_dst, lhs (cs, rs), rhs (cs, rs), alpha (scales dst; ignored without read_dst), beta
-/// (scales the product), three conjugation flags.
+/// `gemm` for its native types: `y = a · b`, or with `accumulate` `y += a · b`. Argument
+/// order: dst, dst column stride, dst row stride, read_dst, lhs (cs, rs), rhs (cs, rs), alpha
+/// (scales dst; ignored without read_dst), beta (scales the product), three conjugation flags.
 unsafe fn native<T: 'static + Copy>(
     (m, n, k): (usize, usize, usize),
     a: Mat<T>,
     b: Mat<T>,
     y: Mat<T>,
-    one: T,
-    zero: T,
+    (one, zero): (T, T),
+    accumulate: bool,
     par: Parallelism,
 ) {
+    let alpha = if accumulate { one } else { zero };
     gemm::gemm(
         m,
         n,
@@ -73,14 +74,14 @@ unsafe fn native<T: 'static + Copy>(
         y.ptr.get(),
         y.cs,
         y.rs,
-        false,
+        accumulate,
         a.ptr.get(),
         a.cs,
         a.rs,
         b.ptr.get(),
         b.cs,
         b.rs,
-        zero,
+        alpha,
         one,
         false,
         false,
@@ -91,13 +92,13 @@ unsafe fn native<T: 'static + Copy>(
 
 impl MatElem for f32 {
     unsafe fn matmul(m: usize, n: usize, k: usize, a: Mat<f32>, b: Mat<f32>, y: Mat<f32>, par: Parallelism) {
-        native((m, n, k), a, b, y, 1.0, 0.0, par)
+        native((m, n, k), a, b, y, (1.0, 0.0), false, par)
     }
 }
 
 impl MatElem for f64 {
     unsafe fn matmul(m: usize, n: usize, k: usize, a: Mat<f64>, b: Mat<f64>, y: Mat<f64>, par: Parallelism) {
-        native((m, n, k), a, b, y, 1.0, 0.0, par)
+        native((m, n, k), a, b, y, (1.0, 0.0), false, par)
     }
 }
 
@@ -288,53 +289,21 @@ fn addmm(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
     unsafe {
         if a.dtype == DType::F64 {
             let mat64 = |v: &View| Mat { ptr: SyncPtr(v.base as *mut f64), rs: v.strides[0], cs: v.strides[1] };
-            accumulate((m, n, k), mat64(a), mat64(b), mat64(y), 1.0, par);
+            native((m, n, k), mat64(a), mat64(b), mat64(y), (1.0, 0.0), true, par);
             return Ok(());
         }
         let widened = |v: &View, rows, cols| with_dtype!(v.dtype, T => widen_any::<T>(rows, cols, v));
         let (mut wa, mut wb) = (widened(a, m, k), widened(b, k, n));
         let (ma, mb) = (dense(&mut wa, k), dense(&mut wb, n));
         if y.dtype == DType::F32 {
-            accumulate((m, n, k), ma, mb, mat(y), 1.0, par);
+            native((m, n, k), ma, mb, mat(y), (1.0, 0.0), true, par);
         } else {
             let mut wy = widened(y, m, n);
-            accumulate((m, n, k), ma, mb, dense(&mut wy, n), 1.0, par);
+            native((m, n, k), ma, mb, dense(&mut wy, n), (1.0, 0.0), true, par);
             with_dtype!(y.dtype, T => store_all::<T>(&wy, m, n, y));
         }
     }
     Ok(())
-}
-
-/// `y += a · b` by `gemm`, reading `y` (`alpha` scales `y`, `beta` the product).
-unsafe fn accumulate<T: 'static + Copy>(
-    (m, n, k): (usize, usize, usize),
-    a: Mat<T>,
-    b: Mat<T>,
-    y: Mat<T>,
-    one: T,
-    par: Parallelism,
-) {
-    gemm::gemm(
-        m,
-        n,
-        k,
-        y.ptr.get(),
-        y.cs,
-        y.rs,
-        true,
-        a.ptr.get(),
-        a.cs,
-        a.rs,
-        b.ptr.get(),
-        b.cs,
-        b.rs,
-        one,
-        one,
-        false,
-        false,
-        false,
-        par,
-    );
 }
 
 /// A strided matrix of any float dtype as a dense row-major f32 buffer.

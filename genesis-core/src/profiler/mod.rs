@@ -303,6 +303,33 @@ impl Profile {
         &self.kernels
     }
 
+    /// The device work by name: `(name, count, total nanoseconds)`, the most time first
+    /// (kernels overlapping each other count each their own time).
+    pub fn kernel_totals(&self) -> Vec<(&str, usize, u64)> {
+        let mut totals: std::collections::HashMap<&str, (usize, u64)> = Default::default();
+        for k in &self.kernels {
+            let entry = totals.entry(k.name.as_str()).or_default();
+            *entry = (entry.0 + 1, entry.1 + k.end_ns.saturating_sub(k.start_ns));
+        }
+        let mut totals: Vec<(&str, usize, u64)> = totals.into_iter().map(|(n, (c, ns))| (n, c, ns)).collect();
+        totals.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(b.0)));
+        totals
+    }
+
+    /// `(busy, span)` in nanoseconds: the time some device work was running (the union of
+    /// the work's intervals, so work that overlaps counts once) and the span from the first
+    /// start to the last end; `span - busy` is the devices' idle time in between.
+    pub fn device_coverage(&self) -> (u64, u64) {
+        let mut spans: Vec<(u64, u64)> = self.kernels.iter().map(|k| (k.start_ns, k.end_ns)).collect();
+        spans.sort_unstable();
+        let (mut busy, mut reach) = (0u64, 0u64);
+        for &(start, end) in &spans {
+            busy += end.saturating_sub(start.max(reach));
+            reach = reach.max(end);
+        }
+        (busy, spans.first().map_or(0, |&(first, _)| reach - first))
+    }
+
     /// Events of `kind`.
     pub fn events_of(&self, kind: EventKind) -> impl Iterator<Item = &Event> {
         self.events.iter().filter(move |e| e.kind == kind)
@@ -334,5 +361,30 @@ impl Profile {
     /// from the profiler's start) peaked, with that peak in bytes.
     pub fn memory_peaks(&self) -> Vec<(String, i64, String)> {
         table::memory_peaks(&self.events)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_totals_and_device_coverage() {
+        let device = crate::device::Device::cpu().unwrap();
+        let kernel = |name: &str, start_ns, end_ns| Kernel {
+            op: None,
+            device: device.clone(),
+            stream: 0,
+            name: name.to_string(),
+            start_ns,
+            end_ns,
+        };
+        // b overlaps a (launched early); a gap of 10 ns before c.
+        let kernels = vec![kernel("a", 100, 150), kernel("b", 140, 160), kernel("c", 170, 180), kernel("a", 180, 200)];
+        let prof = Profile { events: Vec::new(), kernels, device_time: true, timing: Vec::new() };
+        assert_eq!(prof.kernel_totals(), vec![("a", 2, 70), ("b", 1, 20), ("c", 1, 10)]);
+        assert_eq!(prof.device_coverage(), (90, 100));
+        let empty = Profile { events: Vec::new(), kernels: Vec::new(), device_time: true, timing: Vec::new() };
+        assert_eq!((empty.kernel_totals().len(), empty.device_coverage()), (0, (0, 0)));
     }
 }
