@@ -31,9 +31,10 @@ fn fixtures() -> &'static Path {
         let target = target_dir().join("fixtures");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let manifest = root.join("tests/fixtures/Cargo.toml");
-        // Two builds: `older-minor` enables a backend-api feature the others must not see.
-        for selection in [&["--workspace", "--exclude", "fixture-older-minor"][..], &["-p", "fixture-older-minor"][..]]
-        {
+        // Two builds: the older plugins enable a backend-api feature the others must not see.
+        let older = ["-p", "fixture-older-minor", "-p", "fixture-older-cpu"];
+        let others = ["--workspace", "--exclude", "fixture-older-minor", "--exclude", "fixture-older-cpu"];
+        for selection in [&others[..], &older[..]] {
             let status = Command::new(&cargo)
                 .arg("build")
                 .arg("--manifest-path")
@@ -57,6 +58,8 @@ fn fixtures() -> &'static Path {
         // Two plugins called "twin" in two directories of the search path.
         place("twin", "a", "twin");
         place("twin", "b", "twin");
+        // A CPU plugin of an older interface on the search path, as a stale build leaves one.
+        place("older_cpu", "b", "cpu");
         place("not_genesis", "explicit", "notgenesis");
         place("future_major", "explicit", "future");
         place("bad_layout", "explicit", "badlayout");
@@ -187,4 +190,21 @@ fn the_first_of_two_same_named_plugins_wins() {
     assert!(reason.contains("shadowed by") && reason.contains(&origin(first)), "{reason}");
     let device = Device::parse("twin").expect("the winner opens");
     assert_eq!(device.backend().origin().to_string(), origin(first));
+}
+
+/// A plugin named like the embedded CPU backend but built for an older interface (a cargo
+/// target folder keeps the last CPU plugin built, which may predate the host) stays listed,
+/// shadowed by the embedded backend, which is newer: the `cpu` device is the embedded one.
+#[test]
+fn an_older_copy_of_the_embedded_backend_is_shadowed_by_it() {
+    let dir = fixtures();
+    let cpus: Vec<_> = backends().into_iter().filter(|b| b.name == "cpu").collect();
+    let stale = cpus
+        .iter()
+        .find(|b| b.origin.to_string().starts_with(dir.join("b").to_str().unwrap()))
+        .unwrap_or_else(|| panic!("the fixture is listed: {cpus:?}"));
+    assert!(stale.shadowed && !stale.available, "{stale:?}");
+    assert!(stale.reason.clone().unwrap_or_default().contains("shadowed by"), "{stale:?}");
+    let device = Device::parse("cpu").expect("cpu opens");
+    assert!(matches!(device.backend().origin(), genesis::backend::Origin::Embedded), "{}", device.backend().origin());
 }

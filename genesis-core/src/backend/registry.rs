@@ -189,7 +189,18 @@ fn add_embedded(reg: &mut Registry) {
         shadowed_by: None,
     });
     let index = reg.records.len() - 1;
-    reg.activate(index, false);
+    // A discovered plugin of this name built for an older interface (a cargo target folder
+    // keeps the last CPU plugin built as a library, which may predate this host) gives way
+    // to the embedded backend; one named in GENESIS_BACKENDS or loaded by `load_library`
+    // keeps its place.
+    let older = reg.active.get(&reg.records[index].name).is_some_and(|active| {
+        let discovered = reg.records.iter().any(|r| {
+            matches!(&r.outcome, Ok(b) if Arc::ptr_eq(b, active))
+                && matches!(r.source, Source::PluginPath | Source::ExecutableDir | Source::UserDir)
+        });
+        discovered && active.api.major == declaration.api_major && active.api.minor < declaration.api_minor
+    });
+    reg.activate(index, older);
 }
 
 #[cfg(not(feature = "embedded-cpu"))]
