@@ -36,6 +36,12 @@ struct Mat<T> {
 }
 
 impl<T> Mat<T> {
+    /// The last two dims of `v`, whose elements are `T`.
+    fn of(v: &View) -> Mat<T> {
+        let r = v.shape.len();
+        Mat { ptr: SyncPtr(v.base as *mut T), rs: v.strides[r - 2], cs: v.strides[r - 1] }
+    }
+
     /// # Safety
     /// `(i, j)` must lie inside the matrix.
     #[inline(always)]
@@ -123,12 +129,21 @@ unsafe fn via_f32<T: Element<Compute = f32>>(
 ) {
     let (mut wa, mut wb) = (widen(m, k, a), widen(k, n, b));
     let mut wy = vec![0f32; m * n];
-    let dense = |v: &mut Vec<f32>, cols: usize| Mat { ptr: SyncPtr(v.as_mut_ptr()), rs: cols as isize, cs: 1 };
     let (ma, mb, my) = (dense(&mut wa, k), dense(&mut wb, n), dense(&mut wy, n));
     f32::matmul(m, n, k, ma, mb, my, par);
-    for i in 0..m {
-        for j in 0..n {
-            *y.at(i, j) = T::store(wy[i * n + j]);
+    round_into(&wy, m, n, y);
+}
+
+/// A dense row-major f32 buffer of `cols` columns as a matrix.
+fn dense(v: &mut [f32], cols: usize) -> Mat<f32> {
+    Mat { ptr: SyncPtr(v.as_mut_ptr()), rs: cols as isize, cs: 1 }
+}
+
+/// Round a dense row-major f32 result once into the strided `y`.
+unsafe fn round_into<T: Element<Compute = f32>>(values: &[f32], rows: usize, cols: usize, y: Mat<T>) {
+    for i in 0..rows {
+        for j in 0..cols {
+            *y.at(i, j) = T::store(values[i * cols + j]);
         }
     }
 }
@@ -233,8 +248,7 @@ fn batched<T: MatElem>(a: &View, b: &View, y: &View, m: usize, n: usize, k: usiz
     if batches == 0 || m == 0 || n == 0 {
         return;
     }
-    let mat = |v: &View| Mat { ptr: SyncPtr(v.base as *mut T), rs: v.strides[r - 2], cs: v.strides[r - 1] };
-    let (ma, mb, my) = (mat(a), mat(b), mat(y));
+    let (ma, mb, my) = (Mat::of(a), Mat::of(b), Mat::of(y));
     // Batch offsets of the three operands in row-major batch order.
     let offsets = |v: &View| genesis_backend_api::sdk::offsets(batch_shape, &v.strides[..r - 2]).collect::<Vec<_>>();
     let (oa, ob, oy) = (offsets(a), offsets(b), offsets(y));
@@ -269,9 +283,9 @@ fn batched<T: MatElem>(a: &View, b: &View, y: &View, m: usize, n: usize, k: usiz
     }
 }
 
-/// `Addmm`, `y += a · b`: f64 through the f64 `gemm` reading `y`; every other dtype widened
-/// to f32 and multiplied by the f32 `gemm`, which reads `y` in place when it is f32, or a
-/// widened copy that is rounded once into `y` otherwise.
+/// `Addmm`, `y += a · b`: f32 and f64 through their `gemm` reading `y`; f16 and bf16
+/// widened to f32 and multiplied by the f32 `gemm`, which reads `y` in place when it is f32,
+/// or a widened copy that is rounded once into `y` otherwise.
 fn addmm(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
     let (([a, b], [y]), [m, k, n]) = checks::addmm(op, inputs, outputs)?;
     if m == 0 || n == 0 || k == 0 {
@@ -282,47 +296,37 @@ fn addmm(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
     } else {
         Parallelism::None
     };
-    let mat = |v: &View| Mat { ptr: SyncPtr(v.base as *mut f32), rs: v.strides[0], cs: v.strides[1] };
-    let dense = |v: &mut Vec<f32>, cols: usize| Mat { ptr: SyncPtr(v.as_mut_ptr()), rs: cols as isize, cs: 1 };
+    let mkn = (m, n, k);
     // SAFETY: the views are bounds-checked by the device, `y` overlaps neither input (checked
     // by the device) nor itself (checked above), and `k > 0`.
     unsafe {
-        if a.dtype == DType::F64 {
-            let mat64 = |v: &View| Mat { ptr: SyncPtr(v.base as *mut f64), rs: v.strides[0], cs: v.strides[1] };
-            native((m, n, k), mat64(a), mat64(b), mat64(y), (1.0, 0.0), true, par);
-            return Ok(());
-        }
-        let widened = |v: &View, rows, cols| with_dtype!(v.dtype, T => widen_any::<T>(rows, cols, v));
-        let (mut wa, mut wb) = (widened(a, m, k), widened(b, k, n));
-        let (ma, mb) = (dense(&mut wa, k), dense(&mut wb, n));
-        if y.dtype == DType::F32 {
-            native((m, n, k), ma, mb, mat(y), (1.0, 0.0), true, par);
-        } else {
-            let mut wy = widened(y, m, n);
-            native((m, n, k), ma, mb, dense(&mut wy, n), (1.0, 0.0), true, par);
-            with_dtype!(y.dtype, T => store_all::<T>(&wy, m, n, y));
+        match a.dtype {
+            DType::F64 => native(mkn, Mat::<f64>::of(a), Mat::of(b), Mat::of(y), (1.0, 0.0), true, par),
+            DType::F32 => native(mkn, Mat::<f32>::of(a), Mat::of(b), Mat::of(y), (1.0, 0.0), true, par),
+            DType::F16 => addmm_widened::<f16>(mkn, a, b, y, par),
+            DType::BF16 => addmm_widened::<bf16>(mkn, a, b, y, par),
+            other => return Err(unsupported(op, other)),
         }
     }
     Ok(())
 }
 
-/// A strided matrix of any float dtype as a dense row-major f32 buffer.
-unsafe fn widen_any<T: Element>(rows: usize, cols: usize, v: &View) -> Vec<f32> {
-    let src = Mat { ptr: SyncPtr(v.base as *mut T), rs: v.strides[0], cs: v.strides[1] };
-    let mut out = Vec::with_capacity(rows * cols);
-    for i in 0..rows {
-        out.extend((0..cols).map(|j| (*src.at(i, j)).to_f64() as f32));
-    }
-    out
-}
-
-/// A dense f32 result rounded once into the strided `y`.
-unsafe fn store_all<T: Element>(values: &[f32], rows: usize, cols: usize, y: &View) {
-    let dst = Mat { ptr: SyncPtr(y.base as *mut T), rs: y.strides[0], cs: y.strides[1] };
-    for i in 0..rows {
-        for j in 0..cols {
-            *dst.at(i, j) = T::from_f64(values[i * cols + j] as f64);
-        }
+/// `y += a · b` for f16/bf16 `a` and `b` through the f32 `gemm`; `y` is f32 or `T`.
+unsafe fn addmm_widened<T: Element<Compute = f32>>(
+    (m, n, k): (usize, usize, usize),
+    a: &View,
+    b: &View,
+    y: &View,
+    par: Parallelism,
+) {
+    let (mut wa, mut wb) = (widen::<T>(m, k, Mat::of(a)), widen::<T>(k, n, Mat::of(b)));
+    let (ma, mb) = (dense(&mut wa, k), dense(&mut wb, n));
+    if y.dtype == DType::F32 {
+        native((m, n, k), ma, mb, Mat::of(y), (1.0, 0.0), true, par);
+    } else {
+        let mut wy = widen::<T>(m, n, Mat::of(y));
+        native((m, n, k), ma, mb, dense(&mut wy, n), (1.0, 0.0), true, par);
+        round_into::<T>(&wy, m, n, Mat::of(y));
     }
 }
 

@@ -95,10 +95,15 @@ fn dense_copy(device: &CudaDevice, x: &Operand) -> Result<(Operand, BufferId)> {
     let bytes = x.numel() * x.dtype.size_in_bytes();
     let (id, ptr) = device.scratch(bytes)?;
     let y = Operand { ptr, dtype: x.dtype, shape: x.shape.clone(), strides: contiguous_strides(&x.shape) };
-    let mut args = Args::default();
-    set_geometry(&mut args, &[x, &y]);
-    device.launch("matmul (dense copy)", x.dtype, "copy_s", &mut args, 1)?;
+    copy(device, "matmul (dense copy)", x, &y)?;
     Ok((y, id))
+}
+
+/// Copy `from` into `to` (one shape and dtype, any strides).
+fn copy(device: &CudaDevice, what: &str, from: &Operand, to: &Operand) -> Result<()> {
+    let mut args = Args::default();
+    set_geometry(&mut args, &[from, to]);
+    device.launch(what, from.dtype, "copy_s", &mut args, 1)
 }
 
 /// Run one op of this family.
@@ -465,9 +470,7 @@ fn product(
         }
     }
     if let Some(dense) = copy_back {
-        let mut args = Args::default();
-        set_geometry(&mut args, &[&dense, &y]);
-        device.launch("matmul (copy out)", y.dtype, "copy_s", &mut args, 1)?;
+        copy(device, "matmul (copy out)", &dense, &y)?;
     }
     Ok(())
 }
@@ -509,14 +512,16 @@ fn addmm(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorD
         let (mut a, mut b) = (a.clone(), b.clone());
         let (op_a, ld_a) = cublas_matrix(device, &mut a, (m, k), &mut scratch)?;
         let (op_b, ld_b) = cublas_matrix(device, &mut b, (k, n), &mut scratch)?;
-        let (c, ld_c) = match layout(m, n, y.strides[0], y.strides[1]) {
-            Some((0, ld)) => (y.clone(), ld),
+        // `y` itself as C, or a dense copy of it that is copied back afterwards.
+        let (dense_y, ld_c) = match layout(m, n, y.strides[0], y.strides[1]) {
+            Some((0, ld)) => (None, ld),
             _ => {
                 let (dense, id) = dense_copy(device, y)?;
                 scratch.push(id);
-                (dense, n as i32)
+                (Some(dense), n as i32)
             }
         };
+        let c = dense_y.as_ref().unwrap_or(y);
         let (dtype, compute) = gemm_types(a.dtype, "addmm")?;
         let c_dtype = if c.dtype == a.dtype { dtype } else { gemm_types(c.dtype, "addmm")?.0 };
         let g = Gemm {
@@ -535,10 +540,8 @@ fn addmm(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorD
         // size, `y` overlaps neither input (checked by the device); the handle is on this
         // device's stream.
         unsafe { blas(device)?.gemm_into(&g, c_dtype, true)? };
-        if c.ptr != y.ptr {
-            let mut args = Args::default();
-            set_geometry(&mut args, &[&c, y]);
-            device.launch("addmm (copy out)", y.dtype, "copy_s", &mut args, 1)?;
+        if let Some(dense) = &dense_y {
+            copy(device, "addmm (copy out)", dense, y)?;
         }
         Ok(())
     };

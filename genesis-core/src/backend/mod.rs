@@ -101,6 +101,13 @@ impl Backend {
         self.api
     }
 
+    /// Whether two outputs of one op may interleave in one buffer without sharing a byte
+    /// (the halves of a stacked gradient's rows): plugins of interface 1.9 or later take
+    /// them; older ones refuse them as overlapping.
+    pub(crate) fn takes_interleaved_outputs(&self) -> bool {
+        self.api.major > 1 || self.api.minor >= 9
+    }
+
     /// The plugin's own version.
     pub fn plugin_version(&self) -> &str {
         &self.plugin_version

@@ -32,12 +32,8 @@ impl Tensor {
             self.storage().bump_version();
             return Ok(());
         }
-        let product = if self.dtype() == a.dtype() {
-            a.matmul_uncast(b)?
-        } else {
-            a.to_dtype(self.dtype())?.matmul_uncast(&b.to_dtype(self.dtype())?)?
-        };
-        self.add_(&product)
+        // In `self`'s dtype: f32 products of f16/bf16 values for an f32 `self`.
+        self.add_(&a.to_dtype(self.dtype())?.matmul_uncast(&b.to_dtype(self.dtype())?)?)
     }
 
     fn matmul_uncast(&self, other: &Tensor) -> Result<Tensor> {

@@ -267,14 +267,7 @@ impl Tensor {
             start += n;
         }
         let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
-            let g = grad0(g)?;
-            let mut start = 0;
-            let mut grads = Vec::new();
-            for &n in &sizes {
-                grads.push(Some(g.narrow(d as isize, start, n)?));
-                start += n;
-            }
-            Ok(grads)
+            Ok(grad0(g)?.split_with_sizes(&sizes, d as isize)?.into_iter().map(Some).collect())
         });
         Ok(record1("cat", &refs, out, backward))
     }
@@ -305,14 +298,7 @@ impl Tensor {
         layout.offset = first.layout().offset;
         let rows: Vec<usize> = parts.iter().map(|p| p.shape()[0]).collect();
         let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
-            let g = g[0].as_ref().ok_or_else(|| Error::invalid("missing gradient"))?;
-            let mut start = 0;
-            rows.iter()
-                .map(|&n| {
-                    start += n;
-                    g.narrow(0, start - n, n).map(Some)
-                })
-                .collect()
+            Ok(grad0(g)?.split_with_sizes(&rows, 0)?.into_iter().map(Some).collect())
         });
         Some(record1("cat", &parts.iter().collect::<Vec<_>>(), first.with_layout(layout), backward))
     }

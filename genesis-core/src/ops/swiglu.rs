@@ -32,8 +32,7 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
             Tensor::empty(gate.shape(), gate.dtype(), gate.device())?,
             Tensor::empty(up.shape(), up.dtype(), up.device())?,
         );
-        let outputs = [(&dgate, dgate.layout()), (&dup, dup.layout())];
-        exec_views(&Op::SwiGluBackward, &[(dy, dy.layout()), (gate, gate.layout()), (up, up.layout())], &outputs)?;
+        exec(&Op::SwiGluBackward, &[(dy, dy.layout()), (gate, gate.layout()), (up, up.layout())], &[&dgate, &dup])?;
         Ok(vec![Some(dgate), Some(dup)])
     });
     Ok(record("swiglu", &[gate, up], vec![y], backward).remove(0))
@@ -123,9 +122,7 @@ fn halves_backward(dy: &Tensor, p: &Tensor) -> Result<Tensor> {
     }
     let [gate, up] = halves(p);
     let inputs = [(dy, dy.layout()), (&gate, gate.layout()), (&up, up.layout())];
-    // Plugins take two outputs whose rows interleave in one buffer from interface 1.9 on.
-    let api = p.device().backend().api_version();
-    if api.major == 1 && api.minor < 9 {
+    if !p.device().backend().takes_interleaved_outputs() {
         let (dgate, dup) =
             (Tensor::empty(gate.shape(), p.dtype(), p.device())?, Tensor::empty(up.shape(), p.dtype(), p.device())?);
         exec_views(&Op::SwiGluBackward, &inputs, &[(&dgate, dgate.layout()), (&dup, dup.layout())])?;

@@ -124,7 +124,7 @@ impl AdamCore {
                     if slot.is_none() {
                         *slot = Some(Moments { step: 0, exp_avg: p.zeros_like()?, exp_avg_sq: p.zeros_like()? });
                     }
-                    let Some(m) = slot.as_mut() else { continue };
+                    let m = slot.as_mut().expect("made above");
                     let step = m.step + 1;
                     if Self::fusable(self.decoupled, o, p, &grad)? {
                         // The step count moves only once the fused call succeeded (below), so

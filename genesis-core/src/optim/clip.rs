@@ -22,7 +22,7 @@ fn norm_part(g: &Tensor, norm_type: f64) -> Result<Option<Tensor>> {
 /// The total `norm_type`-norm of `grads`. The parts stay on their devices and are combined
 /// there, one read to the host per (device, dtype) group: a read per gradient would wait for
 /// the device hundreds of times a step.
-fn total_norm(grads: &[Tensor], norm_type: f64) -> Result<f64> {
+fn total_norm<'a>(grads: impl IntoIterator<Item = &'a Tensor>, norm_type: f64) -> Result<f64> {
     let mut groups: Vec<Vec<Tensor>> = Vec::new();
     for g in grads {
         let Some(part) = norm_part(g, norm_type)? else { continue };
@@ -58,7 +58,7 @@ pub fn clip_grad_norm_(params: &[Tensor], max_norm: f64, norm_type: f64) -> Resu
     }
     no_grad(|| {
         let grads: Vec<(&Tensor, Tensor)> = params.iter().filter_map(|p| p.grad().map(|g| (p, g))).collect();
-        let total = total_norm(&grads.iter().map(|(_, g)| g.clone()).collect::<Vec<_>>(), norm_type)?;
+        let total = total_norm(grads.iter().map(|(_, g)| g), norm_type)?;
         let coef = max_norm / (total + 1e-6);
         // A NaN coefficient (NaN norm) scales too, spreading the NaN as PyTorch does.
         if coef.is_nan() || coef < 1.0 {
