@@ -200,6 +200,48 @@ fn attention_fused_matches_composite() {
     }
 }
 
+/// Rotary and attention write their outputs (and attention its input gradients) in the
+/// memory order of their inputs: heads split from `(b, s, h·d)` projections as `(b, h, s, d)`
+/// views come back as views of `(b, s, h·d)`, with no transposing copy either way, and the
+/// values and gradients equal those of contiguous inputs.
+#[test]
+fn rotary_and_attention_keep_the_memory_order_of_their_inputs() -> Result<()> {
+    let (b, s, h, hk, d) = (2, 5, 4, 2, 8);
+    let f32 = |t: Tensor| t.to_dtype(DType::F32).unwrap().detach().requires_grad_(true).unwrap();
+    let q = f32(rand(&[b, s, h * d], 40));
+    let kv = f32(rand(&[b, s, 2 * hk * d], 41));
+    let ang = Generator::new(42).uniform(&[s, d / 2], -3.0, 3.0, DType::F32, &cpu())?;
+    let (c, sn) = (ang.cos()?, ang.sin()?);
+    let heads = |x: &Tensor, n: usize| x.reshape(&[b as isize, s as isize, n as isize, d as isize])?.transpose(1, 2);
+    let run = |contiguous: bool| -> Result<(Tensor, Vec<Vec<f32>>)> {
+        for t in [&q, &kv] {
+            t.zero_grad();
+        }
+        let parts = kv.chunk(2, -1)?;
+        let fix = |t: Tensor| if contiguous { t.contiguous() } else { Ok(t) };
+        let qh = F::rotary_embedding(&fix(heads(&q, h)?)?, &c, &sn)?;
+        let kh = F::rotary_embedding(&fix(heads(&parts[0], hk)?)?, &c, &sn)?;
+        let vh = fix(heads(&parts[1], hk)?)?;
+        if !contiguous {
+            assert!(qh.transpose(1, 2)?.is_contiguous(), "rotary keeps (b, s, h, d): {:?}", qh.strides());
+        }
+        let o = F::scaled_dot_product_attention(&qh, &kh, &vh, None, true, None)?.transpose(1, 2)?;
+        o.square()?.sum()?.backward()?;
+        let grads = [&q, &kv].iter().map(|t| t.grad().unwrap().to_vec::<f32>()).collect::<Result<_>>()?;
+        Ok((o, grads))
+    };
+    let (o, grads) = run(false)?;
+    assert!(o.is_contiguous(), "attention's output is a view of (b, s, h, d): {:?}", o.strides());
+    let (o_dense, grads_dense) = run(true)?;
+    assert_eq!(o.to_vec::<f32>()?, o_dense.to_vec::<f32>()?);
+    for (x, y) in grads.iter().zip(&grads_dense) {
+        for (a, e) in x.iter().zip(y) {
+            assert!((a - e).abs() <= 1e-6 * e.abs().max(1.0), "{a} vs {e}");
+        }
+    }
+    Ok(())
+}
+
 /// Issue 26 item 5: `is_causal` is PyTorch's (query `i` sees keys `0..=i`, aligned to the top
 /// left) when there are more keys than queries; the lower-right alignment of a KV cache has its
 /// own function. Both equal the explicit bool mask.

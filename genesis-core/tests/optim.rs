@@ -141,7 +141,8 @@ fn clip_grad_norm_scales_to_max_norm_and_returns_the_total() -> Result<()> {
     set_grad(&b, &[4.0])?; // c has no gradient: skipped
     let params = [a.clone(), b.clone(), c.clone()];
     let total = clip_grad_norm_(&params, 1.0, 2.0)?;
-    assert!((total - 5.0).abs() < 1e-9);
+    assert_eq!((total.shape(), total.dtype()), (&[][..], DType::F32));
+    assert!((total.item::<f64>()? - 5.0).abs() < 1e-6);
     let coef = 1.0 / (5.0 + 1e-6);
     assert!((a.grad().unwrap().to_vec::<f32>()?[0] as f64 - 3.0 * coef).abs() < 1e-6);
     assert!((b.grad().unwrap().to_vec::<f32>()?[0] as f64 - 4.0 * coef).abs() < 1e-6);
@@ -149,7 +150,7 @@ fn clip_grad_norm_scales_to_max_norm_and_returns_the_total() -> Result<()> {
     // Under the limit: unchanged; infinity norm.
     set_grad(&a, &[0.1, -0.2])?;
     set_grad(&b, &[0.05])?;
-    assert!((clip_grad_norm_(&params, 1.0, f64::INFINITY)? - 0.2).abs() < 1e-7);
+    assert!((clip_grad_norm_(&params, 1.0, f64::INFINITY)?.item::<f64>()? - 0.2).abs() < 1e-7);
     assert_eq!(a.grad().unwrap().to_vec::<f32>()?, vec![0.1, -0.2]);
     assert!(clip_grad_norm_(&params, 1.0, 0.0).is_err());
     clip_grad_value_(&params, 0.15)?;
@@ -157,11 +158,11 @@ fn clip_grad_norm_scales_to_max_norm_and_returns_the_total() -> Result<()> {
     Ok(())
 }
 
-/// The total norm is combined on the device: one read to the host for all the gradients,
-/// however many there are (a read per gradient waited for the device ~300 times a step in
-/// the Qwen2 SFT step). Also checks the 1-norm, and that a NaN gradient gives a NaN norm.
+/// The total norm and the clipping stay on the device: no read to the host however many
+/// gradients there are (the reads of the Qwen2 SFT step left the device idle ~10 ms a step).
+/// Also checks the 1-norm, that a NaN gradient gives a NaN norm, and that no gradients give 0.
 #[test]
-fn clip_grad_norm_reads_the_device_once() -> Result<()> {
+fn clip_grad_norm_never_reads_the_device() -> Result<()> {
     use genesis::profiler::{profile, record_function, ProfilerOptions};
     let cpu = Device::cpu()?;
     let params = (0..12).map(|i| param(&[i as f32, -1.0, 2.0], &[3], &cpu)).collect::<Result<Vec<_>>>()?;
@@ -174,14 +175,17 @@ fn clip_grad_norm_reads_the_device_once() -> Result<()> {
         let _clip = record_function("clip");
         clip_grad_norm_(&params, 1e9, 1.0)
     })?;
-    let expected: f64 = (0..12).map(|i| 0.5 * i as f64 + 1.0).sum();
-    assert!((total - expected).abs() < 1e-4, "{total} vs {expected}");
     let clip = prof.events().iter().find(|e| e.name == "clip").map(|e| e.id);
     let reads = prof.events().iter().filter(|e| e.name == "copy_to_host" && e.parent == clip).count();
-    assert_eq!(reads, 1, "reads to the host: {reads}");
+    assert_eq!(reads, 0, "reads to the host: {reads}");
+    let expected: f64 = (0..12).map(|i| 0.5 * i as f64 + 1.0).sum();
+    assert!((total.item::<f64>()? - expected).abs() < 1e-4, "{total:?} vs {expected}");
     set_grad(&params[3], &[f32::NAN, 0.0, 0.0])?;
-    assert!(clip_grad_norm_(&params, 1.0, 2.0)?.is_nan());
-    assert!(clip_grad_norm_(&params, 1.0, f64::INFINITY)?.is_nan());
+    assert!(clip_grad_norm_(&params, 1.0, 2.0)?.item::<f64>()?.is_nan());
+    assert!(params[0].grad().unwrap().to_vec::<f32>()?.iter().all(|g| g.is_nan()), "a NaN norm spreads");
+    assert!(clip_grad_norm_(&params, 1.0, f64::INFINITY)?.item::<f64>()?.is_nan());
+    let none = param(&[1.0], &[1], &cpu)?;
+    assert_eq!(clip_grad_norm_(&[none], 1.0, 2.0)?.item::<f64>()?, 0.0);
     Ok(())
 }
 

@@ -96,7 +96,9 @@ fn masked_fused(
     let (qs, t) = (q.shape(), k.shape()[2]);
     // (.., 1, s, t) → (b, s, t), a broadcast view.
     let keep = rank4(mask)?.squeeze(Some(1))?.expand(&[qs[0] as isize, qs[2] as isize, t as isize])?;
-    let o = Tensor::empty(qs, q.dtype(), q.device())?;
+    // o (and below dq, dk, dv) in the memory order of q (k, v): for the model's views of
+    // `(b, s, h·d)` projections, o is then a view of `(b, s, h·d)` too.
+    let o = q.empty_like()?;
     exec(&op, &[(q, q.layout()), (k, k.layout()), (v, v.layout()), (&keep, keep.layout())], &[&o])?;
     Ok(Some(o))
 }
@@ -210,7 +212,9 @@ fn attention(
         }
         return grouped(&q, &k, &v, attn_mask, causal, scale, group);
     }
-    let o = Tensor::empty(qs, q.dtype(), q.device())?;
+    // o (and below dq, dk, dv) in the memory order of q (k, v): for the model's views of
+    // `(b, s, h·d)` projections, o is then a view of `(b, s, h·d)` too.
+    let o = q.empty_like()?;
     let lse = Tensor::empty(&qs[..3], DType::F32, q.device())?;
     exec(&op, &[(&q, q.layout()), (&k, k.layout()), (&v, v.layout())], &[&o, &lse])?;
     let (sq, sk, sv, so) = (Saved::new(&q), Saved::new(&k), Saved::new(&v), Saved::new(&o));
@@ -220,7 +224,7 @@ fn attention(
         let bop = Op::AttentionBackward { causal: causal.is_some(), scale };
         if !is_grad_enabled() && super::fused::use_fused(&bop, q)? {
             let o = so.get("attention")?;
-            let (dq, dk, dv) = (q.zeros_like()?, k.zeros_like()?, v.zeros_like()?);
+            let (dq, dk, dv) = (q.empty_like()?, k.empty_like()?, v.empty_like()?);
             let ins = [q, k, v, o, &lse, g];
             exec(&bop, &ins.iter().map(|t| (*t, t.layout())).collect::<Vec<_>>(), &[&dq, &dk, &dv])?;
             return Ok(vec![Some(dq), Some(dk), Some(dv)]);

@@ -32,7 +32,7 @@ fn rotary(x: &Tensor, cos: &Tensor, sin: &Tensor, inverse: bool) -> Result<Tenso
         let sin = if inverse { sin.neg()? } else { sin.clone() };
         return Tensor::cat(&[x1.mul(cos)?.sub(&x2.mul(&sin)?)?, x2.mul(cos)?.add(&x1.mul(&sin)?)?], -1);
     }
-    let y = Tensor::empty(x.shape(), x.dtype(), x.device())?;
+    let y = x.empty_like()?;
     exec(&op, &[(x, x.layout()), (cos, cos.layout()), (sin, sin.layout())], &[&y])?;
     let (c, s) = (cos.clone(), sin.clone());
     // The rotation is linear and orthogonal: its backward is the inverse rotation, itself

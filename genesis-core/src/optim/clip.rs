@@ -3,6 +3,7 @@
 //! (the gradient of an addition reaches both inputs as one tensor).
 
 use crate::autograd::no_grad;
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use genesis_backend_api::DType;
@@ -19,10 +20,11 @@ fn norm_part(g: &Tensor, norm_type: f64) -> Result<Option<Tensor>> {
     powered.sum().map(Some)
 }
 
-/// The total `norm_type`-norm of `grads`. The parts stay on their devices and are combined
-/// there, one read to the host per (device, dtype) group: a read per gradient would wait for
-/// the device hundreds of times a step.
-fn total_norm<'a>(grads: impl IntoIterator<Item = &'a Tensor>, norm_type: f64) -> Result<f64> {
+/// The total `norm_type`-norm of `grads` as a 0-d tensor on the first gradient's device (f64
+/// when any gradient is f64, else f32), `None` without gradients. Nothing is read to the
+/// host: a read would wait for the whole backward pass, and the host would then issue the
+/// clipping and the optimizer step to an idle device (10 ms of a 95 ms Qwen2 SFT step).
+fn total_norm<'a>(grads: impl IntoIterator<Item = &'a Tensor>, norm_type: f64) -> Result<Option<Tensor>> {
     let mut groups: Vec<Vec<Tensor>> = Vec::new();
     for g in grads {
         let Some(part) = norm_part(g, norm_type)? else { continue };
@@ -31,25 +33,30 @@ fn total_norm<'a>(grads: impl IntoIterator<Item = &'a Tensor>, norm_type: f64) -
             None => groups.push(vec![part]),
         }
     }
-    let mut total = 0.0f64;
+    let Some(first) = groups.first().map(|group| group[0].clone()) else { return Ok(None) };
+    let dtype = if groups.iter().any(|group| group[0].dtype() == DType::F64) { DType::F64 } else { DType::F32 };
+    let mut totals = Vec::with_capacity(groups.len());
     for group in &groups {
         let parts = Tensor::stack(group, 0)?;
-        if norm_type == f64::INFINITY {
-            let max = parts.max()?.item::<f64>()?;
-            total = if max.is_nan() || total.is_nan() { f64::NAN } else { total.max(max) };
-        } else {
-            total += parts.sum()?.item::<f64>()?;
-        }
+        let total = if norm_type == f64::INFINITY { parts.max()? } else { parts.sum()? };
+        totals.push(total.to(first.device())?.to_dtype(dtype)?);
     }
-    Ok(if norm_type == f64::INFINITY { total } else { total.powf(1.0 / norm_type) })
+    let totals = Tensor::stack(&totals, 0)?;
+    Ok(Some(if norm_type == f64::INFINITY { totals.max()? } else { totals.sum()?.pow_scalar(1.0 / norm_type)? }))
 }
 
 /// Scale the gradients of `params` together so that their combined `norm_type`-norm is at
-/// most `max_norm`, and return that norm before clipping (PyTorch's `clip_grad_norm_`:
-/// gradients are multiplied by `max_norm / (norm + 1e-6)` when that is below 1). Parameters
-/// without a gradient are skipped. A non-finite norm is returned as it is, so the caller can
-/// skip the step.
-pub fn clip_grad_norm_(params: &[Tensor], max_norm: f64, norm_type: f64) -> Result<f64> {
+/// most `max_norm`, and return that norm before clipping as a 0-d tensor (PyTorch's
+/// `clip_grad_norm_`: gradients are multiplied by `min(max_norm / (norm + 1e-6), 1)`).
+/// Parameters without a gradient are skipped; without any, the norm is `0.0` on the CPU.
+///
+/// Like PyTorch's, it never waits for the device: the norm and the factor stay device
+/// tensors, and every gradient is multiplied by the factor (by exactly 1 when under the
+/// limit, which leaves it unchanged). The norm is f32 (f64 when a gradient is f64) on the
+/// first gradient's device; read it with `item` when the step is issued. A non-finite norm
+/// is returned as it is and makes the gradients NaN, as in PyTorch, so the caller can skip
+/// the step.
+pub fn clip_grad_norm_(params: &[Tensor], max_norm: f64, norm_type: f64) -> Result<Tensor> {
     if norm_type.is_nan() || norm_type <= 0.0 {
         return Err(Error::invalid(format!("clip_grad_norm_: norm_type must be > 0 (or infinity), got {norm_type}")));
     }
@@ -58,13 +65,23 @@ pub fn clip_grad_norm_(params: &[Tensor], max_norm: f64, norm_type: f64) -> Resu
     }
     no_grad(|| {
         let grads: Vec<(&Tensor, Tensor)> = params.iter().filter_map(|p| p.grad().map(|g| (p, g))).collect();
-        let total = total_norm(grads.iter().map(|(_, g)| g), norm_type)?;
-        let coef = max_norm / (total + 1e-6);
-        // A NaN coefficient (NaN norm) scales too, spreading the NaN as PyTorch does.
-        if coef.is_nan() || coef < 1.0 {
-            for (p, g) in &grads {
-                p.set_grad(Some(g.mul_scalar(coef)?))?;
-            }
+        let Some(total) = total_norm(grads.iter().map(|(_, g)| g), norm_type)? else {
+            return Tensor::full(&[], 0.0, DType::F32, &Device::cpu()?);
+        };
+        // clamp propagates NaN, so a NaN norm spreads to the gradients as in PyTorch.
+        let coef = total.add_scalar(1e-6)?.reciprocal()?.mul_scalar(max_norm)?.clamp(f64::NEG_INFINITY, 1.0)?;
+        let mut coefs: Vec<Tensor> = Vec::new();
+        for (p, g) in &grads {
+            let found = coefs.iter().find(|c| c.device() == g.device() && c.dtype() == g.dtype()).cloned();
+            let c = match found {
+                Some(c) => c,
+                None => {
+                    let c = coef.to(g.device())?.to_dtype(g.dtype())?;
+                    coefs.push(c.clone());
+                    c
+                }
+            };
+            p.set_grad(Some(g.mul(&c)?))?;
         }
         Ok(total)
     })

@@ -328,21 +328,22 @@ impl<'m, M: SftModel> SftTrainer<'m, M> {
                 .collect::<Result<Vec<_>>>()?;
             let targets: usize = batches.iter().map(|b| b.target_count).sum();
             let tokens: usize = batches.iter().map(|b| b.tokens).sum();
-            let mut loss = 0.0;
+            let mut parts = Vec::with_capacity(batches.len());
             for inputs in &batches {
                 // Each micro-batch's share of the mean over all the step's targets.
                 let part = self.loss(inputs, Reduction::Sum)?.mul_scalar(1.0 / targets.max(1) as f64)?;
                 part.backward()?;
-                loss += part.item::<f32>()? as f64;
+                parts.push(part.detach());
             }
-            let grad_norm = match self.config.max_grad_norm {
-                Some(max) => clip_grad_norm_(&params, max, 2.0)?,
-                None => f64::NAN,
-            };
+            let grad_norm = self.config.max_grad_norm.map(|max| clip_grad_norm_(&params, max, 2.0)).transpose()?;
             let lr = self.optimizer.lrs().first().copied().unwrap_or(self.config.lr);
             self.optimizer.step()?;
             self.optimizer.zero_grad();
             self.scheduler.step(&mut self.optimizer)?;
+            // Read the loss and the norm only now: a read waits for the device, and the host
+            // must have issued the whole step by then or the device idles while it catches up.
+            let loss: f64 = Tensor::stack(&parts, 0)?.to_vec::<f64>()?.iter().sum();
+            let grad_norm = grad_norm.map(|n| n.item::<f64>()).transpose()?.unwrap_or(f64::NAN);
             self.step += 1;
             let seconds = step_start.elapsed().as_secs_f64();
             report.tokens += tokens as u64;

@@ -117,6 +117,24 @@ impl Tensor {
         Ok(Self::from_parts(Arc::new(Storage::new(device, bytes)?), Layout::contiguous(shape), dtype))
     }
 
+    /// An uninitialised dense tensor shaped like `self` whose elements lie in memory in the
+    /// order of `self`'s strides (outermost first), as PyTorch's `empty_like` keeps a
+    /// permuted tensor's memory format. An op whose output follows its input's order keeps
+    /// transposed views transposed: attention's `(b, h, s, d)` views of `(b, s, h·d)`
+    /// projections then need no copy on the way back to `(b, s, h·d)`.
+    pub(crate) fn empty_like(&self) -> Result<Tensor> {
+        let strides = &self.layout().strides;
+        let mut order: Vec<usize> = (0..self.rank()).collect();
+        order.sort_by_key(|&d| std::cmp::Reverse(strides[d].unsigned_abs()));
+        let shape: Vec<usize> = order.iter().map(|&d| self.shape()[d]).collect();
+        let dense = Self::empty(&shape, self.dtype(), self.device())?;
+        let mut inverse = vec![0; order.len()];
+        for (i, &d) in order.iter().enumerate() {
+            inverse[d] = i;
+        }
+        Ok(dense.with_layout(dense.layout().permute(&inverse)))
+    }
+
     /// A view of the same storage with another layout (no autograd link; callers record).
     pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
         Self::from_parts(self.inner.storage.clone(), layout, self.inner.dtype)
