@@ -177,6 +177,9 @@ open_enum! {
         ArgMax = 5 => "argmax",
         /// index of the minimum
         ArgMin = 6 => "argmin",
+        /// sum of the squares, accumulated as `sum` (floats; interface 1.10): a gradient
+        /// norm's part in one pass, without a squared copy
+        SumSquares = 7 => "sum_squares",
     }
 }
 
@@ -269,7 +272,7 @@ impl ReduceOp {
     pub fn domain(self) -> Domain {
         match self {
             ReduceOp::Sum | ReduceOp::Prod => Domain::NotBool,
-            ReduceOp::Mean => Domain::Floats,
+            ReduceOp::Mean | ReduceOp::SumSquares => Domain::Floats,
             ReduceOp::Max | ReduceOp::Min | ReduceOp::ArgMax | ReduceOp::ArgMin => Domain::All,
         }
     }

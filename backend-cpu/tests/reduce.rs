@@ -8,13 +8,21 @@ use common::*;
 use genesis_backend_api::{DType, Device, ErrorKind, Op, OpKind, ReduceOp};
 use rstest::rstest;
 
-const ALL_OPS: [ReduceOp; 7] =
-    [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod, ReduceOp::ArgMax, ReduceOp::ArgMin];
+const ALL_OPS: [ReduceOp; 8] = [
+    ReduceOp::Sum,
+    ReduceOp::Mean,
+    ReduceOp::SumSquares,
+    ReduceOp::Max,
+    ReduceOp::Min,
+    ReduceOp::Prod,
+    ReduceOp::ArgMax,
+    ReduceOp::ArgMin,
+];
 
 fn claimed(op: ReduceOp, dtype: DType) -> bool {
     match op {
         ReduceOp::Sum | ReduceOp::Prod => dtype != DType::Bool,
-        ReduceOp::Mean => dtype.is_float(),
+        ReduceOp::Mean | ReduceOp::SumSquares => dtype.is_float(),
         _ => true,
     }
 }
@@ -85,6 +93,11 @@ fn reference(op: ReduceOp, dtype: DType, x: &[f64], shape: &[usize], axes: &[usi
                     (e, tol_sum(e))
                 }
                 ReduceOp::Sum => (wrap(dtype, vals.iter().fold(0i128, |a, &v| wrap(dtype, a + v as i128))) as f64, 0.0),
+                ReduceOp::SumSquares => {
+                    let e = round_to(dtype, vals.iter().map(|v| v * v).sum());
+                    // Positive terms: a sequential sum's error grows with about sqrt(n) roundings.
+                    (e, 2.0 * eps(dtype) * e + (32.0 + 4.0 * (n as f64).sqrt()) * acc_eps(dtype) * e)
+                }
                 ReduceOp::Mean => {
                     let e = round_to(dtype, vals.iter().sum::<f64>() / n as f64);
                     (e, tol_sum(e) / n.max(1) as f64 + 2.0 * eps(dtype) * e.abs())
@@ -109,6 +122,8 @@ fn inputs(op: ReduceOp, dtype: DType, n: usize, seed: u64) -> Vec<f64> {
         (DType::Bool, _) => int_values(n, seed, 0, 2),
         (DType::U8, _) => int_values(n, seed, 0, 12),
         (_, ReduceOp::Prod) if dtype.is_float() => values(n, seed, 0.8, 1.25),
+        // Squares of 100,000 values stay below f16's largest finite value.
+        (_, ReduceOp::SumSquares) => values(n, seed, -0.5, 0.5),
         (_, ReduceOp::Prod) => int_values(n, seed, -2, 3),
         // Few distinct integers make ties common, which exercises the first-index rule.
         (_, ReduceOp::ArgMax | ReduceOp::ArgMin) => int_values(n, seed, -4, 4),
@@ -151,6 +166,7 @@ fn small_reductions_match_reference(
     #[values(
         ReduceOp::Sum,
         ReduceOp::Mean,
+        ReduceOp::SumSquares,
         ReduceOp::Max,
         ReduceOp::Min,
         ReduceOp::Prod,
@@ -184,7 +200,7 @@ fn small_reductions_match_reference(
 #[rstest]
 fn large_reductions_match_reference(
     #[values(DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32)] dtype: DType,
-    #[values(ReduceOp::Sum, ReduceOp::Max, ReduceOp::ArgMin, ReduceOp::Mean)] op: ReduceOp,
+    #[values(ReduceOp::Sum, ReduceOp::Max, ReduceOp::ArgMin, ReduceOp::Mean, ReduceOp::SumSquares)] op: ReduceOp,
 ) {
     if !claimed(op, dtype) {
         return;

@@ -348,7 +348,7 @@ fn check_ops(ck: &mut Checker, caps: &[(OpKind, DType)]) {
                     cases.push(("all", d(&[37, c]), d(&[1, 1])));
                     cases.push(("outer and inner", d(&[5, 7, c]), d(&[1, 7, 1])));
                 }
-                if matches!(r, ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Prod) {
+                if matches!(r, ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Prod | ReduceOp::SumSquares) {
                     cases.push(("empty", d(&[3, 0]), d(&[3, 1])));
                 }
                 for (what, input, output) in cases {

@@ -1,4 +1,4 @@
-//! Reductions: sum, mean, max, min, prod, argmax and argmin over the axes where the output
+//! Reductions: sum, mean, sum of squares, max, min, prod, argmax and argmin over the axes where the output
 //! (same rank as the input) has size 1 and the input does not (`sdk::checks::reduce`).
 //!
 //! Every op is a [`Fold`]: a state per output element, stepped with the reduced elements in
@@ -55,6 +55,7 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
     with_dtype!(x.dtype, T => match r {
         ReduceOp::Sum => reduce::<T, _>(&SumFold { mean: false }, x, y, &reduced),
         ReduceOp::Mean => reduce::<T, _>(&SumFold { mean: true }, x, y, &reduced),
+        ReduceOp::SumSquares => reduce::<T, _>(&SquaresFold, x, y, &reduced),
         ReduceOp::Prod => reduce::<T, _>(&ProdFold, x, y, &reduced),
         ReduceOp::Max => reduce::<T, _>(&ExtremeFold::<true>, x, y, &reduced),
         ReduceOp::Min => reduce::<T, _>(&ExtremeFold::<false>, x, y, &reduced),
@@ -94,24 +95,26 @@ struct SumFold {
     mean: bool,
 }
 
-/// Pairwise sum of a slice: eight independent lanes over blocks of 128 (vectorizable, and
-/// each lane's error grows with 16 terms, not 128), halves combined recursively above that.
-fn pairwise<T: Accumulate>(xs: &[T]) -> T::Acc {
+/// Pairwise sum of `term(x)` over a slice: eight independent lanes over blocks of 128
+/// (vectorizable, and each lane's error grows with 16 terms, not 128), halves combined
+/// recursively above that.
+#[inline(always)]
+fn pairwise<T: Accumulate>(xs: &[T], term: impl Fn(T) -> T::Acc + Copy) -> T::Acc {
     const BASE: usize = 128;
     if xs.len() > BASE {
         // Split on a multiple of 8 so every leaf but the last runs full lanes.
         let mid = (xs.len() / 2).next_multiple_of(8);
-        return pairwise(&xs[..mid]).add(pairwise(&xs[mid..]));
+        return pairwise(&xs[..mid], term).add(pairwise(&xs[mid..], term));
     }
     let zero = <T::Acc as Arith>::ZERO;
     let mut lanes = [zero; 8];
     let mut chunks = xs.chunks_exact(8);
     for c in &mut chunks {
         for (l, &v) in lanes.iter_mut().zip(c) {
-            *l = l.add(v.to_acc());
+            *l = l.add(term(v));
         }
     }
-    let tail = chunks.remainder().iter().fold(zero, |s, &v| s.add(v.to_acc()));
+    let tail = chunks.remainder().iter().fold(zero, |s, &v| s.add(term(v)));
     let l = lanes;
     let left = l[0].add(l[1]).add(l[2].add(l[3]));
     let right = l[4].add(l[5]).add(l[6].add(l[7]));
@@ -129,7 +132,7 @@ impl<T: Accumulate> Fold<T> for SumFold {
         s.add(v.to_acc())
     }
     fn slice(&self, s: T::Acc, xs: &[T], _: usize) -> T::Acc {
-        s.add(pairwise(xs))
+        s.add(pairwise(xs, T::to_acc))
     }
     fn merge(&self, a: T::Acc, b: T::Acc) -> T::Acc {
         a.add(b)
@@ -140,6 +143,36 @@ impl<T: Accumulate> Fold<T> for SumFold {
         } else {
             T::from_acc(s)
         }
+    }
+}
+
+/// Sum of squares, each square taken in the accumulator type (so f16/bf16 squares do not
+/// overflow), summed as [`SumFold`] sums.
+struct SquaresFold;
+
+fn square<T: Accumulate>(v: T) -> T::Acc {
+    let a = v.to_acc();
+    a.mul(a)
+}
+
+impl<T: Accumulate> Fold<T> for SquaresFold {
+    type S = T::Acc;
+    type Out = T;
+    fn init(&self) -> T::Acc {
+        <T::Acc as Arith>::ZERO
+    }
+    #[inline(always)]
+    fn step(&self, s: T::Acc, v: T, _: usize) -> T::Acc {
+        s.add(square(v))
+    }
+    fn slice(&self, s: T::Acc, xs: &[T], _: usize) -> T::Acc {
+        s.add(pairwise(xs, square::<T>))
+    }
+    fn merge(&self, a: T::Acc, b: T::Acc) -> T::Acc {
+        a.add(b)
+    }
+    fn finish(&self, s: T::Acc, _: usize) -> T {
+        T::from_acc(s)
     }
 }
 

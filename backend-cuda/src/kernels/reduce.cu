@@ -41,13 +41,19 @@ template <bool MAX> __device__ __forceinline__ bool better(RC v, RC best) {
     return !best_nan && (v_nan || (MAX ? v > best : v < best));
 }
 
-// Sum (MODE 0), mean (1), prod (2).
+// Sum (MODE 0), mean (1), prod (2), sum of squares (3).
 template <int MODE> __device__ __forceinline__ Acc acc_op(Acc a, Acc b) {
 #if IS_FLOAT
     return MODE == 2 ? a * b : a + b;
 #else
     return MODE == 2 ? (Acc)((u64)a * (u64)b) : (Acc)((u64)a + (u64)b);
 #endif
+}
+
+// The term an element adds: itself, or its square (MODE 3) taken in the accumulator type.
+template <int MODE> __device__ __forceinline__ Acc term(T x) {
+    Acc v = (Acc)TT::load(x);
+    return MODE == 3 ? v * v : v;
 }
 
 template <int MODE> __device__ void sum_like(const Args& a, unsigned char* smem) {
@@ -60,8 +66,7 @@ template <int MODE> __device__ void sum_like(const Args& a, unsigned char* smem)
         i64 base = offset_in(a.shape, a.st[0], kd, out);
         Acc s = MODE == 2 ? (Acc)1 : (Acc)0;
         for (u64 j = threadIdx.x; j < n_red; j += blockDim.x) {
-            Acc v = (Acc)TT::load(x[base + offset_in(a.shape + kd, a.st[2], rd, j)]);
-            s = acc_op<MODE>(s, v);
+            s = acc_op<MODE>(s, term<MODE>(x[base + offset_in(a.shape + kd, a.st[2], rd, j)]));
         }
         part[threadIdx.x] = s;
         __syncthreads();
@@ -130,6 +135,7 @@ extern "C" __global__ void reduce_prod(const Args a) { SMEM; sum_like<2>(a, smem
 #endif
 #if IS_FLOAT
 extern "C" __global__ void reduce_mean(const Args a) { SMEM; sum_like<1>(a, smem); }
+extern "C" __global__ void reduce_sum_squares(const Args a) { SMEM; sum_like<3>(a, smem); }
 #endif
 extern "C" __global__ void reduce_max(const Args a) { SMEM; extreme<true, false>(a, smem); }
 extern "C" __global__ void reduce_min(const Args a) { SMEM; extreme<false, false>(a, smem); }
@@ -157,7 +163,7 @@ __device__ __forceinline__ u8 shfl_x(u8 v, int m) { return (u8)__shfl_xor_sync(0
 template <int MODE> struct SumR {
     typedef Acc S;
     static __device__ __forceinline__ S init() { return MODE == 2 ? (Acc)1 : (Acc)0; }
-    static __device__ __forceinline__ void add(S& s, T v, u64) { s = acc_op<MODE>(s, (Acc)TT::load(v)); }
+    static __device__ __forceinline__ void add(S& s, T v, u64) { s = acc_op<MODE>(s, term<MODE>(v)); }
     static __device__ __forceinline__ S merge(S a, S b) { return acc_op<MODE>(a, b); }
     static __device__ __forceinline__ S shfl(S s, int m) { return shfl_x(s, m); }
     static __device__ __forceinline__ void write(char* y, i64 off, S s, u64 n_red) {
@@ -339,20 +345,26 @@ template <class R, int V> __device__ void cols(const Args& a, unsigned char* sme
     }
 }
 
-// Fold the u[1] partial states of each output in part order and write it.
+// Fold the u[1] partial states of each output and write it: a warp per output, lane l
+// folding parts l, l + 32, ... in order, then the warp's butterfly. The order depends only on
+// the part count, so results do not depend on timing; a single thread per output would read
+// its hundreds of parts one after another (10 us for a gradient norm's part).
 template <class R> __device__ void finish(const Args& a) {
     typedef typename R::S S;
     const S* part = (const S*)a.p[2];
-    for (u64 out = gtid(); out < a.n; out += gstride()) {
-        S s = part[out];
-        for (u64 k = 1; k < a.u[1]; ++k) s = R::merge(s, part[k * a.n + out]);
-        R::write(a.p[1], offset_in(a.shape, a.st[1], a.ndim, out), s, a.u[0]);
+    const u32 lane = threadIdx.x % 32;
+    for (u64 out = gtid() / 32; out < a.n; out += gstride() / 32) {
+        S s = R::init();
+        for (u64 k = lane; k < a.u[1]; k += 32) s = R::merge(s, part[k * a.n + out]);
+        s = group_merge<R>(s, false, nullptr);
+        if (lane == 0) R::write(a.p[1], offset_in(a.shape, a.st[1], a.ndim, out), s, a.u[0]);
     }
 }
 
 typedef SumR<0> RSum;
 typedef SumR<1> RMean;
 typedef SumR<2> RProd;
+typedef SumR<3> RSumSquares;
 typedef ExtR<true, false> RMax;
 typedef ExtR<false, false> RMin;
 typedef ExtR<true, true> RArgMax;
@@ -375,6 +387,6 @@ typedef ExtR<false, true> RArgMin;
 FAST(sum, RSum) FAST(prod, RProd)
 #endif
 #if IS_FLOAT
-FAST(mean, RMean)
+FAST(mean, RMean) FAST(sum_squares, RSumSquares)
 #endif
 FAST(max, RMax) FAST(min, RMin) FAST(argmax, RArgMax) FAST(argmin, RArgMin)

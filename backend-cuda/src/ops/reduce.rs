@@ -151,8 +151,12 @@ fn launch_parts(
     }
     let (id, ptr) = device.scratch(args.n as usize * parts as usize * 16)?;
     args.p[2] = ptr;
-    let done = main(&mut args)
-        .and_then(|_| device.launch(op.name(), dtype, &format!("reduce_finish_{}", r.name()), &mut args, 1));
+    // The finish runs a warp per output.
+    let warps = (args.n * 32).div_ceil(THREADS as u64).min(device.facts.sm_count as u64 * 32).max(1) as u32;
+    let finish = format!("reduce_finish_{}", r.name());
+    let done = main(&mut args).and_then(|_| {
+        device.launch_grid(op.name(), &super::ELEMENTWISE, dtype, &finish, &mut args, (warps, 1), (THREADS, 1), 0)
+    });
     // Stream order keeps the scratch alive for the queued kernels.
     let freed = device.free_scratch(id);
     done.and(freed)

@@ -23,6 +23,7 @@ mod softmax;
 pub(crate) mod swiglu;
 
 pub use elementwise::Scalar;
+pub(crate) use reduce::reduce_all_into;
 
 use crate::device::Device;
 use crate::error::{Error, ErrorKind, Result};

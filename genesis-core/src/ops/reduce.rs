@@ -15,6 +15,17 @@ fn reduce_raw(op: ReduceOp, x: &Tensor, dims: &[usize], dtype: DType) -> Result<
     Ok(out)
 }
 
+/// `op` over every element of `x` (no autograd), written into `slot`, a one-element view
+/// (say, one entry of a vector that collects many such results without copies). A
+/// `SumSquares` the backend does not claim for `x`'s dtype is a `square` then a `Sum`.
+pub(crate) fn reduce_all_into(op: ReduceOp, x: &Tensor, slot: &Tensor) -> Result<()> {
+    if op == ReduceOp::SumSquares && !super::fused::use_fused(&Op::Reduce(op), x)? {
+        return reduce_all_into(ReduceOp::Sum, &x.detach().square()?, slot);
+    }
+    let out = slot.reshape(&vec![1; x.rank()])?;
+    exec(&Op::Reduce(op), &[(x, x.layout())], &[&out])
+}
+
 fn all_dims(x: &Tensor) -> Vec<isize> {
     (0..x.rank() as isize).collect()
 }

@@ -5,41 +5,44 @@
 use crate::autograd::no_grad;
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::ops::reduce_all_into;
 use crate::tensor::Tensor;
-use genesis_backend_api::DType;
-
-/// One gradient's part of the total norm as a 0-d tensor on its device: the sum of
-/// `|g|^norm_type`, or `max |g|` for the infinity norm (`None` for an empty gradient there).
-/// Sums run in f32 or wider so that f16 squares cannot overflow.
-fn norm_part(g: &Tensor, norm_type: f64) -> Result<Option<Tensor>> {
-    let g = if g.dtype() == DType::F64 { g.clone() } else { g.to_dtype(DType::F32)? };
-    if norm_type == f64::INFINITY {
-        return if g.numel() == 0 { Ok(None) } else { g.abs()?.max().map(Some) };
-    }
-    let powered = if norm_type == 2.0 { g.square()? } else { g.abs()?.pow_scalar(norm_type)? };
-    powered.sum().map(Some)
-}
+use genesis_backend_api::{DType, ReduceOp};
 
 /// The total `norm_type`-norm of `grads` as a 0-d tensor on the first gradient's device (f64
-/// when any gradient is f64, else f32), `None` without gradients. Nothing is read to the
-/// host: a read would wait for the whole backward pass, and the host would then issue the
-/// clipping and the optimizer step to an idle device (10 ms of a 95 ms Qwen2 SFT step).
+/// when any gradient is f64, else f32), `None` without gradients. Each gradient's part (the
+/// sum of `|g|^p`, or `max |g|`) is reduced straight into its entry of one vector per
+/// (device, dtype), in f32 or wider so that f16 squares cannot overflow; the 2-norm's part
+/// is one `sum_squares` pass where the backend has it. Nothing is read to the host: a read
+/// would wait for the whole backward pass, and the host would then issue the clipping and
+/// the optimizer step to an idle device (10 ms of a 95 ms Qwen2 SFT step).
 fn total_norm<'a>(grads: impl IntoIterator<Item = &'a Tensor>, norm_type: f64) -> Result<Option<Tensor>> {
+    // Empty gradients add nothing to any part.
     let mut groups: Vec<Vec<Tensor>> = Vec::new();
-    for g in grads {
-        let Some(part) = norm_part(g, norm_type)? else { continue };
-        match groups.iter_mut().find(|group| group[0].device() == part.device() && group[0].dtype() == part.dtype()) {
-            Some(group) => group.push(part),
-            None => groups.push(vec![part]),
+    for g in grads.into_iter().filter(|g| g.numel() > 0) {
+        let g = if g.dtype() == DType::F64 { g.clone() } else { g.to_dtype(DType::F32)? };
+        match groups.iter_mut().find(|group| group[0].device() == g.device() && group[0].dtype() == g.dtype()) {
+            Some(group) => group.push(g),
+            None => groups.push(vec![g]),
         }
     }
-    let Some(first) = groups.first().map(|group| group[0].clone()) else { return Ok(None) };
+    let Some(first) = groups.first().map(|group| group[0].device().clone()) else { return Ok(None) };
     let dtype = if groups.iter().any(|group| group[0].dtype() == DType::F64) { DType::F64 } else { DType::F32 };
     let mut totals = Vec::with_capacity(groups.len());
     for group in &groups {
-        let parts = Tensor::stack(group, 0)?;
+        let parts = Tensor::empty(&[group.len()], group[0].dtype(), group[0].device())?;
+        for (i, g) in group.iter().enumerate() {
+            let slot = parts.narrow(0, i, 1)?;
+            if norm_type == 2.0 {
+                reduce_all_into(ReduceOp::SumSquares, g, &slot)?;
+            } else if norm_type == f64::INFINITY {
+                reduce_all_into(ReduceOp::Max, &g.abs()?, &slot)?;
+            } else {
+                reduce_all_into(ReduceOp::Sum, &g.abs()?.pow_scalar(norm_type)?, &slot)?;
+            }
+        }
         let total = if norm_type == f64::INFINITY { parts.max()? } else { parts.sum()? };
-        totals.push(total.to(first.device())?.to_dtype(dtype)?);
+        totals.push(total.to(&first)?.to_dtype(dtype)?);
     }
     let totals = Tensor::stack(&totals, 0)?;
     Ok(Some(if norm_type == f64::INFINITY { totals.max()? } else { totals.sum()?.pow_scalar(1.0 / norm_type)? }))

@@ -377,7 +377,7 @@ fn group_by_output(values: &[f32], x_shape: &[usize], y_shape: &[usize], reduced
     groups
 }
 
-/// Sum, mean, prod, max or min of one group. Sums run in f64 so that long reductions stay
+/// Sum, mean, sum of squares, prod, max or min of one group. Sums run in f64 so that long reductions stay
 /// accurate without pairwise summation.
 fn reduce_group(r: ReduceOp, group: &[f32]) -> f64 {
     let values = group.iter().map(|&v| v as f64);
@@ -385,6 +385,7 @@ fn reduce_group(r: ReduceOp, group: &[f32]) -> f64 {
         ReduceOp::Sum => values.sum(),
         // An empty mean is 0/0 = NaN, as in PyTorch.
         ReduceOp::Mean => values.sum::<f64>() / group.len() as f64,
+        ReduceOp::SumSquares => values.map(|v| v * v).sum(),
         ReduceOp::Prod => values.product(),
         ReduceOp::Max => values.fold(f64::NEG_INFINITY, math::maximum),
         ReduceOp::Min => values.fold(f64::INFINITY, math::minimum),

@@ -45,7 +45,7 @@ pub fn reduce<T: Meta>(op: &Op, r: ReduceOp, x: &T, y: &T) -> Result<Vec<bool>> 
         )));
     }
     let extent: usize = axes.iter().map(|&d| xs[d]).product();
-    if extent == 0 && !matches!(r, ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Prod) {
+    if extent == 0 && !matches!(r, ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Prod | ReduceOp::SumSquares) {
         return Err(BackendError::invalid(format!(
             "{}: cannot reduce an empty axis (input {xs:?}, output {ys:?}): the op has no identity",
             op.name()

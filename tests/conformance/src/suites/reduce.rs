@@ -25,6 +25,7 @@ fn reduce_one(r: ReduceOp, g: &[f64]) -> f64 {
     match r {
         ReduceOp::Sum => sum(g),
         ReduceOp::Mean => sum(g) / g.len() as f64,
+        ReduceOp::SumSquares => g.iter().map(|v| v * v).sum(),
         ReduceOp::Prod => g.iter().product(),
         ReduceOp::Max => {
             g.iter().fold(f64::NEG_INFINITY, |a, &b| if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) })
@@ -49,6 +50,8 @@ fn reduce_case(r: ReduceOp, x: Spec, reduced: &[bool]) -> OpCase {
             let mag: Vec<f64> = groups.iter().map(|g| g.iter().map(|v| v.abs()).sum::<f64>() * scale).collect();
             Expected::accumulated(dtype, values, &mag, k, 1.0)
         }
+        // Every term is positive: the sum is its own magnitude.
+        ReduceOp::SumSquares => Expected::accumulated(dtype, values.clone(), &values, k, 1.0),
         ReduceOp::Prod => {
             let mag: Vec<f64> = values.iter().map(|v| v.abs() * (k.max(1) as f64).sqrt()).collect();
             Expected::accumulated(dtype, values, &mag, k, 1.0)
@@ -89,7 +92,7 @@ fn samples(r: ReduceOp, dtype: DType, rng: &mut Rng) -> Vec<(String, Tier, OpCas
             reduce_case(r, tensor(rng, dtype, &[5, 6, 7], Layout::Contiguous, range), &[true, true, true]),
         ));
     }
-    if matches!(r, ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Mean) {
+    if matches!(r, ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Mean | ReduceOp::SumSquares) {
         v.push(("empty".into(), Tier::Core, reduce_case(r, Spec::new(dtype, &[3, 0], vec![]), &[false, true])));
     }
     if dtype.is_float() && matches!(r, ReduceOp::Max | ReduceOp::Min | ReduceOp::ArgMax | ReduceOp::ArgMin) {
