@@ -598,8 +598,9 @@ declare_ops! {
         label_smoothing: f64 => float[0],
     } = 27 => "cross_entropy_backward" in Floats,
     /// Multi-tensor AdamW, in place, PyTorch's update rule. `inputs = [grad_0, .., grad_n-1]`,
-    /// `outputs = [param_0, exp_avg_0, exp_avg_sq_0, param_1, ..]` (moments in the param's
-    /// dtype or f32); `step` counts from 1:
+    /// optionally followed by `scale` (one f32 element every gradient is multiplied by as it
+    /// is read, interface 1.10), `outputs = [param_0, exp_avg_0, exp_avg_sq_0, param_1, ..]`
+    /// (moments in the param's dtype or f32); `step` counts from 1:
     /// `p *= 1 - lr·wd; m = β1 m + (1-β1) g; v = β2 v + (1-β2) g²;
     /// p -= lr/(1-β1^step) · m / (sqrt(v)/sqrt(1-β2^step) + eps)`.
     AdamW {

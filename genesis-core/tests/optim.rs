@@ -2,8 +2,8 @@
 //! gradient clipping, the loss scaler, parameter checks.
 
 use genesis::optim::{
-    clip_grad_norm_, clip_grad_value_, Adam, AdamOptions, AdamW, GradScaler, GradScalerOptions, Optimizer, SgdOptions,
-    SGD,
+    clip_coefficient, clip_grad_norm_, clip_grad_value_, get_total_norm, Adam, AdamOptions, AdamW, GradScaler,
+    GradScalerOptions, Optimizer, SgdOptions, SGD,
 };
 use genesis::{f16, DType, Device, Result, Tensor};
 
@@ -186,6 +186,65 @@ fn clip_grad_norm_never_reads_the_device() -> Result<()> {
     assert!(clip_grad_norm_(&params, 1.0, f64::INFINITY)?.item::<f64>()?.is_nan());
     let none = param(&[1.0], &[1], &cpu)?;
     assert_eq!(clip_grad_norm_(&[none], 1.0, 2.0)?.item::<f64>()?, 0.0);
+    Ok(())
+}
+
+/// Clipping inside AdamW's update (`step_with_grad_scale` with `clip_coefficient`) gives the
+/// parameters `clip_grad_norm_` then `step` gives, on the fused kernel and on the composed
+/// update (Adam's L2 decay takes the composition), and leaves the gradients as they were.
+#[test]
+fn adamw_step_with_the_clip_factor_equals_clipping_then_stepping() -> Result<()> {
+    use genesis::testing::composites_only;
+    let cpu = Device::cpu()?;
+    let grads = [vec![3.0, -4.0, 0.5], vec![12.0, -0.25]];
+    let run = |scaled: bool, composed: bool, l2: bool| -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+        let ps = vec![param(&[1.0, -2.0, 3.0], &[3], &cpu)?, param(&[0.5, 0.25], &[1, 2], &cpu)?];
+        let options = AdamOptions {
+            lr: 0.1,
+            ..if l2 { AdamOptions { weight_decay: 0.1, ..Default::default() } } else { AdamOptions::adamw() }
+        };
+        let mut adamw = AdamW::new(ps.clone(), options.clone())?;
+        let mut adam = Adam::new(ps.clone(), options)?;
+        for _ in 0..2 {
+            for (p, g) in ps.iter().zip(&grads) {
+                set_grad(p, g)?;
+            }
+            let mut step = || -> Result<()> {
+                match (scaled, l2) {
+                    (true, false) => adamw.step_with_grad_scale(&clip_coefficient(&get_total_norm(&ps, 2.0)?, 1.0)?),
+                    (true, true) => adam.step_with_grad_scale(&clip_coefficient(&get_total_norm(&ps, 2.0)?, 1.0)?),
+                    (false, _) => {
+                        clip_grad_norm_(&ps, 1.0, 2.0)?;
+                        if l2 {
+                            adam.step()
+                        } else {
+                            adamw.step()
+                        }
+                    }
+                }
+            };
+            if composed {
+                composites_only(&mut step)?
+            } else {
+                step()?
+            }
+        }
+        let values = |f: &dyn Fn(&Tensor) -> Result<Vec<f32>>| ps.iter().map(f).collect::<Result<Vec<_>>>();
+        Ok((values(&|p| p.to_vec::<f32>())?, values(&|p| p.grad().unwrap().to_vec::<f32>())?))
+    };
+    for (composed, l2) in [(false, false), (true, false), (false, true)] {
+        let (clipped, _) = run(false, composed, l2)?;
+        let (scaled, grads_after) = run(true, composed, l2)?;
+        for (a, b) in clipped.iter().flatten().zip(scaled.iter().flatten()) {
+            assert!((a - b).abs() <= 1e-6 * a.abs().max(1.0), "composed {composed}, l2 {l2}: {a} vs {b}");
+        }
+        assert_eq!(grads_after, grads.to_vec(), "the gradients are left as they were");
+    }
+    let p = param(&[1.0], &[1], &cpu)?;
+    set_grad(&p, &[1.0])?;
+    let mut opt = AdamW::new(vec![p.clone()], AdamOptions::adamw())?;
+    assert!(opt.step_with_grad_scale(&Tensor::from_slice(&[1.0f32, 2.0], &[2], &cpu)?).is_err());
+    assert_eq!(p.to_vec::<f32>()?, vec![1.0], "a refused step changes nothing");
     Ok(())
 }
 

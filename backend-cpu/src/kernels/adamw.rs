@@ -25,6 +25,8 @@ struct Hyper {
     step_size: f64,
     bc2_sqrt: f64,
     eps: f64,
+    /// Multiplies every gradient as it is read (the optional `scale` input, else 1).
+    scale: f64,
 }
 
 fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
@@ -33,12 +35,18 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
     };
     checks::adamw(op, inputs, outputs, |dtype| unsupported(op, dtype))?;
     check_disjoint(op, inputs, outputs)?;
+    let (grads, scale) = checks::adamw_grad_scale(inputs, outputs);
+    let scale = match scale {
+        Some(s) => dense::<f32>(op, s)?[0] as f64,
+        None => 1.0,
+    };
     // Bias corrections in f64: early on, 1 - β2^step is a small difference of numbers near 1,
     // which f32 would get wrong in the third digit.
     let bc1 = 1.0 - beta1.powf(step as f64);
     let bc2 = 1.0 - beta2.powf(step as f64);
-    let h = Hyper { decay: 1.0 - lr * weight_decay, beta1, beta2, step_size: lr / bc1, bc2_sqrt: bc2.sqrt(), eps };
-    for (i, g) in inputs.iter().enumerate() {
+    let h =
+        Hyper { decay: 1.0 - lr * weight_decay, beta1, beta2, step_size: lr / bc1, bc2_sqrt: bc2.sqrt(), eps, scale };
+    for (i, g) in grads.iter().enumerate() {
         let [p, m, v] = [&outputs[3 * i], &outputs[3 * i + 1], &outputs[3 * i + 2]];
         with_float!(op, p.dtype, P => {
             if m.dtype == p.dtype {
@@ -75,14 +83,14 @@ fn update<P: Float, M: Float>(op: &Op, h: &Hyper, g: &View, p: &View, m: &View, 
     let k = |x: f64| C::<P>::from_f64(x);
     let (decay, b1, b2, step_size, bc2_sqrt, eps) =
         (k(h.decay), k(h.beta1), k(h.beta2), k(h.step_size), k(h.bc2_sqrt), k(h.eps));
-    let (one_b1, one_b2) = (k(1.0 - h.beta1), k(1.0 - h.beta2));
+    let (one_b1, one_b2, scale) = (k(1.0 - h.beta1), k(1.0 - h.beta2), k(h.scale));
     ps.slice()
         .par_iter_mut()
         .zip(ms.slice().par_iter_mut().zip(vs.slice().par_iter_mut()))
         .zip(gs.par_iter())
         .with_min_len(PAR_MIN_ELEMS)
         .for_each(|((pe, (me, ve)), ge)| {
-            let gc = ge.compute();
+            let gc = ge.compute() * scale;
             let mc = b1 * cvt::<C<M>, C<P>>(me.compute()) + one_b1 * gc;
             let vc = b2 * cvt::<C<M>, C<P>>(ve.compute()) + one_b2 * gc * gc;
             let pc = pe.compute() * decay - step_size * mc / (vc.sqrt() / bc2_sqrt + eps);

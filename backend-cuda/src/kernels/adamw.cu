@@ -20,10 +20,12 @@ typedef typename TT::C C;
 #define H_EPS 7
 
 struct Hyper {
-    C decay, b1, b2, one_b1, one_b2, step, bc2, eps;
+    C decay, b1, b2, one_b1, one_b2, step, bc2, eps, scale;
 };
-__device__ __forceinline__ Hyper hyper(const double* h) {
+// `scale`: the address of the f32 every gradient is multiplied by, or 0 for none.
+__device__ __forceinline__ Hyper hyper(const double* h, u64 scale) {
     Hyper r;
+    r.scale = scale ? (C)(*(const float*)scale) : (C)1;
     r.decay = (C)h[H_DECAY];
     r.b1 = (C)h[H_B1];
     r.b2 = (C)h[H_B2];
@@ -46,7 +48,7 @@ __device__ __forceinline__ void put(h16& o, C c) { o = Ty<h16>::store((float)c);
 __device__ __forceinline__ void put(b16& o, C c) { o = Ty<b16>::store((float)c); }
 
 template <class M> __device__ __forceinline__ void update(const Hyper& h, T g, T& p, M& m, M& v) {
-    C gc = TT::load(g);
+    C gc = TT::load(g) * h.scale;
     C mc = h.b1 * get(m) + h.one_b1 * gc;
     C vc = h.b2 * get(v) + h.one_b2 * gc * gc;
     C pc = TT::load(p) * h.decay - h.step * mc / (csqrt(vc) / h.bc2 + h.eps);
@@ -73,9 +75,16 @@ struct Entry {
 #define MAX_ENTRIES 64
 struct TableArgs {
     double h[8];         // hyperparameters
+    u64 scale;           // the gradient scale's address, 0 for none
     u64 count;           // entries used
     u64 chunks;          // total chunks
     Entry e[MAX_ENTRIES];  // by chunk0 ascending
+};
+
+// One strided tensor: the elementwise geometry and the gradient scale's address (0 for none).
+struct StridedArgs {
+    Args a;
+    u64 scale;
 };
 
 #define CHUNK 4096  // elements per chunk (a multiple of the pack of 4)
@@ -85,7 +94,7 @@ template <class E, int N> struct alignas(sizeof(E) * N) P4 { E v[N]; };
 // Blocks stride over the chunks of all tensors; each chunk finds its tensor by binary search
 // of chunk0. Streams every operand once: memory bound.
 template <class M> __device__ void adamw_table(const TableArgs& a) {
-    const Hyper h = hyper(a.h);
+    const Hyper h = hyper(a.h, a.scale);
     for (u64 c = blockIdx.x; c < a.chunks; c += gridDim.x) {
         u64 lo = 0, hi = a.count - 1;
         while (lo < hi) {  // the last entry with chunk0 <= c
@@ -119,11 +128,12 @@ template <class M> __device__ void adamw_table(const TableArgs& a) {
 }
 
 // One strided tensor: Args geometry over g (st[0]), p (st[1]), m (st[2]), v (st[3]);
-// s[] = decay, b1, b2, eps; u[] = the f64 bits of step_size and bc2_sqrt.
-template <class M> __device__ void adamw_strided(const Args& a) {
+// s[] = decay, b1, b2, eps; u[] = the f64 bits of step_size and bc2_sqrt; and the scale.
+template <class M> __device__ void adamw_strided(const StridedArgs& sa) {
+    const Args& a = sa.a;
     double hd[8] = {a.s[0], a.s[1], a.s[2], 1.0 - a.s[1], 1.0 - a.s[2],
                     __longlong_as_double((long long)a.u[0]), __longlong_as_double((long long)a.u[1]), a.s[3]};
-    const Hyper h = hyper(hd);
+    const Hyper h = hyper(hd, sa.scale);
     const T* g = (const T*)a.p[0];
     T* p = (T*)a.p[1];
     M* m = (M*)a.p[2];
@@ -137,5 +147,5 @@ template <class M> __device__ void adamw_strided(const Args& a) {
 
 extern "C" __global__ void adamw_same(const TableArgs a) { adamw_table<T>(a); }
 extern "C" __global__ void adamw_f32(const TableArgs a) { adamw_table<float>(a); }
-extern "C" __global__ void adamw_same_s(const Args a) { adamw_strided<T>(a); }
-extern "C" __global__ void adamw_f32_s(const Args a) { adamw_strided<float>(a); }
+extern "C" __global__ void adamw_same_s(const StridedArgs a) { adamw_strided<T>(a); }
+extern "C" __global__ void adamw_f32_s(const StridedArgs a) { adamw_strided<float>(a); }

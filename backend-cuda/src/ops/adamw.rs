@@ -46,9 +46,20 @@ struct Entry {
 #[derive(Debug, Clone, Copy)]
 struct TableArgs {
     h: [f64; 8],
+    /// The gradient scale's address, 0 for none.
+    scale: u64,
     count: u64,
     chunks: u64,
     e: [Entry; MAX_ENTRIES],
+}
+
+/// Mirror of `struct StridedArgs` in adamw.cu (a test compares the layouts): one strided
+/// group's geometry and the gradient scale's address (0 for none).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct StridedArgs {
+    a: Args,
+    scale: u64,
 }
 
 /// What this family runs.
@@ -65,9 +76,12 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
     checks::adamw(op, &ins, &outs, |dtype| {
         BackendError::unsupported(format!("cuda: adamw is not implemented for {dtype}"))
     })?;
-    let mut outs = outs.into_iter();
+    let (grads, scale) = checks::adamw_grad_scale(&ins, &outs);
+    // The scale (checked: one f32 element) is read by the kernels from device memory.
+    let scale = scale.map_or(0, |s| s.ptr);
+    let mut outs = outs.iter().cloned();
     let groups: Vec<[Operand; 4]> =
-        ins.into_iter().filter_map(|g| Some([g, outs.next()?, outs.next()?, outs.next()?])).collect();
+        grads.iter().cloned().filter_map(|g| Some([g, outs.next()?, outs.next()?, outs.next()?])).collect();
     check_disjoint(op, inputs, outputs)?;
     // Bias corrections in f64: early on, 1 - β2^step is a small difference of numbers near 1,
     // which f32 would get wrong in the third digit.
@@ -90,8 +104,18 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
             args.s = [decay, beta1, beta2, eps];
             args.u = [step_size.to_bits(), bc2_sqrt.to_bits()];
             let grid = n.div_ceil(256).min(device.facts.sm_count as u64 * 16) as u32;
+            let mut strided = StridedArgs { a: args, scale };
             // The four operands were validated against their buffers with the geometry above.
-            device.launch_grid("adamw", &MODULE, p.dtype, &format!("{kernel}_s"), &mut args, (grid, 1), (256, 1), 0)?;
+            device.launch_grid(
+                "adamw",
+                &MODULE,
+                p.dtype,
+                &format!("{kernel}_s"),
+                &mut strided,
+                (grid, 1),
+                (256, 1),
+                0,
+            )?;
             continue;
         }
         let (ps, ms) = (p.dtype.size_in_bytes() as u64 * 4, m.dtype.size_in_bytes() as u64 * 4);
@@ -105,7 +129,8 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
     for ((pd, md), list) in batches {
         let kernel = if md == pd { "adamw_same" } else { "adamw_f32" };
         for batch in list.chunks(MAX_ENTRIES) {
-            let mut a = TableArgs { h, count: batch.len() as u64, chunks: 0, e: [Entry::default(); MAX_ENTRIES] };
+            let mut a =
+                TableArgs { h, scale, count: batch.len() as u64, chunks: 0, e: [Entry::default(); MAX_ENTRIES] };
             for (slot, e) in a.e.iter_mut().zip(batch) {
                 *slot = Entry { chunk0: a.chunks, ..*e };
                 a.chunks += e.n.div_ceil(CHUNK);
@@ -143,10 +168,17 @@ mod tests {
         }
     }
 
+    impl crate::kernels::layout::CField for Args {
+        fn scalar() -> (char, usize) {
+            ('s', std::mem::size_of::<Args>())
+        }
+    }
+
     #[test]
     fn the_argument_blocks_have_the_c_layout() {
         use crate::kernels::layout::assert_c_layout;
         assert_c_layout!(Entry { g, p, m, v, n, chunk0, aligned }, MODULE.source(), "Entry");
-        assert_c_layout!(TableArgs { h, count, chunks, e }, MODULE.source(), "TableArgs");
+        assert_c_layout!(TableArgs { h, scale, count, chunks, e }, MODULE.source(), "TableArgs");
+        assert_c_layout!(StridedArgs { a, scale }, MODULE.source(), "StridedArgs");
     }
 }

@@ -108,6 +108,12 @@ impl Backend {
         self.api.major > 1 || self.api.minor >= 9
     }
 
+    /// Whether `AdamW` takes a gradient scale as its last input (plugins of interface 1.10 or
+    /// later); older ones get gradients scaled beforehand.
+    pub(crate) fn takes_adamw_grad_scale(&self) -> bool {
+        self.api.major > 1 || self.api.minor >= 10
+    }
+
     /// The plugin's own version.
     pub fn plugin_version(&self) -> &str {
         &self.plugin_version

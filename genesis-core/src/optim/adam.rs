@@ -9,7 +9,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::ops::exec;
 use crate::tensor::Tensor;
-use genesis_backend_api::Op;
+use genesis_backend_api::{DType, Op};
 
 /// Hyperparameters of [`Adam`] and [`AdamW`] (PyTorch's defaults for Adam; PyTorch's AdamW
 /// defaults to `weight_decay = 0.01`, see [`AdamOptions::adamw`]).
@@ -100,6 +100,8 @@ struct FusedBatch {
     /// Global indices of the batch's parameters.
     params: Vec<usize>,
     grads: Vec<Tensor>,
+    /// The gradient scale as the kernel's last input (f32, one element), if any.
+    scale: Option<Tensor>,
     outputs: Vec<Tensor>,
 }
 
@@ -110,7 +112,30 @@ impl AdamCore {
         Ok(AdamCore { kind, decoupled, groups, state })
     }
 
-    fn step(&mut self) -> Result<()> {
+    /// One step; with `grad_scale`, every gradient is read multiplied by it (the gradients
+    /// themselves are left as they are).
+    fn step(&mut self, grad_scale: Option<&Tensor>) -> Result<()> {
+        if let Some(s) = grad_scale {
+            if s.numel() != 1 || !s.dtype().is_float() {
+                return Err(Error::invalid(format!(
+                    "{}: the gradient scale must be one floating-point element, got {} of shape {:?}",
+                    self.kind,
+                    s.dtype(),
+                    s.shape()
+                )));
+            }
+        }
+        // The scale as an f32 on each device, made once per device.
+        let mut scales: Vec<Tensor> = Vec::new();
+        let mut scale_on = |device: &Device| -> Result<Option<Tensor>> {
+            let Some(s) = grad_scale else { return Ok(None) };
+            if let Some(found) = scales.iter().find(|t| t.device() == device) {
+                return Ok(Some(found.clone()));
+            }
+            let t = s.detach().reshape(&[])?.to(device)?.to_dtype(DType::F32)?;
+            scales.push(t.clone());
+            Ok(Some(t))
+        };
         no_grad(|| {
             for (g_idx, group) in self.groups.groups.iter().enumerate() {
                 let o = &group.options;
@@ -126,7 +151,16 @@ impl AdamCore {
                     }
                     let m = slot.as_mut().expect("made above");
                     let step = m.step + 1;
-                    if Self::fusable(self.decoupled, o, p, &grad)? {
+                    let scale = scale_on(p.device())?;
+                    let fused = Self::fusable(self.decoupled, o, p, &grad)?;
+                    // A plugin older than interface 1.10 has no scale input: scale first.
+                    let grad = match &scale {
+                        Some(s) if !(fused && p.device().backend().takes_adamw_grad_scale()) => {
+                            grad.mul(&s.to_dtype(grad.dtype())?)?
+                        }
+                        _ => grad,
+                    };
+                    if fused {
                         // The step count moves only once the fused call succeeded (below), so
                         // a refused call leaves the state as it was.
                         let batch = match batches.iter_mut().position(|b| b.step == step && &b.device == p.device()) {
@@ -137,6 +171,7 @@ impl AdamCore {
                                     step,
                                     params: Vec::new(),
                                     grads: Vec::new(),
+                                    scale: None,
                                     outputs: Vec::new(),
                                 });
                                 batches.last_mut().expect("just pushed")
@@ -144,6 +179,7 @@ impl AdamCore {
                         };
                         batch.params.push(first + k);
                         batch.grads.push(grad.contiguous()?);
+                        batch.scale = scale.filter(|_| p.device().backend().takes_adamw_grad_scale());
                         batch.outputs.extend([p.clone(), m.exp_avg.clone(), m.exp_avg_sq.clone()]);
                     } else {
                         m.step = step;
@@ -154,7 +190,7 @@ impl AdamCore {
                     let (beta1, beta2) = o.betas;
                     let op =
                         Op::AdamW { lr: o.lr, beta1, beta2, eps: o.eps, weight_decay: o.weight_decay, step: b.step };
-                    let ins: Vec<_> = b.grads.iter().map(|g| (g, g.layout())).collect();
+                    let ins: Vec<_> = b.grads.iter().chain(&b.scale).map(|g| (g, g.layout())).collect();
                     let outs: Vec<&Tensor> = b.outputs.iter().collect();
                     exec(&op, &ins, &outs)
                         .map_err(|e| e.context(format_args!("{} step on {}", self.kind, b.device)))?;
@@ -277,6 +313,17 @@ macro_rules! adam_type {
                 &self.core.groups.groups
             }
 
+            /// One step with every gradient multiplied by `grad_scale` (one floating-point
+            /// element, on any device) as it is read; the gradients are left as they are. A
+            /// trainer that clips by the global norm passes the clipping factor
+            /// ([`clip_coefficient`](super::clip_coefficient)) here, which the fused kernel
+            /// applies in the pass it makes anyway, instead of scaling every gradient in a
+            /// pass of its own (PyTorch's fused AdamW takes a `grad_scale` likewise, as a
+            /// divisor, for mixed precision). Nothing is read to the host.
+            pub fn step_with_grad_scale(&mut self, grad_scale: &Tensor) -> Result<()> {
+                self.core.step(Some(grad_scale))
+            }
+
             /// Change the options of group `group` (checked).
             pub fn set_options(&mut self, group: usize, options: AdamOptions) -> Result<()> {
                 options.validate()?;
@@ -294,7 +341,7 @@ macro_rules! adam_type {
 
         impl Optimizer for $name {
             fn step(&mut self) -> Result<()> {
-                self.core.step()
+                self.core.step(None)
             }
             fn params(&self) -> Vec<Tensor> {
                 self.core.groups.params()

@@ -16,10 +16,10 @@ use genesis_backend_api::{DType, ReduceOp};
 /// is one `sum_squares` pass where the backend has it. Nothing is read to the host: a read
 /// would wait for the whole backward pass, and the host would then issue the clipping and
 /// the optimizer step to an idle device (10 ms of a 95 ms Qwen2 SFT step).
-fn total_norm<'a>(grads: impl IntoIterator<Item = &'a Tensor>, norm_type: f64) -> Result<Option<Tensor>> {
+fn total_norm(grads: &[Tensor], norm_type: f64) -> Result<Option<Tensor>> {
     // Empty gradients add nothing to any part.
     let mut groups: Vec<Vec<Tensor>> = Vec::new();
-    for g in grads.into_iter().filter(|g| g.numel() > 0) {
+    for g in grads.iter().filter(|g| g.numel() > 0) {
         let g = if g.dtype() == DType::F64 { g.clone() } else { g.to_dtype(DType::F32)? };
         match groups.iter_mut().find(|group| group[0].device() == g.device() && group[0].dtype() == g.dtype()) {
             Some(group) => group.push(g),
@@ -48,33 +48,57 @@ fn total_norm<'a>(grads: impl IntoIterator<Item = &'a Tensor>, norm_type: f64) -
     Ok(Some(if norm_type == f64::INFINITY { totals.max()? } else { totals.sum()?.pow_scalar(1.0 / norm_type)? }))
 }
 
+fn check_norm_type(what: &str, norm_type: f64) -> Result<()> {
+    if norm_type.is_nan() || norm_type <= 0.0 {
+        return Err(Error::invalid(format!("{what}: norm_type must be > 0 (or infinity), got {norm_type}")));
+    }
+    Ok(())
+}
+
+/// The combined `norm_type`-norm of the gradients of `params` as a 0-d tensor, without
+/// changing them (PyTorch's `get_total_norm` over the parameters' gradients): f32 (f64 when
+/// a gradient is f64) on the first gradient's device, `0.0` on the CPU when no parameter has
+/// a gradient. Nothing is read to the host.
+pub fn get_total_norm(params: &[Tensor], norm_type: f64) -> Result<Tensor> {
+    check_norm_type("get_total_norm", norm_type)?;
+    no_grad(|| {
+        let grads: Vec<Tensor> = params.iter().filter_map(Tensor::grad).collect();
+        match total_norm(&grads, norm_type)? {
+            Some(total) => Ok(total),
+            None => Tensor::full(&[], 0.0, DType::F32, &Device::cpu()?),
+        }
+    })
+}
+
+/// The factor `min(max_norm / (total_norm + 1e-6), 1)` that clipping multiplies every
+/// gradient by, as a tensor beside `total_norm` (no host read). A NaN norm gives a NaN
+/// factor, which spreads to the gradients as in PyTorch.
+pub fn clip_coefficient(total_norm: &Tensor, max_norm: f64) -> Result<Tensor> {
+    if max_norm.is_nan() || max_norm < 0.0 {
+        return Err(Error::invalid(format!("clip_coefficient: max_norm must be >= 0, got {max_norm}")));
+    }
+    // clamp propagates NaN.
+    no_grad(|| total_norm.add_scalar(1e-6)?.reciprocal()?.mul_scalar(max_norm)?.clamp(f64::NEG_INFINITY, 1.0))
+}
+
 /// Scale the gradients of `params` together so that their combined `norm_type`-norm is at
 /// most `max_norm`, and return that norm before clipping as a 0-d tensor (PyTorch's
-/// `clip_grad_norm_`: gradients are multiplied by `min(max_norm / (norm + 1e-6), 1)`).
-/// Parameters without a gradient are skipped; without any, the norm is `0.0` on the CPU.
+/// `clip_grad_norm_`: [`get_total_norm`], then every gradient multiplied by
+/// [`clip_coefficient`]). Parameters without a gradient are skipped.
 ///
 /// Like PyTorch's, it never waits for the device: the norm and the factor stay device
 /// tensors, and every gradient is multiplied by the factor (by exactly 1 when under the
-/// limit, which leaves it unchanged). The norm is f32 (f64 when a gradient is f64) on the
-/// first gradient's device; read it with `item` when the step is issued. A non-finite norm
-/// is returned as it is and makes the gradients NaN, as in PyTorch, so the caller can skip
-/// the step.
+/// limit, which leaves it unchanged); read the norm with `item` once the step is issued. A
+/// non-finite norm is returned as it is and makes the gradients NaN, as in PyTorch, so the
+/// caller can skip the step. With AdamW, [`AdamW::step_with_grad_scale`](super::AdamW::step_with_grad_scale)
+/// and the factor do the clipping inside the update, without this pass over the gradients.
 pub fn clip_grad_norm_(params: &[Tensor], max_norm: f64, norm_type: f64) -> Result<Tensor> {
-    if norm_type.is_nan() || norm_type <= 0.0 {
-        return Err(Error::invalid(format!("clip_grad_norm_: norm_type must be > 0 (or infinity), got {norm_type}")));
-    }
-    if max_norm.is_nan() || max_norm < 0.0 {
-        return Err(Error::invalid(format!("clip_grad_norm_: max_norm must be >= 0, got {max_norm}")));
-    }
+    check_norm_type("clip_grad_norm_", norm_type)?;
+    let total = get_total_norm(params, norm_type)?;
+    let coef = clip_coefficient(&total, max_norm)?;
     no_grad(|| {
-        let grads: Vec<(&Tensor, Tensor)> = params.iter().filter_map(|p| p.grad().map(|g| (p, g))).collect();
-        let Some(total) = total_norm(grads.iter().map(|(_, g)| g), norm_type)? else {
-            return Tensor::full(&[], 0.0, DType::F32, &Device::cpu()?);
-        };
-        // clamp propagates NaN, so a NaN norm spreads to the gradients as in PyTorch.
-        let coef = total.add_scalar(1e-6)?.reciprocal()?.mul_scalar(max_norm)?.clamp(f64::NEG_INFINITY, 1.0)?;
         let mut coefs: Vec<Tensor> = Vec::new();
-        for (p, g) in &grads {
+        for (p, g) in params.iter().filter_map(|p| p.grad().map(|g| (p, g))) {
             let found = coefs.iter().find(|c| c.device() == g.device() && c.dtype() == g.dtype()).cloned();
             let c = match found {
                 Some(c) => c,

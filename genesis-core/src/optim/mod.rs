@@ -27,7 +27,7 @@ mod scheduler;
 mod sgd;
 
 pub use adam::{Adam, AdamOptions, AdamW};
-pub use clip::{clip_grad_norm_, clip_grad_value_};
+pub use clip::{clip_coefficient, clip_grad_norm_, clip_grad_value_, get_total_norm};
 pub use grad_scaler::{GradScaler, GradScalerOptions};
 pub use groups::{GroupOptions, OptimState, ParamGroup};
 pub use scheduler::{

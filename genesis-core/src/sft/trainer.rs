@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::monitor::{MetricsLog, Progress};
 use crate::nn::functional::linear_cross_entropy;
 use crate::nn::Reduction;
-use crate::optim::{clip_grad_norm_, AdamOptions, AdamW, LrScheduler, Optimizer, WarmupCosineLR};
+use crate::optim::{clip_coefficient, get_total_norm, AdamOptions, AdamW, LrScheduler, Optimizer, WarmupCosineLR};
 use crate::tensor::Tensor;
 use crate::{DType, Device};
 use std::path::{Path, PathBuf};
@@ -335,9 +335,19 @@ impl<'m, M: SftModel> SftTrainer<'m, M> {
                 part.backward()?;
                 parts.push(part.detach());
             }
-            let grad_norm = self.config.max_grad_norm.map(|max| clip_grad_norm_(&params, max, 2.0)).transpose()?;
             let lr = self.optimizer.lrs().first().copied().unwrap_or(self.config.lr);
-            self.optimizer.step()?;
+            // Clipping inside the update: AdamW reads each gradient times the factor.
+            let grad_norm = match self.config.max_grad_norm {
+                Some(max) => {
+                    let norm = get_total_norm(&params, 2.0)?;
+                    self.optimizer.step_with_grad_scale(&clip_coefficient(&norm, max)?)?;
+                    Some(norm)
+                }
+                None => {
+                    self.optimizer.step()?;
+                    None
+                }
+            };
             self.optimizer.zero_grad();
             self.scheduler.step(&mut self.optimizer)?;
             // Read the loss and the norm only now: a read waits for the device, and the host

@@ -5,22 +5,34 @@ use crate::dtype::DType;
 use crate::error::{BackendError, Result};
 use crate::op::Op;
 
-/// Operands and attributes of `AdamW`, `[grad_0, ..] -> [param_0, exp_avg_0, exp_avg_sq_0, ..]`:
-/// three outputs per grad, `step >= 1`, betas in `[0, 1)`, and per group a float param (else
-/// the error `unsupported` makes), a grad of its dtype, all four of one shape, and moments
-/// both of the param's dtype or both f32. Every group is checked before any is updated, so
-/// a refused call changes nothing. The overlap rule is [`crate::sdk::expect_disjoint_updates`].
+/// Operands and attributes of `AdamW`, `[grad_0, .. (, scale)] -> [param_0, exp_avg_0,
+/// exp_avg_sq_0, ..]`: three outputs per grad, `step >= 1`, betas in `[0, 1)`, an optional
+/// last input `scale` (one f32 element, interface 1.10; see [`adamw_grad_scale`]), and per
+/// group a float param (else the error `unsupported` makes), a grad of its dtype, all four
+/// of one shape, and moments both of the param's dtype or both f32. Every group is checked
+/// before any is updated, so a refused call changes nothing. The overlap rule is
+/// [`crate::sdk::expect_disjoint_updates`].
 pub fn adamw<T: Meta>(op: &Op, inputs: &[T], outputs: &[T], unsupported: impl Fn(DType) -> BackendError) -> Result<()> {
     let Op::AdamW { beta1, beta2, step, .. } = *op else {
         return Err(unsupported(inputs.first().map_or(DType::F32, |g| g.dtype())));
     };
-    if outputs.len() != 3 * inputs.len() {
+    let (grads, scale) = adamw_grad_scale(inputs, outputs);
+    if outputs.len() != 3 * grads.len() {
         return Err(BackendError::invalid(format!(
             "adamw: {} grad(s) need {} outputs (param, exp_avg, exp_avg_sq each), got {}",
-            inputs.len(),
-            3 * inputs.len(),
+            grads.len(),
+            3 * grads.len(),
             outputs.len()
         )));
+    }
+    if let Some(scale) = scale {
+        expect_dtype(op, "scale", scale, DType::F32)?;
+        if scale.shape().iter().product::<usize>() != 1 {
+            return Err(BackendError::shape(format!(
+                "adamw: the gradient scale must have one element, got shape {:?}",
+                scale.shape()
+            )));
+        }
     }
     if step == 0 {
         return Err(BackendError::invalid("adamw: step counts from 1 (it is the step after this update), got 0"));
@@ -31,7 +43,7 @@ pub fn adamw<T: Meta>(op: &Op, inputs: &[T], outputs: &[T], unsupported: impl Fn
             return Err(BackendError::invalid(format!("adamw: {name} must be in [0, 1), got {b}")));
         }
     }
-    for (i, (g, group)) in inputs.iter().zip(outputs.chunks(3)).enumerate() {
+    for (i, (g, group)) in grads.iter().zip(outputs.chunks(3)).enumerate() {
         let [p, m, v] = [&group[0], &group[1], &group[2]];
         if !matches!(p.dtype(), DType::F32 | DType::F64 | DType::F16 | DType::BF16) {
             return Err(unsupported(p.dtype()));
@@ -53,4 +65,16 @@ pub fn adamw<T: Meta>(op: &Op, inputs: &[T], outputs: &[T], unsupported: impl Fn
         }
     }
     Ok(())
+}
+
+/// The gradients of an `AdamW` call and its optional gradient scale: with one input more
+/// than a third of the outputs, the last input is `scale`, a one-element f32 tensor every
+/// gradient is multiplied by as it is read (the gradients themselves are not written). A
+/// trainer that clips by the global norm passes the clipping factor here instead of scaling
+/// every gradient in a pass of its own.
+pub fn adamw_grad_scale<'a, T>(inputs: &'a [T], outputs: &[T]) -> (&'a [T], Option<&'a T>) {
+    match inputs.split_last() {
+        Some((scale, grads)) if outputs.len() % 3 == 0 && 3 * grads.len() == outputs.len() => (grads, Some(scale)),
+        _ => (inputs, None),
+    }
 }

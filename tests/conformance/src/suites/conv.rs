@@ -6,7 +6,7 @@ use crate::gen::{tensor, ValueRange};
 use crate::oracle::conv::{avg_pool2d, conv2d, max_pool2d, out_len};
 use crate::target::{Layout, Spec, Target};
 use crate::tolerance::Expected;
-use crate::values::{quantize, FLOATS};
+use crate::values::{quantize, Rng, FLOATS};
 use genesis_backend_api::{DType, Op, Window2d};
 
 fn win(kernel: i64, stride: i64, padding: i64, dilation: i64) -> Window2d {
@@ -121,29 +121,45 @@ pub fn cases(t: &Target) -> Vec<Case> {
     ));
     let adamw = Op::AdamW { lr: 1e-2, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, step: 3 };
     cases.extend(op_cases(t, "nn", "adamw", adamw.kind(), &FLOATS, &no_deps, &|dtype, rng| {
-        let (lr, b1, b2, eps, wd, step) = (1e-2, 0.9f64, 0.999f64, 1e-8, 0.01, 3);
-        let (mut inputs, mut outputs, mut expected) = (Vec::new(), Vec::new(), Vec::new());
-        for n in [17usize, 5] {
-            let g = tensor(rng, dtype, &[n], c, r);
-            let p = tensor(rng, dtype, &[n], c, r);
-            let m = tensor(rng, dtype, &[n], c, ValueRange::normal(0.1));
-            let mut v = tensor(rng, dtype, &[n], c, ValueRange::normal(0.1));
-            v.values.iter_mut().for_each(|x| *x = quantize(dtype, x.abs()));
-            let (mut pe, mut me, mut ve) = (Vec::new(), Vec::new(), Vec::new());
-            for i in 0..n {
-                let pi = p.values[i] * (1.0 - lr * wd);
-                let mi = b1 * m.values[i] + (1.0 - b1) * g.values[i];
-                let vi = b2 * v.values[i] + (1.0 - b2) * g.values[i] * g.values[i];
-                let denom = vi.sqrt() / (1.0 - b2.powi(step)).sqrt() + eps;
-                pe.push(pi - lr / (1.0 - b1.powi(step)) * mi / denom);
-                me.push(mi);
-                ve.push(vi);
-            }
-            inputs.push(g);
-            outputs.extend([p, m, v]);
-            expected.extend([pe, me, ve].map(|e| Some(Expected::normalized(dtype, e, 1, 4.0))));
-        }
-        vec![("two_tensors_step3".to_string(), Tier::Core, OpCase { op: adamw, inputs, outputs, expected })]
+        // Without and with the gradient scale (interface 1.10), which multiplies every
+        // gradient as it is read.
+        [("two_tensors_step3", None), ("two_tensors_step3_grad_scale", Some(quantize(DType::F32, 0.37)))]
+            .into_iter()
+            .map(|(name, scale)| (name.to_string(), Tier::Core, adamw_case(adamw, dtype, rng, scale)))
+            .collect()
     }));
     cases
+}
+
+/// Two AdamW groups of `dtype` (17 and 5 elements) at step 3, with `scale` as the optional
+/// last input, and their expected updates.
+fn adamw_case(op: Op, dtype: DType, rng: &mut Rng, scale: Option<f64>) -> OpCase {
+    let Op::AdamW { lr, beta1: b1, beta2: b2, eps, weight_decay: wd, step } = op else {
+        unreachable!("adamw_case takes an AdamW op")
+    };
+    let (c, r) = (Layout::Contiguous, ValueRange::normal(1.0));
+    let (mut inputs, mut outputs, mut expected) = (Vec::new(), Vec::new(), Vec::new());
+    for n in [17usize, 5] {
+        let g = tensor(rng, dtype, &[n], c, r);
+        let p = tensor(rng, dtype, &[n], c, r);
+        let m = tensor(rng, dtype, &[n], c, ValueRange::normal(0.1));
+        let mut v = tensor(rng, dtype, &[n], c, ValueRange::normal(0.1));
+        v.values.iter_mut().for_each(|x| *x = quantize(dtype, x.abs()));
+        let (mut pe, mut me, mut ve) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..n {
+            let gi = g.values[i] * scale.unwrap_or(1.0);
+            let pi = p.values[i] * (1.0 - lr * wd);
+            let mi = b1 * m.values[i] + (1.0 - b1) * gi;
+            let vi = b2 * v.values[i] + (1.0 - b2) * gi * gi;
+            let denom = vi.sqrt() / (1.0 - b2.powi(step as i32)).sqrt() + eps;
+            pe.push(pi - lr / (1.0 - b1.powi(step as i32)) * mi / denom);
+            me.push(mi);
+            ve.push(vi);
+        }
+        inputs.push(g);
+        outputs.extend([p, m, v]);
+        expected.extend([pe, me, ve].map(|e| Some(Expected::normalized(dtype, e, 1, 4.0))));
+    }
+    inputs.extend(scale.map(|s| Spec::new(DType::F32, &[1], vec![s])));
+    OpCase { op, inputs, outputs, expected }
 }
