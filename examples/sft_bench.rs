@@ -5,7 +5,7 @@
 //! PyTorch + transformers on the same GPU).
 //!
 //! `cargo run --release --example sft_bench -- --device cuda [--batch 8 --len 1024 --steps 5]`
-//! (`--chunk N`: rows per block of the head's loss, 1,024 by default; `--no-autocast`: the same
+//! (`--chunk N`: rows per block of the head's loss, the trainer's 2,048 by default; `--no-autocast`: the same
 //! steps in f32, the reference for the bf16 losses)
 //!
 //! `--profile` then profiles one more step: the op table by device time, the kernels with the
@@ -25,7 +25,7 @@ use std::time::Instant;
 
 fn main() -> Result<()> {
     let (mut device, mut batch, mut len, mut steps, mut layers) = ("cuda".to_string(), 8, 1024, 5u64, None);
-    let (mut profiled, mut trace, mut chunk, mut autocast) = (false, None, 1024, true);
+    let (mut profiled, mut trace, mut chunk, mut autocast) = (false, None, SftConfig::default().loss_chunk_rows, true);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| Error::invalid(format!("{flag} needs a value")));
