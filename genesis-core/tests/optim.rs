@@ -197,7 +197,9 @@ fn adamw_step_with_the_clip_factor_equals_clipping_then_stepping() -> Result<()>
     use genesis::testing::composites_only;
     let cpu = Device::cpu()?;
     let grads = [vec![3.0, -4.0, 0.5], vec![12.0, -0.25]];
-    let run = |scaled: bool, composed: bool, l2: bool| -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+    // The parameters and the gradients after two steps.
+    type Values = Vec<Vec<f32>>;
+    let run = |scaled: bool, composed: bool, l2: bool| -> Result<(Values, Values)> {
         let ps = vec![param(&[1.0, -2.0, 3.0], &[3], &cpu)?, param(&[0.5, 0.25], &[1, 2], &cpu)?];
         let options = AdamOptions {
             lr: 0.1,
