@@ -138,7 +138,7 @@ fn unary(mem: &mut Memory, op: &Op, f: UnaryOp, inputs: &[TensorDesc], outputs: 
         return mem.store(y, &out);
     }
     sdk::expect_dtype(op, y, DType::F32)?;
-    let out: Vec<f32> = xs.iter().map(|&v| math::unary(f, v as f64) as f32).collect();
+    let out: Vec<f32> = xs.iter().map(|&v| sdk::scalar::unary(f, v as f64) as f32).collect();
     mem.store(y, &out)
 }
 
