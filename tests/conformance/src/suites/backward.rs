@@ -11,11 +11,12 @@ use crate::oracle::conv::{
 };
 use crate::oracle::nn::{
     attention, attention_vjp, batch_norm, batch_norm_vjp, cross_entropy, cross_entropy_vjp, layer_norm, layer_norm_vjp,
-    log_softmax, log_softmax_vjp, rms_norm, rms_norm_vjp, softmax, softmax_vjp, swiglu_vjp, AttnShape,
+    log_softmax, log_softmax_vjp, rms_norm, rms_norm_vjp, softmax, softmax_vjp, swiglu_vjp,
 };
 use crate::target::{Layout, Spec, Target};
 use crate::tolerance::Expected;
 use crate::values::{quantize, quantize_all, short_name, unit_roundoff, FLOATS};
+use genesis_backend_api::sdk::checks::AttentionDims;
 use genesis_backend_api::{DType, Op, Window2d};
 
 /// Layer/RMS norm and cross-entropy save f32 statistics (mean, rstd, lse) even for f64
@@ -236,7 +237,7 @@ fn attention_cases(t: &Target) -> Vec<Case> {
             // The small shapes vary the layouts; the full tier's "tiles" shapes are dense and
             // large enough to cross the tile edges of blocked (tensor-core) kernels, with
             // queries that see no key (s > t) and the largest head dim such kernels take.
-            let g = |b, hq, hk, s, t, d| AttnShape { b, hq, hk, s, t, d };
+            let g = |b, hq, hk, s, t, d| AttentionDims { b, hq, hk, s, t, d };
             [
                 ("gqa", g(1, 4, 2, 5, 7, 8), false, Tier::Core),
                 ("gqa_causal_t_gt_s", g(1, 4, 2, 5, 7, 8), true, Tier::Core),

@@ -7,11 +7,12 @@ use crate::case::{Case, OpCase, Tier};
 use crate::gen::{tensor, ValueRange};
 use crate::oracle::nn::{
     add_rms_norm, add_rms_norm_linear, attention, batch_norm, cross_entropy, layer_norm, log_softmax, masked_attention,
-    rms_norm, rotary, rotary_kv_write, softmax, swiglu, swiglu_halves, AttnShape,
+    rms_norm, rotary, rotary_kv_write, softmax, swiglu, swiglu_halves,
 };
 use crate::target::{Layout, Spec, Target};
 use crate::tolerance::Expected;
 use crate::values::{quantize, unit_roundoff, Rng, FLOATS};
+use genesis_backend_api::sdk::checks::AttentionDims;
 use genesis_backend_api::{DType, Op};
 
 /// Row inputs for the softmax family: ordinary, odd and non-contiguous rows, large
@@ -51,7 +52,7 @@ pub fn cross_entropy_inputs(rng: &mut Rng, dtype: DType, ignored: usize) -> (Spe
 
 /// The inputs of the attention cases, forward and backward: q `(b, hq, s, d)`, k and v
 /// `(b, hk, t, d)` of shape `g` (normal, σ 1), q and k contiguous, v laid out as `v_layout`.
-pub fn attention_inputs(rng: &mut Rng, dtype: DType, g: AttnShape, v_layout: Layout) -> [Spec; 3] {
+pub fn attention_inputs(rng: &mut Rng, dtype: DType, g: AttentionDims, v_layout: Layout) -> [Spec; 3] {
     let r = ValueRange::normal(1.0);
     let q = tensor(rng, dtype, &[g.b, g.hq, g.s, g.d], Layout::Contiguous, r);
     let k = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], Layout::Contiguous, r);
@@ -304,7 +305,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
         // to the caches' end; strided layouts of every operand (q, k and v transposed or as
         // the halves of longer rows, the caches with gaps, the tables at an offset). The
         // caches start with random values: every position but the new ones must keep them.
-        let g = |b, hq, hk, s, t, d| AttnShape { b, hq, hk, s, t, d };
+        let g = |b, hq, hk, s, t, d| AttentionDims { b, hq, hk, s, t, d };
         let (c, tr, st) = (Layout::Contiguous, Layout::Transposed, Layout::Strided);
         [
             (g(2, 14, 2, 1, 40, 64), 17, [c, c, c], "decode_d64", Tier::Core),
@@ -392,7 +393,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
         &|dtype, rng| {
             // The full tier's "tiles" shapes cross the tile edges of blocked kernels, with
             // queries that see no key (s > t) and the largest head dim such kernels take.
-            let g = |b, hq, hk, s, t, d| AttnShape { b, hq, hk, s, t, d };
+            let g = |b, hq, hk, s, t, d| AttentionDims { b, hq, hk, s, t, d };
             [
                 (false, g(1, 4, 2, 5, 7, 8), "gqa", Tier::Core),
                 (true, g(1, 4, 2, 5, 7, 8), "gqa_causal", Tier::Core),
@@ -432,7 +433,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
             // head's query heads together), several queries sharing one mask across the batch
             // (a stride-0 operand), and more keys than one chunk of a blocked kernel. Key 0 is
             // always kept: the NaN of an empty row is checked by the core's tests.
-            let g = |b, hq, hk, s, t, d| AttnShape { b, hq, hk, s, t, d };
+            let g = |b, hq, hk, s, t, d| AttentionDims { b, hq, hk, s, t, d };
             [
                 (g(2, 4, 2, 1, 9, 8), Layout::Contiguous, "decode_gqa", Tier::Core),
                 (g(2, 6, 3, 3, 7, 16), Layout::Broadcast(0), "queries_keep_shared_by_batch", Tier::Core),
