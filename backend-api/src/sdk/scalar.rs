@@ -1,11 +1,11 @@
-//! The unary functions of the interface on one f64 value, for backends that compute an
-//! elementwise op through f64 and round the result into the tensor's dtype.
+//! The unary and binary functions of the interface on f64 values, for backends that compute
+//! an elementwise op through f64 and round the result into the tensor's dtype.
 //!
 //! f64 carries more than twice the precision of f32 (and of f16 and bf16), so rounding the
 //! f64 result gives the correctly rounded answer for `sqrt` and nearly always for the
 //! transcendental functions. f64 tensors get f64's own accuracy.
 
-use crate::op::UnaryOp;
+use crate::op::{BinaryOp, UnaryOp};
 use std::f64::consts::{FRAC_1_SQRT_2, PI};
 
 /// `op(x)` in f64. `Not` and `IsNan` give 1.0 for true and 0.0 for false.
@@ -73,6 +73,56 @@ pub fn erf(x: f64) -> f64 {
 /// large `x`.
 pub fn erfc(x: f64) -> f64 {
     libm::erfc(x)
+}
+
+/// A binary op; predicates return 1.0 for true and 0.0 for false.
+pub fn binary(op: BinaryOp, a: f64, b: f64) -> f64 {
+    let truth = |p: bool| if p { 1.0 } else { 0.0 };
+    match op {
+        BinaryOp::Add => a + b,
+        BinaryOp::Sub => a - b,
+        BinaryOp::Mul => a * b,
+        BinaryOp::Div => a / b,
+        BinaryOp::Pow => a.powf(b),
+        BinaryOp::Maximum => maximum(a, b),
+        BinaryOp::Minimum => minimum(a, b),
+        // Python's `%`: Rust's `%` is C's fmod (sign of the dividend), so shift a non-zero
+        // result whose sign differs from the divisor's by one divisor.
+        BinaryOp::Remainder => {
+            let r = a % b;
+            if r != 0.0 && (r < 0.0) != (b < 0.0) {
+                r + b
+            } else {
+                r
+            }
+        }
+        BinaryOp::Eq => truth(a == b),
+        BinaryOp::Ne => truth(a != b),
+        BinaryOp::Lt => truth(a < b),
+        BinaryOp::Le => truth(a <= b),
+        BinaryOp::Gt => truth(a > b),
+        BinaryOp::Ge => truth(a >= b),
+        BinaryOp::And => truth(a != 0.0 && b != 0.0),
+        BinaryOp::Or => truth(a != 0.0 || b != 0.0),
+    }
+}
+
+/// The larger of `a` and `b`, NaN if either is NaN (`f64::max` would drop the NaN).
+pub fn maximum(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+/// The smaller of `a` and `b`, NaN if either is NaN.
+pub fn minimum(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.min(b)
+    }
 }
 
 #[cfg(test)]

@@ -1,9 +1,9 @@
 //! Scalar functions in f64: the elementwise part of the oracle.
 //!
 //! The suites check the backends against this file, and the CPU and example backends compute
-//! their unary ops with the SDK's `sdk::scalar`: where a result depends on the algorithm
-//! (erf, GELU, sigmoid) this file has its own, so the two are checked against each other; its
-//! erf is a series of its own, not `libm`'s.
+//! their unary ops (the example its binary ops too) with the SDK's `sdk::scalar`: where a
+//! result depends on the algorithm (erf, GELU, sigmoid) this file has its own, so the two are
+//! checked against each other; its erf is a series of its own, not `libm`'s.
 
 use genesis_backend_api::sdk::scalar;
 use genesis_backend_api::{BinaryOp, UnaryOp};
@@ -97,48 +97,9 @@ pub fn unary(op: UnaryOp, x: f64) -> f64 {
     }
 }
 
-/// `op(a, b)` for float operands, in f64 (comparisons and logical ops give 0 or 1).
-pub fn binary(op: BinaryOp, a: f64, b: f64) -> f64 {
-    let truth = |t: bool| t as u8 as f64;
-    match op {
-        BinaryOp::Add => a + b,
-        BinaryOp::Sub => a - b,
-        BinaryOp::Mul => a * b,
-        BinaryOp::Div => a / b,
-        BinaryOp::Pow => a.powf(b),
-        BinaryOp::Maximum => {
-            if a.is_nan() || b.is_nan() {
-                f64::NAN
-            } else {
-                a.max(b)
-            }
-        }
-        BinaryOp::Minimum => {
-            if a.is_nan() || b.is_nan() {
-                f64::NAN
-            } else {
-                a.min(b)
-            }
-        }
-        BinaryOp::Remainder => {
-            // Python's `%`: the result takes the sign of the divisor.
-            let r = a % b;
-            if r != 0.0 && (r < 0.0) != (b < 0.0) {
-                r + b
-            } else {
-                r
-            }
-        }
-        BinaryOp::Eq => truth(a == b),
-        BinaryOp::Ne => truth(a != b),
-        BinaryOp::Lt => truth(a < b),
-        BinaryOp::Le => truth(a <= b),
-        BinaryOp::Gt => truth(a > b),
-        BinaryOp::Ge => truth(a >= b),
-        BinaryOp::And => truth(a != 0.0 && b != 0.0),
-        BinaryOp::Or => truth(a != 0.0 || b != 0.0),
-    }
-}
+/// `op(a, b)` for float operands, in f64 (comparisons and logical ops give 0 or 1): each is
+/// one operation or comparison, the same in any implementation, so it is the SDK's definition.
+pub use scalar::binary;
 
 /// `op(a, b)` for integer operands: division truncates, remainder follows the divisor's sign.
 pub fn binary_int(op: BinaryOp, a: f64, b: f64) -> f64 {
