@@ -40,14 +40,24 @@ pub fn softmax_inputs(rng: &mut Rng, dtype: DType) -> Vec<(String, Tier, Spec)> 
     ]
 }
 
-/// The inputs of the cross-entropy cases, forward and backward: `(6, 10)` logits of `dtype`
-/// and a target class per row, with row `ignored` set to the ignore index -100.
-pub fn cross_entropy_inputs(rng: &mut Rng, dtype: DType, ignored: usize) -> (Spec, Vec<f64>) {
+/// The samples of the cross-entropy cases, forward and backward: `(label smoothing, name)`.
+pub const CROSS_ENTROPY_SAMPLES: [(f64, &str); 2] = [(0.0, "plain"), (0.1, "label_smoothing")];
+
+/// One sample of the cross-entropy cases, forward and backward, drawn from `rng`: `(6, 10)`
+/// logits `x` of `dtype` and a target class per row, row `ignored` set to the ignore index
+/// -100, with the oracle's forward of them with `smoothing`: `(x, target, [n, c], [loss, lse])`.
+pub fn cross_entropy_sample(
+    rng: &mut Rng,
+    dtype: DType,
+    ignored: usize,
+    smoothing: f64,
+) -> (Spec, Vec<f64>, [usize; 2], [Vec<f64>; 2]) {
     let (n, c) = (6usize, 10usize);
     let x = tensor(rng, dtype, &[n, c], Layout::Contiguous, ValueRange::normal(3.0));
     let mut target: Vec<f64> = (0..n).map(|_| rng.below(c) as f64).collect();
     target[ignored] = -100.0;
-    (x, target)
+    let (loss, lse) = cross_entropy(&x.values, &target, c, -100, smoothing);
+    (x, target, [n, c], [loss, lse])
 }
 
 /// The inputs of the attention cases, forward and backward: q `(b, hq, s, d)`, k and v
@@ -250,12 +260,10 @@ pub fn cases(t: &Target) -> Vec<Case> {
     ));
     let ce = |ignore_index, label_smoothing| Op::CrossEntropy { ignore_index, label_smoothing };
     cases.extend(op_cases(t, "nn", "cross_entropy", ce(-100, 0.0).kind(), &FLOATS, &no_deps, &|dtype, rng| {
-        [(0.0, "plain"), (0.1, "label_smoothing")]
+        CROSS_ENTROPY_SAMPLES
             .into_iter()
             .map(|(smoothing, sample)| {
-                let (x, target) = cross_entropy_inputs(rng, dtype, 2);
-                let (n, c) = (x.shape[0], x.shape[1]);
-                let (loss, lse) = cross_entropy(&x.values, &target, c, -100, smoothing);
+                let (x, target, [n, c], [loss, lse]) = cross_entropy_sample(rng, dtype, 2, smoothing);
                 let tgt = Spec::new(DType::I64, &[n], target);
                 let outs = vec![Spec::out(DType::F32, &[n]), Spec::out(DType::F32, &[n])];
                 let exp = vec![
