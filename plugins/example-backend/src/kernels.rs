@@ -434,18 +434,10 @@ fn cumsum(mem: &mut Memory, op: &Op, dim: u32, inputs: &[TensorDesc], outputs: &
 fn matmul(mem: &mut Memory, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     sdk::expect_arity(op, inputs, outputs, 2, 1)?;
     let (a, b, y) = (&inputs[0], &inputs[1], &outputs[0]);
-    sdk::expect_dtype(op, b, DType::F32)?;
-    sdk::expect_dtype(op, y, DType::F32)?;
-    let (sa, sb, sy) = (a.shape(), b.shape(), y.shape());
-    let mismatch = || BackendError::shape(format!("{}: cannot multiply {sa:?} by {sb:?} into {sy:?}", op.name()));
-    let rank = sa.len();
-    if rank < 2 || sb.len() != rank || sy.len() != rank {
-        return Err(mismatch());
-    }
-    let (batch, m, k, n) = (&sa[..rank - 2], sa[rank - 2], sa[rank - 1], sb[rank - 1]);
-    if sb[..rank - 2] != *batch || sy[..rank - 2] != *batch || sb[rank - 2] != k || sy[rank - 2..] != [m, n] {
-        return Err(mismatch());
-    }
+    // `check_supported` accepted a's dtype (f32); `matmul` holds b and y to it.
+    let [m, k, n] = checks::matmul(op, &Geometry::of(a)?, &Geometry::of(b)?, &Geometry::of(y)?)?;
+    let sy = y.shape();
+    let batch = &sy[..sy.len() - 2];
     sdk::expect_no_overlap(op, inputs, outputs, false)?;
 
     // Loading makes both operands row-major, so transposes and broadcast batches (which
