@@ -144,7 +144,7 @@ fn launch_parts(
 ) -> Result<()> {
     let main = |a: &mut Args| {
         let kernel = format!("reduce_{kind}_{}", r.name());
-        device.launch_grid(op.name(), &super::ELEMENTWISE, dtype, &kernel, a, grid, (THREADS, 1), SMEM)
+        device.launch_with(op.name(), &super::ELEMENTWISE, dtype, &kernel, a, (grid, (THREADS, 1), SMEM), false)
     };
     if parts == 1 {
         return main(&mut args);
