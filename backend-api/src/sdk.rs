@@ -7,6 +7,7 @@ pub mod domain;
 pub mod graph;
 pub mod philox;
 pub mod required;
+pub mod scalar;
 pub mod window;
 
 use crate::dtype::DType;

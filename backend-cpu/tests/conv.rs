@@ -10,65 +10,52 @@ use rstest::rstest;
 
 #[derive(Debug, Clone, Copy)]
 struct Conv {
-    n: usize,
-    c: usize,
-    h: usize,
-    w: usize,
+    /// x's shape `(n, c, h, w)`.
+    x: [usize; 4],
+    win: Window,
+    /// Output channels.
     o: usize,
-    k: [usize; 2],
-    stride: [usize; 2],
-    pad: [usize; 2],
-    dil: [usize; 2],
     groups: usize,
 }
 
 impl Conv {
-    fn sweep(&self) -> Window {
-        Window { k: self.k, stride: self.stride, pad: self.pad, dil: self.dil }
-    }
-    fn out(&self, a: usize) -> usize {
-        self.sweep().out(a, [self.h, self.w][a])
-    }
-    fn x_shape(&self) -> [usize; 4] {
-        [self.n, self.c, self.h, self.w]
-    }
     fn w_shape(&self) -> [usize; 4] {
-        [self.o, self.c / self.groups, self.k[0], self.k[1]]
+        [self.o, self.x[1] / self.groups, self.win.k[0], self.win.k[1]]
     }
     fn y_shape(&self) -> [usize; 4] {
-        [self.n, self.o, self.out(0), self.out(1)]
-    }
-    fn window(&self) -> Window2d {
-        self.sweep().desc()
+        [self.x[0], self.o, self.out(0), self.out(1)]
     }
     /// Visit every (x index, weight index, y index) product of the convolution.
     fn for_each(&self, mut f: impl FnMut(usize, usize, usize)) {
-        let (cg, og) = (self.c / self.groups, self.o / self.groups);
+        let [batch, c, h, w] = self.x;
+        let (cg, og) = (c / self.groups, self.o / self.groups);
         let (oh, ow) = (self.out(0), self.out(1));
-        let sweep = self.sweep();
-        for n in 0..self.n {
+        for n in 0..batch {
             for oc in 0..self.o {
                 let g = oc / og;
                 for oy in 0..oh {
                     for ox in 0..ow {
                         let yi = ((n * self.o + oc) * oh + oy) * ow + ox;
                         for ci in 0..cg {
-                            for ky in 0..self.k[0] {
-                                for kx in 0..self.k[1] {
-                                    let (iy, ix) = (sweep.tap(0, oy, ky), sweep.tap(1, ox, kx));
-                                    if iy < 0 || ix < 0 || iy >= self.h as i64 || ix >= self.w as i64 {
-                                        continue;
-                                    }
-                                    let xi = ((n * self.c + g * cg + ci) * self.h + iy as usize) * self.w + ix as usize;
-                                    let wi = ((oc * cg + ci) * self.k[0] + ky) * self.k[1] + kx;
-                                    f(xi, wi, yi);
-                                }
+                            for (ky, kx, t) in self.taps(oy, ox) {
+                                let xi = (n * c + g * cg + ci) * h * w + t;
+                                let wi = ((oc * cg + ci) * self.win.k[0] + ky) * self.win.k[1] + kx;
+                                f(xi, wi, yi);
                             }
                         }
                     }
                 }
             }
         }
+    }
+}
+
+impl Sliding for Conv {
+    fn x_shape(&self) -> [usize; 4] {
+        self.x
+    }
+    fn sweep(&self) -> Window {
+        self.win
     }
 }
 
@@ -99,7 +86,7 @@ fn conv_backward_ref(cv: &Conv, x: &[f64], w: &[f64], dy: &[f64]) -> (Vec<f64>, 
 }
 
 const CONV_SMALL: Conv =
-    Conv { n: 2, c: 4, h: 7, w: 6, o: 4, k: [3, 2], stride: [2, 1], pad: [1, 2], dil: [2, 1], groups: 2 };
+    Conv { x: [2, 4, 7, 6], win: Window { k: [3, 2], stride: [2, 1], pad: [1, 2], dil: [2, 1] }, o: 4, groups: 2 };
 
 #[test]
 fn reference_conv_backward_matches_finite_differences() {
@@ -115,11 +102,11 @@ fn reference_conv_backward_matches_finite_differences() {
 }
 
 #[rstest]
-#[case::plain(Conv { n: 2, c: 3, h: 7, w: 6, o: 4, k: [3, 3], stride: [1, 1], pad: [1, 1], dil: [1, 1], groups: 1 }, true)]
+#[case::plain(Conv { x: [2, 3, 7, 6], win: Window { k: [3, 3], stride: [1, 1], pad: [1, 1], dil: [1, 1] }, o: 4, groups: 1 }, true)]
 #[case::grouped_strided_dilated(CONV_SMALL, false)]
-#[case::depthwise(Conv { n: 1, c: 6, h: 5, w: 5, o: 6, k: [3, 3], stride: [1, 2], pad: [1, 1], dil: [1, 1], groups: 6 }, true)]
-#[case::pointwise(Conv { n: 3, c: 5, h: 4, w: 3, o: 2, k: [1, 1], stride: [1, 1], pad: [0, 0], dil: [1, 1], groups: 1 }, false)]
-#[case::large(Conv { n: 3, c: 8, h: 16, w: 16, o: 8, k: [3, 3], stride: [1, 1], pad: [1, 1], dil: [1, 1], groups: 1 }, true)]
+#[case::depthwise(Conv { x: [1, 6, 5, 5], win: Window { k: [3, 3], stride: [1, 2], pad: [1, 1], dil: [1, 1] }, o: 6, groups: 6 }, true)]
+#[case::pointwise(Conv { x: [3, 5, 4, 3], win: Window { k: [1, 1], stride: [1, 1], pad: [0, 0], dil: [1, 1] }, o: 2, groups: 1 }, false)]
+#[case::large(Conv { x: [3, 8, 16, 16], win: Window { k: [3, 3], stride: [1, 1], pad: [1, 1], dil: [1, 1] }, o: 8, groups: 1 }, true)]
 fn conv2d(
     #[values(F32, F64, F16, BF16)] dtype: DType,
     #[values(Dense, Strided)] layout: Layout,

@@ -10,49 +10,23 @@ use rstest::rstest;
 
 #[derive(Debug, Clone, Copy)]
 struct Pool {
-    n: usize,
-    c: usize,
-    h: usize,
-    w: usize,
-    k: [usize; 2],
-    stride: [usize; 2],
-    pad: [usize; 2],
-    dil: [usize; 2],
+    /// x's shape `(n, c, h, w)`.
+    x: [usize; 4],
+    win: Window,
 }
 
 impl Pool {
-    fn sweep(&self) -> Window {
-        Window { k: self.k, stride: self.stride, pad: self.pad, dil: self.dil }
-    }
-    fn out(&self, a: usize) -> usize {
-        self.sweep().out(a, [self.h, self.w][a])
-    }
-    fn x_shape(&self) -> [usize; 4] {
-        [self.n, self.c, self.h, self.w]
-    }
     fn y_shape(&self) -> [usize; 4] {
-        [self.n, self.c, self.out(0), self.out(1)]
-    }
-    fn window(&self) -> Window2d {
-        self.sweep().desc()
+        [self.x[0], self.x[1], self.out(0), self.out(1)]
     }
     /// For every output element (plane, oy, ox) in order, the in-bounds flat plane indices of
     /// its window.
     fn windows(&self) -> Vec<(usize, Vec<usize>)> {
-        let (sweep, mut out) = (self.sweep(), vec![]);
-        for p in 0..self.n * self.c {
+        let mut out = vec![];
+        for p in 0..self.x[0] * self.x[1] {
             for oy in 0..self.out(0) {
                 for ox in 0..self.out(1) {
-                    let mut taps = vec![];
-                    for ky in 0..self.k[0] {
-                        for kx in 0..self.k[1] {
-                            let (iy, ix) = (sweep.tap(0, oy, ky), sweep.tap(1, ox, kx));
-                            if iy >= 0 && ix >= 0 && iy < self.h as i64 && ix < self.w as i64 {
-                                taps.push(iy as usize * self.w + ix as usize);
-                            }
-                        }
-                    }
-                    out.push((p, taps));
+                    out.push((p, self.taps(oy, ox).into_iter().map(|(_, _, t)| t).collect()));
                 }
             }
         }
@@ -60,9 +34,18 @@ impl Pool {
     }
 }
 
+impl Sliding for Pool {
+    fn x_shape(&self) -> [usize; 4] {
+        self.x
+    }
+    fn sweep(&self) -> Window {
+        self.win
+    }
+}
+
 /// (y, argmax): the first maximum, or the first NaN.
 fn max_pool_ref(pl: &Pool, x: &[f64]) -> (Vec<f64>, Vec<f64>) {
-    let plane = pl.h * pl.w;
+    let plane = pl.x[2] * pl.x[3];
     let (mut y, mut idx) = (vec![], vec![]);
     for (p, taps) in pl.windows() {
         let (mut best, mut at) = (f64::NEG_INFINITY, taps[0]);
@@ -80,8 +63,8 @@ fn max_pool_ref(pl: &Pool, x: &[f64]) -> (Vec<f64>, Vec<f64>) {
 }
 
 fn max_pool_backward_ref(pl: &Pool, dy: &[f64], idx: &[f64]) -> Vec<f64> {
-    let plane = pl.h * pl.w;
-    let mut dx = vec![0.0; pl.n * pl.c * plane];
+    let plane = pl.x[2] * pl.x[3];
+    let mut dx = vec![0.0; pl.x[0] * pl.x[1] * plane];
     for (i, ((p, _), g)) in pl.windows().iter().zip(dy).enumerate() {
         dx[p * plane + idx[i] as usize] += g;
     }
@@ -89,15 +72,15 @@ fn max_pool_backward_ref(pl: &Pool, dy: &[f64], idx: &[f64]) -> Vec<f64> {
 }
 
 fn avg_pool_ref(pl: &Pool, x: &[f64]) -> Vec<f64> {
-    let plane = pl.h * pl.w;
-    let div = (pl.k[0] * pl.k[1]) as f64;
+    let plane = pl.x[2] * pl.x[3];
+    let div = (pl.win.k[0] * pl.win.k[1]) as f64;
     pl.windows().iter().map(|(p, taps)| taps.iter().map(|&t| x[p * plane + t]).sum::<f64>() / div).collect()
 }
 
 fn avg_pool_backward_ref(pl: &Pool, dy: &[f64]) -> Vec<f64> {
-    let plane = pl.h * pl.w;
-    let div = (pl.k[0] * pl.k[1]) as f64;
-    let mut dx = vec![0.0; pl.n * pl.c * plane];
+    let plane = pl.x[2] * pl.x[3];
+    let div = (pl.win.k[0] * pl.win.k[1]) as f64;
+    let mut dx = vec![0.0; pl.x[0] * pl.x[1] * plane];
     for ((p, taps), g) in pl.windows().iter().zip(dy) {
         for &t in taps {
             dx[p * plane + t] += g / div;
@@ -106,7 +89,7 @@ fn avg_pool_backward_ref(pl: &Pool, dy: &[f64]) -> Vec<f64> {
     dx
 }
 
-const POOL_SMALL: Pool = Pool { n: 2, c: 2, h: 7, w: 6, k: [3, 2], stride: [2, 1], pad: [1, 1], dil: [1, 2] };
+const POOL_SMALL: Pool = Pool { x: [2, 2, 7, 6], win: Window { k: [3, 2], stride: [2, 1], pad: [1, 1], dil: [1, 2] } };
 
 #[test]
 fn reference_pool_backwards_match_finite_differences() {
@@ -116,14 +99,14 @@ fn reference_pool_backwards_match_finite_differences() {
     let dy = rng.vec(pl.y_shape().iter().product(), 1.0);
     let (_, idx) = max_pool_ref(&pl, &x);
     check_fd("max_pool", |x| dot(&max_pool_ref(&pl, x).0, &dy), &x, &max_pool_backward_ref(&pl, &dy, &idx));
-    let pl = Pool { dil: [1, 1], ..pl };
+    let pl = Pool { win: Window { dil: [1, 1], ..pl.win }, ..pl };
     check_fd("avg_pool", |x| dot(&avg_pool_ref(&pl, x), &dy), &x, &avg_pool_backward_ref(&pl, &dy));
 }
 
 #[rstest]
 #[case::padded_dilated(POOL_SMALL)]
-#[case::overlapping(Pool { n: 1, c: 3, h: 9, w: 8, k: [3, 3], stride: [1, 1], pad: [1, 1], dil: [1, 1] })]
-#[case::large(Pool { n: 4, c: 16, h: 32, w: 32, k: [2, 2], stride: [2, 2], pad: [0, 0], dil: [1, 1] })]
+#[case::overlapping(Pool { x: [1, 3, 9, 8], win: Window { k: [3, 3], stride: [1, 1], pad: [1, 1], dil: [1, 1] } })]
+#[case::large(Pool { x: [4, 16, 32, 32], win: Window { k: [2, 2], stride: [2, 2], pad: [0, 0], dil: [1, 1] } })]
 fn max_pool(#[values(F32, F64, F16, BF16)] dtype: DType, #[values(Dense, Strided)] layout: Layout, #[case] pl: Pool) {
     let h = Harness::new();
     let mut rng = Rng(18);
@@ -144,9 +127,9 @@ fn max_pool(#[values(F32, F64, F16, BF16)] dtype: DType, #[values(Dense, Strided
 }
 
 #[rstest]
-#[case::padded(Pool { dil: [1, 1], ..POOL_SMALL })]
-#[case::overlapping(Pool { n: 1, c: 3, h: 9, w: 8, k: [3, 3], stride: [1, 1], pad: [1, 1], dil: [1, 1] })]
-#[case::large(Pool { n: 4, c: 16, h: 32, w: 32, k: [3, 3], stride: [2, 2], pad: [1, 1], dil: [1, 1] })]
+#[case::padded(Pool { win: Window { dil: [1, 1], ..POOL_SMALL.win }, ..POOL_SMALL })]
+#[case::overlapping(Pool { x: [1, 3, 9, 8], win: Window { k: [3, 3], stride: [1, 1], pad: [1, 1], dil: [1, 1] } })]
+#[case::large(Pool { x: [4, 16, 32, 32], win: Window { k: [3, 3], stride: [2, 2], pad: [1, 1], dil: [1, 1] } })]
 fn avg_pool(#[values(F32, F64, F16, BF16)] dtype: DType, #[values(Dense, Strided)] layout: Layout, #[case] pl: Pool) {
     let h = Harness::new();
     let mut rng = Rng(19);
@@ -169,7 +152,7 @@ fn avg_pool(#[values(F32, F64, F16, BF16)] dtype: DType, #[values(Dense, Strided
 #[rstest]
 fn max_pool_picks_first_maximum_and_first_nan(#[values(F32, F64, F16, BF16)] dtype: DType) {
     let h = Harness::new();
-    let pl = Pool { n: 1, c: 1, h: 2, w: 4, k: [2, 2], stride: [2, 2], pad: [0, 0], dil: [1, 1] };
+    let pl = Pool { x: [1, 1, 2, 4], win: Window { k: [2, 2], stride: [2, 2], pad: [0, 0], dil: [1, 1] } };
     let ninf = f64::NEG_INFINITY;
     // Window 0: a tie (the first wins); window 1: two NaNs after a larger value (the first NaN wins).
     let x = [1.0, 3.0, 5.0, f64::NAN, 3.0, 2.0, f64::NAN, 9.0];
@@ -181,7 +164,7 @@ fn max_pool_picks_first_maximum_and_first_nan(#[values(F32, F64, F16, BF16)] dty
     assert!(y[1].is_nan());
     assert_eq!(h.download(&it), vec![1.0, 3.0]);
     // An all -inf window still points at its first in-bounds element.
-    let pl = Pool { n: 1, c: 1, h: 2, w: 2, k: [2, 2], stride: [1, 1], pad: [1, 1], dil: [1, 1] };
+    let pl = Pool { x: [1, 1, 2, 2], win: Window { k: [2, 2], stride: [1, 1], pad: [1, 1], dil: [1, 1] } };
     let xt = h.input(dtype, &pl.x_shape(), Dense, &[ninf; 4]);
     let (yt, it) = (h.output(dtype, &pl.y_shape(), Dense), h.output(I64, &pl.y_shape(), Dense));
     h.ok(Op::MaxPool2d { window: pl.window() }, &[&xt], &[&yt, &it]);
@@ -204,7 +187,7 @@ fn pools_validate_operands() {
     let zero_stride = Window2d { stride: [0, 1], ..pl.window() };
     h.fails(Op::MaxPool2d { window: zero_stride }, &[&x], &[&y, &idx], ErrorKind::InvalidArgument);
     // A window that covers only padding has no argmax.
-    let tiny = Pool { n: 1, c: 1, h: 2, w: 2, k: [2, 1], stride: [1, 1], pad: [1, 0], dil: [3, 1] };
+    let tiny = Pool { x: [1, 1, 2, 2], win: Window { k: [2, 1], stride: [1, 1], pad: [1, 0], dil: [3, 1] } };
     let (xt, yt, it) = (
         h.input(F32, &tiny.x_shape(), Dense, &[0.0; 4]),
         h.output(F32, &tiny.y_shape(), Dense),
@@ -215,7 +198,7 @@ fn pools_validate_operands() {
     // Backward refuses an argmax outside the plane.
     let dy = h.input(F32, &pl.y_shape(), Dense, &vec![1.0; pl.y_shape().iter().product()]);
     let mut bad_idx = vec![0.0; pl.y_shape().iter().product()];
-    bad_idx[3] = (pl.h * pl.w) as f64;
+    bad_idx[3] = (pl.x[2] * pl.x[3]) as f64;
     let it = h.input(I64, &pl.y_shape(), Dense, &bad_idx);
     let dx = h.output(F32, &pl.x_shape(), Dense);
     h.fails(Op::MaxPool2dBackward { window: pl.window() }, &[&dy, &it], &[&dx], ErrorKind::InvalidArgument);

@@ -214,29 +214,7 @@ pub(super) fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
     if !domain::contains(Op::Matmul.kind(), a.dtype) {
         return Err(unsupported(op, a.dtype));
     }
-    if b.dtype != a.dtype || y.dtype != a.dtype {
-        return Err(BackendError::dtype(format!(
-            "matmul: operands must share one dtype, got {} x {} -> {}",
-            a.dtype, b.dtype, y.dtype
-        )));
-    }
-    let r = a.shape.len();
-    let bad_shapes = || {
-        BackendError::shape(format!(
-            "matmul: expected a (.., m, k), b (.., k, n) -> y (.., m, n) with equal batch dims, got {:?} x {:?} -> {:?}",
-            a.shape, b.shape, y.shape
-        ))
-    };
-    if r < 2 || b.shape.len() != r || y.shape.len() != r {
-        return Err(bad_shapes());
-    }
-    let (m, k, n) = (a.shape[r - 2], a.shape[r - 1], b.shape[r - 1]);
-    if b.shape[r - 2] != k || y.shape[r - 2] != m || y.shape[r - 1] != n {
-        return Err(bad_shapes());
-    }
-    if a.shape[..r - 2] != y.shape[..r - 2] || b.shape[..r - 2] != y.shape[..r - 2] {
-        return Err(bad_shapes());
-    }
+    let [m, k, n] = checks::matmul(op, a, b, y)?;
     with_dtype!(a.dtype, T => batched::<T>(a, b, y, m, n, k));
     Ok(())
 }

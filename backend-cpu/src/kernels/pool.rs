@@ -24,6 +24,43 @@ fn min_planes(g: &Geom) -> usize {
     (PAR_MIN_ELEMS / work.max(1)).max(1)
 }
 
+/// Compute the `n·c` planes of `output` in parallel, `f(plane, its input, its output)`: the
+/// input read densely in planes of `in_len` elements, the output written in planes of
+/// `out_len`.
+fn per_plane<T: Float>(
+    op: &Op,
+    g: &Geom,
+    (input, in_len): (&View, usize),
+    (output, out_len): (&View, usize),
+    f: impl Fn(usize, &[T], &mut [T]) + Sync,
+) -> Result<()> {
+    let xs = dense::<T>(op, input)?;
+    let mut ys = Dense::<T>::output(op, output)?;
+    if out_len > 0 {
+        ys.slice()
+            .par_chunks_mut(out_len)
+            .enumerate()
+            .with_min_len(min_planes(g))
+            .for_each(|(p, y_p)| f(p, &xs[p * in_len..][..in_len], y_p));
+    }
+    ys.finish();
+    Ok(())
+}
+
+/// `f(iy * w + ix)` for every tap of output position `(oy, ox)` that falls inside the input
+/// plane, in row-major tap order.
+#[inline(always)]
+fn for_taps(g: &Geom, oy: usize, ox: usize, mut f: impl FnMut(usize)) {
+    for ky in 0..g.rows.kernel {
+        let Some(iy) = g.rows.tap(oy, ky) else { continue };
+        for kx in 0..g.cols.kernel {
+            if let Some(ix) = g.cols.tap(ox, kx) {
+                f(iy * g.cols.input + ix);
+            }
+        }
+    }
+}
+
 fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
     match *op {
         Op::MaxPool2d { window } => {
@@ -49,7 +86,7 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
 fn max_pool<T: Float>(op: &Op, g: &Geom, x: &View, y: &View, idx: &View) -> Result<()> {
     let xs = dense::<T>(op, x)?;
     let (mut ys, mut idxs) = (Dense::<T>::output(op, y)?, Dense::<i64>::output(op, idx)?);
-    let (pin, pout, w) = (g.plane_in(), g.plane_out(), g.cols.input);
+    let (pin, pout) = (g.plane_in(), g.plane_out());
     if pout > 0 {
         ys.slice()
             .par_chunks_mut(pout)
@@ -65,20 +102,16 @@ fn max_pool<T: Float>(op: &Op, g: &Geom, x: &View, y: &View, idx: &View) -> Resu
                         // strictly larger value replaces it (the first of equal maxima wins),
                         // and so does the first NaN, after which nothing does.
                         let (mut best, mut at) = (C::<T>::NEG_INFINITY, None);
-                        for ky in 0..g.rows.kernel {
-                            let Some(iy) = g.rows.tap(oy, ky) else { continue };
-                            for kx in 0..g.cols.kernel {
-                                let Some(ix) = g.cols.tap(ox, kx) else { continue };
-                                let (v, pos) = (x_p[iy * w + ix].compute(), iy * w + ix);
-                                if at.is_none() {
-                                    at = Some(pos);
-                                }
-                                if !best.is_nan() && (v > best || v.is_nan()) {
-                                    best = v;
-                                    at = Some(pos);
-                                }
+                        for_taps(g, oy, ox, |pos| {
+                            let v = x_p[pos].compute();
+                            if at.is_none() {
+                                at = Some(pos);
                             }
-                        }
+                            if !best.is_nan() && (v > best || v.is_nan()) {
+                                best = v;
+                                at = Some(pos);
+                            }
+                        });
                         // `geometry` refused windows without an in-bounds tap, so `at` is set.
                         y_p[oy * g.cols.output + ox] = T::store(best);
                         i_p[oy * g.cols.output + ox] = at.map_or(-1, |a| a as i64);
@@ -92,8 +125,8 @@ fn max_pool<T: Float>(op: &Op, g: &Geom, x: &View, y: &View, idx: &View) -> Resu
 }
 
 fn max_pool_backward<T: Float>(op: &Op, g: &Geom, dy: &View, idx: &View, dx: &View) -> Result<()> {
-    let (dys, idxs) = (dense::<T>(op, dy)?, dense::<i64>(op, idx)?);
-    let pin = g.plane_in();
+    let idxs = dense::<i64>(op, idx)?;
+    let (pin, pout) = (g.plane_in(), g.plane_out());
     if let Some((at, &bad)) = idxs.iter().enumerate().find(|(_, &i)| i < 0 || i as u64 >= pin as u64) {
         return Err(BackendError::invalid(format!(
             "{}: argmax {bad} at flat position {at} is outside the {}x{} input plane",
@@ -102,22 +135,16 @@ fn max_pool_backward<T: Float>(op: &Op, g: &Geom, dy: &View, idx: &View, dx: &Vi
             g.cols.input
         )));
     }
-    let mut dxs = Dense::<T>::output(op, dx)?;
-    let pout = g.plane_out();
-    if pin > 0 {
-        dxs.slice().par_chunks_mut(pin).enumerate().with_min_len(min_planes(g)).for_each(|(p, dx_p)| {
-            // Accumulate in the compute type: overlapping windows can pick one input many times.
-            let mut acc = vec![C::<T>::ZERO; pin];
-            for (&i, d) in idxs[p * pout..][..pout].iter().zip(&dys[p * pout..][..pout]) {
-                acc[i as usize] += d.compute();
-            }
-            for (o, a) in dx_p.iter_mut().zip(acc) {
-                *o = T::store(a);
-            }
-        });
-    }
-    dxs.finish();
-    Ok(())
+    per_plane(op, g, (dy, pout), (dx, pin), |p, dy_p, dx_p: &mut [T]| {
+        // Accumulate in the compute type: overlapping windows can pick one input many times.
+        let mut acc = vec![C::<T>::ZERO; pin];
+        for (&i, d) in idxs[p * pout..][..pout].iter().zip(dy_p) {
+            acc[i as usize] += d.compute();
+        }
+        for (o, a) in dx_p.iter_mut().zip(acc) {
+            *o = T::store(a);
+        }
+    })
 }
 
 /// The divisor of a window with padding counted in (`count_include_pad`): its extent clipped
@@ -130,32 +157,17 @@ fn divisor(axis: &Axis, o: usize) -> usize {
 }
 
 fn avg_pool<T: Float>(op: &Op, g: &Geom, x: &View, y: &View) -> Result<()> {
-    let xs = dense::<T>(op, x)?;
-    let mut ys = Dense::<T>::output(op, y)?;
-    let (pin, pout, w) = (g.plane_in(), g.plane_out(), g.cols.input);
     let (rows_div, cols_div) = divisors(g);
-    if pout > 0 {
-        ys.slice().par_chunks_mut(pout).enumerate().with_min_len(min_planes(g)).for_each(|(p, y_p)| {
-            let x_p = &xs[p * pin..][..pin];
-            for oy in 0..g.rows.output {
-                for ox in 0..g.cols.output {
-                    let mut s = C::<T>::ZERO;
-                    for ky in 0..g.rows.kernel {
-                        let Some(iy) = g.rows.tap(oy, ky) else { continue };
-                        for kx in 0..g.cols.kernel {
-                            if let Some(ix) = g.cols.tap(ox, kx) {
-                                s += x_p[iy * w + ix].compute();
-                            }
-                        }
-                    }
-                    let div = C::<T>::from_f64((rows_div[oy] * cols_div[ox]) as f64);
-                    y_p[oy * g.cols.output + ox] = T::store(s / div);
-                }
+    per_plane(op, g, (x, g.plane_in()), (y, g.plane_out()), |_, x_p: &[T], y_p| {
+        for oy in 0..g.rows.output {
+            for ox in 0..g.cols.output {
+                let mut s = C::<T>::ZERO;
+                for_taps(g, oy, ox, |pos| s += x_p[pos].compute());
+                let div = C::<T>::from_f64((rows_div[oy] * cols_div[ox]) as f64);
+                y_p[oy * g.cols.output + ox] = T::store(s / div);
             }
-        });
-    }
-    ys.finish();
-    Ok(())
+        }
+    })
 }
 
 fn divisors(g: &Geom) -> (Vec<usize>, Vec<usize>) {
@@ -164,35 +176,21 @@ fn divisors(g: &Geom) -> (Vec<usize>, Vec<usize>) {
 }
 
 fn avg_pool_backward<T: Float>(op: &Op, g: &Geom, dy: &View, dx: &View) -> Result<()> {
-    let dys = dense::<T>(op, dy)?;
-    let mut dxs = Dense::<T>::output(op, dx)?;
-    let (pin, pout, w) = (g.plane_in(), g.plane_out(), g.cols.input);
+    let (pin, pout) = (g.plane_in(), g.plane_out());
     let (rows_div, cols_div) = divisors(g);
-    if pin > 0 {
-        dxs.slice().par_chunks_mut(pin).enumerate().with_min_len(min_planes(g)).for_each(|(p, dx_p)| {
-            let dy_p = &dys[p * pout..][..pout];
-            let mut acc = vec![C::<T>::ZERO; pin];
-            for oy in 0..g.rows.output {
-                for ox in 0..g.cols.output {
-                    let div = C::<T>::from_f64((rows_div[oy] * cols_div[ox]) as f64);
-                    let share = dy_p[oy * g.cols.output + ox].compute() / div;
-                    for ky in 0..g.rows.kernel {
-                        let Some(iy) = g.rows.tap(oy, ky) else { continue };
-                        for kx in 0..g.cols.kernel {
-                            if let Some(ix) = g.cols.tap(ox, kx) {
-                                acc[iy * w + ix] += share;
-                            }
-                        }
-                    }
-                }
+    per_plane(op, g, (dy, pout), (dx, pin), |_, dy_p: &[T], dx_p| {
+        let mut acc = vec![C::<T>::ZERO; pin];
+        for oy in 0..g.rows.output {
+            for ox in 0..g.cols.output {
+                let div = C::<T>::from_f64((rows_div[oy] * cols_div[ox]) as f64);
+                let share = dy_p[oy * g.cols.output + ox].compute() / div;
+                for_taps(g, oy, ox, |pos| acc[pos] += share);
             }
-            for (o, a) in dx_p.iter_mut().zip(acc) {
-                *o = T::store(a);
-            }
-        });
-    }
-    dxs.finish();
-    Ok(())
+        }
+        for (o, a) in dx_p.iter_mut().zip(acc) {
+            *o = T::store(a);
+        }
+    })
 }
 
 inventory::submit! { Kernel { claims, run } }

@@ -44,3 +44,39 @@ impl Window {
         Window2d { kernel: i(self.k), stride: i(self.stride), padding: i(self.pad), dilation: i(self.dil) }
     }
 }
+
+/// A [`Window`] sliding over the `h × w` planes of an input `(n, c, h, w)`: a convolution or
+/// pooling test case.
+pub trait Sliding {
+    /// The input's shape `(n, c, h, w)`.
+    fn x_shape(&self) -> [usize; 4];
+
+    /// The window.
+    fn sweep(&self) -> Window;
+
+    /// The output length along axis `a` (0 the height, 1 the width).
+    fn out(&self, a: usize) -> usize {
+        self.sweep().out(a, self.x_shape()[2 + a])
+    }
+
+    /// The window as an op takes it.
+    fn window(&self) -> Window2d {
+        self.sweep().desc()
+    }
+
+    /// The taps of output position `(oy, ox)` that fall inside the plane, in row-major tap
+    /// order: `(ky, kx, iy * w + ix)`, the tap and the flat plane index it reads.
+    fn taps(&self, oy: usize, ox: usize) -> Vec<(usize, usize, usize)> {
+        let (sweep, [_, _, h, w]) = (self.sweep(), self.x_shape());
+        let mut taps = vec![];
+        for ky in 0..sweep.k[0] {
+            for kx in 0..sweep.k[1] {
+                let (iy, ix) = (sweep.tap(0, oy, ky), sweep.tap(1, ox, kx));
+                if iy >= 0 && ix >= 0 && iy < h as i64 && ix < w as i64 {
+                    taps.push((ky, kx, iy as usize * w + ix as usize));
+                }
+            }
+        }
+        taps
+    }
+}

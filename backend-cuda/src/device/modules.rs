@@ -147,27 +147,11 @@ impl CudaDevice {
     /// `grid` of `block`-shaped blocks with `smem` bytes of dynamic shared memory, passing
     /// `params` (`Args`, or a `#[repr(C)]` mirror of the kernel's own argument struct) by
     /// value. For kernels that pick their own geometry (row kernels, attention tiles, conv);
-    /// `op` names the op in errors. An empty grid launches nothing.
-    #[allow(clippy::too_many_arguments)]
-    pub fn launch_grid<P: Copy>(
-        &self,
-        op: &str,
-        module: &'static Module,
-        dtype: DType,
-        name: &str,
-        params: &mut P,
-        grid: (u32, u32),
-        block: (u32, u32),
-        smem: u32,
-    ) -> Result<()> {
-        self.launch_with(op, module, dtype, name, params, (grid, block, smem), false)
-    }
-
-    /// As [`launch_grid`](CudaDevice::launch_grid), with the geometry as one tuple, and
-    /// `early` for a kernel that calls `wait_previous` (common.cuh) before it reads or writes
-    /// device memory: where the device allows it
-    /// ([`Switches::early_launch`](super::Switches::early_launch)), its blocks may then start
-    /// while the kernel ahead of it finishes, so that its launch overlaps that kernel's tail.
+    /// `op` names the op in errors. An empty grid launches nothing. `early` is for a kernel
+    /// that calls `wait_previous` (common.cuh) before it reads or writes device memory: where
+    /// the device allows it ([`Switches::early_launch`](super::Switches::early_launch)), its
+    /// blocks may then start while the kernel ahead of it finishes, so that its launch
+    /// overlaps that kernel's tail.
     #[allow(clippy::too_many_arguments)]
     pub fn launch_with<P: Copy>(
         &self,

@@ -106,16 +106,8 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
             let grid = n.div_ceil(256).min(device.facts.sm_count as u64 * 16) as u32;
             let mut strided = StridedArgs { a: args, scale };
             // The four operands were validated against their buffers with the geometry above.
-            device.launch_grid(
-                "adamw",
-                &MODULE,
-                p.dtype,
-                &format!("{kernel}_s"),
-                &mut strided,
-                (grid, 1),
-                (256, 1),
-                0,
-            )?;
+            let shape = ((grid, 1), (256, 1), 0);
+            device.launch_with("adamw", &MODULE, p.dtype, &format!("{kernel}_s"), &mut strided, shape, false)?;
             continue;
         }
         let (ps, ms) = (p.dtype.size_in_bytes() as u64 * 4, m.dtype.size_in_bytes() as u64 * 4);
@@ -137,7 +129,7 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
             }
             let grid = a.chunks.min(device.facts.sm_count as u64 * 16) as u32;
             // Each entry's four dense operands of `n` elements were validated against their buffers.
-            device.launch_grid("adamw", &MODULE, pd, kernel, &mut a, (grid, 1), (256, 1), 0)?;
+            device.launch_with("adamw", &MODULE, pd, kernel, &mut a, ((grid, 1), (256, 1), 0), false)?;
         }
     }
     Ok(())

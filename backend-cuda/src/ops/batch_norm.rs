@@ -112,7 +112,7 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
             ["bn_bwd_stats", "bn_bwd_finalize", "bn_dx"]
         };
         if n * s > 0 {
-            device.launch_grid(name, m, dtype, sums, &mut args, stats_grid, (THREADS, 1), 0)?;
+            device.launch_with(name, m, dtype, sums, &mut args, (stats_grid, (THREADS, 1), 0), false)?;
         } else {
             args.splits = 0;
         }

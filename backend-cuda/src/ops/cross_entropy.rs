@@ -65,8 +65,9 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
                 let tx = (c.div_ceil(pack_width(dtype) * CHUNK_PACKS).next_power_of_two()).clamp(32, 256) as u32;
                 let ty = 256 / tx;
                 let blocks = rows.div_ceil(ty as usize).min(i32::MAX as usize) as u32;
+                let shape = ((blocks, 1), (tx, ty), 0);
                 let name = format!("cross_entropy_fwd_v{}", vec as u8);
-                device.launch_grid(op.name(), &softmax::MODULE, dtype, &name, &mut args, (blocks, 1), (tx, ty), 0)
+                device.launch_with(op.name(), &softmax::MODULE, dtype, &name, &mut args, shape, false)
             })
         }
         Op::CrossEntropyBackward { ignore_index, label_smoothing } => {
@@ -99,9 +100,9 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
                 args.s[0] = label_smoothing;
                 const THREADS: usize = 256;
                 let chunks = c.div_ceil(pack_width(dtype) * THREADS * BACKWARD_PACKS).min(i32::MAX as usize) as u32;
-                let grid = (chunks, rows.min(65535) as u32);
+                let shape = ((chunks, rows.min(65535) as u32), (THREADS as u32, 1), 0);
                 let name = format!("cross_entropy_bwd_v{}", vec as u8);
-                device.launch_grid(op.name(), &softmax::MODULE, dtype, &name, &mut args, grid, (THREADS as u32, 1), 0)
+                device.launch_with(op.name(), &softmax::MODULE, dtype, &name, &mut args, shape, false)
             })
         }
         _ => Err(BackendError::unsupported(format!("cuda: {} is not a cross-entropy op", op.name()))),

@@ -38,20 +38,7 @@ fn launch(
     has_contiguous: bool,
 ) -> Result<()> {
     let dense = set_geometry(&mut args, operands);
-    launch_set(device, op, dtype, base, operands, args, dense && has_contiguous)
-}
-
-/// [`launch`] with the geometry already in `args`; `contiguous` picks `base_c`.
-fn launch_set(
-    device: &CudaDevice,
-    op: &Op,
-    dtype: DType,
-    base: [&str; 2],
-    operands: &[&Operand],
-    mut args: Args,
-    contiguous: bool,
-) -> Result<()> {
-    if contiguous {
+    if dense && has_contiguous {
         let pack = (16 / dtype.size_in_bytes()) as u64;
         let aligned = operands.iter().all(|o| o.ptr % (o.dtype.size_in_bytes() as u64 * pack) == 0);
         if aligned {
@@ -129,7 +116,8 @@ pub(super) fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: 
                     return device.launch(op.name(), v[0].dtype, &name, &mut args, per_thread);
                 }
             }
-            launch_set(device, op, v[0].dtype, base, &operands, args, dense)
+            // `launch` sets the same geometry again (a few integer operations, on the host).
+            launch(device, op, v[0].dtype, base, &operands, args, true)
         }
         Op::BinaryScalar { op: b, scalar, scalar_first } => {
             arity(op, 1, 1, inputs, outputs)?;

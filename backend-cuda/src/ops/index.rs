@@ -133,7 +133,7 @@ fn cumsum(device: &CudaDevice, op: &Op, x: &Operand, y: &Operand, dim: usize) ->
     if steps >= 64 && args.n < sm * 1024 {
         let blocks = args.n.min(sm * 32) as u32;
         let threads = (steps.div_ceil(4).min(1024) as u32).next_power_of_two().clamp(32, 1024);
-        device.launch_grid(op.name(), &MODULE, x.dtype, "cumsum_scan", &mut args, (blocks, 1), (threads, 1), 0)
+        device.launch_with(op.name(), &MODULE, x.dtype, "cumsum_scan", &mut args, ((blocks, 1), (threads, 1), 0), false)
     } else {
         launch_flat(device, op, &MODULE, x.dtype, "cumsum_lines", &mut args)
     }

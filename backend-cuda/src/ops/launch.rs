@@ -130,5 +130,5 @@ pub fn launch_1d<P: Copy>(
     params: &mut P,
     (blocks, threads, smem): (u32, u32, u32),
 ) -> Result<()> {
-    device.launch_grid(op, module, dtype, name, params, (blocks, 1), (threads, 1), smem)
+    device.launch_with(op, module, dtype, name, params, ((blocks, 1), (threads, 1), smem), false)
 }

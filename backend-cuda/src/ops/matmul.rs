@@ -119,29 +119,7 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
 fn matmul(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     arity(op, 2, 1, inputs, outputs)?;
     let (a, b, y) = (device.operand(&inputs[0])?, device.operand(&inputs[1])?, device.operand(&outputs[0])?);
-    if b.dtype != a.dtype || y.dtype != a.dtype {
-        return Err(BackendError::dtype(format!(
-            "matmul: operands must share one dtype, got {} x {} -> {}",
-            a.dtype, b.dtype, y.dtype
-        )));
-    }
-    let r = a.shape.len();
-    let bad = || {
-        BackendError::shape(format!(
-            "matmul: expected a (.., m, k), b (.., k, n) -> y (.., m, n) with equal batch dims, got {:?} x {:?} -> {:?}",
-            a.shape, b.shape, y.shape
-        ))
-    };
-    if r < 2 || b.shape.len() != r || y.shape.len() != r {
-        return Err(bad());
-    }
-    let (m, k, n) = (a.shape[r - 2], a.shape[r - 1], b.shape[r - 1]);
-    if b.shape[r - 2] != k || y.shape[r - 2] != m || y.shape[r - 1] != n {
-        return Err(bad());
-    }
-    if a.shape[..r - 2] != y.shape[..r - 2] || b.shape[..r - 2] != y.shape[..r - 2] {
-        return Err(bad());
-    }
+    let [m, k, n] = checks::matmul(op, &a, &b, &y)?;
     if y.numel() == 0 {
         return Ok(());
     }

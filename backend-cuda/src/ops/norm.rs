@@ -185,7 +185,7 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
             }
             let grid = blocks(device, &a, threads, per_sm);
             // Every operand was validated against its buffer with the shapes the kernel is given.
-            device.launch_grid(op.name(), &MODULE, x.dtype, &name, &mut a, (grid, 1), (threads, 1), 0)
+            device.launch_with(op.name(), &MODULE, x.dtype, &name, &mut a, ((grid, 1), (threads, 1), 0), false)
         }
         Op::LayerNormBackward | Op::RmsNormBackward => {
             let ln = *op == Op::LayerNormBackward;
@@ -251,7 +251,7 @@ fn backward(device: &CudaDevice, op: &Op, ln: bool, ins: &[Operand], outs: &[Ope
             a.parts = parts as i32;
             let kernel = format!("{}_{stem}", if ln { "norm_bwd_ln" } else { "norm_bwd_rms" });
             // As in the forward; the scratch holds `parts` partial rows of `nout * d`.
-            device.launch_grid(name, &MODULE, x.dtype, &kernel, &mut a, (grid, 1), (threads, 1), smem)?;
+            device.launch_with(name, &MODULE, x.dtype, &kernel, &mut a, ((grid, 1), (threads, 1), smem), false)?;
         }
         // Column sums (zeros when there are no rows).
         let mut c = RowArgs { rows: parts as i64, d: d as i64, parts: nout as i32, ..RowArgs::default() };
@@ -261,15 +261,14 @@ fn backward(device: &CudaDevice, op: &Op, ln: bool, ins: &[Operand], outs: &[Ope
             c.cs[j] = o.strides[0] as i64;
         }
         // The outputs `[d]` were validated.
-        device.launch_grid(
+        device.launch_with(
             name,
             &MODULE,
             x.dtype,
             "norm_colsum",
             &mut c,
-            (d.div_ceil(32) as u32, nout as u32),
-            (512, 1),
-            0,
+            ((d.div_ceil(32) as u32, nout as u32), (512, 1), 0),
+            false,
         )
     })();
     // Stream order keeps the scratch alive for the queued kernels.

@@ -144,7 +144,7 @@ fn launch_parts(
 ) -> Result<()> {
     let main = |a: &mut Args| {
         let kernel = format!("reduce_{kind}_{}", r.name());
-        device.launch_grid(op.name(), &super::ELEMENTWISE, dtype, &kernel, a, grid, (THREADS, 1), SMEM)
+        device.launch_with(op.name(), &super::ELEMENTWISE, dtype, &kernel, a, (grid, (THREADS, 1), SMEM), false)
     };
     if parts == 1 {
         return main(&mut args);
@@ -155,7 +155,8 @@ fn launch_parts(
     let warps = (args.n * 32).div_ceil(THREADS as u64).min(device.facts.sm_count as u64 * 32).max(1) as u32;
     let finish = format!("reduce_finish_{}", r.name());
     let done = main(&mut args).and_then(|_| {
-        device.launch_grid(op.name(), &super::ELEMENTWISE, dtype, &finish, &mut args, (warps, 1), (THREADS, 1), 0)
+        let shape = ((warps, 1), (THREADS, 1), 0);
+        device.launch_with(op.name(), &super::ELEMENTWISE, dtype, &finish, &mut args, shape, false)
     });
     // Stream order keeps the scratch alive for the queued kernels.
     let freed = device.free_scratch(id);

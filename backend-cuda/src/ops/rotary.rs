@@ -100,7 +100,7 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
     let wanted = (n as u64).div_ceil(threads * per_thread);
     let grid = wanted.min(device.facts.sm_count as u64 * 32).max(1) as u32;
     // Every operand was validated against its buffer with the shapes and strides in `args`.
-    device.launch_grid("rotary", &MODULE, x.dtype, kernel, &mut args, (grid, 1), (threads as u32, 1), 0)
+    device.launch_with("rotary", &MODULE, x.dtype, kernel, &mut args, ((grid, 1), (threads as u32, 1), 0), false)
 }
 
 /// The strides of a rank-4 operand as the kernel takes them; cos and sin `(s, d/2)` get zero

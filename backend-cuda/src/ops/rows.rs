@@ -20,7 +20,7 @@ pub fn launch_flat(
     args: &mut Args,
 ) -> Result<()> {
     let blocks = args.n.div_ceil(FLAT_THREADS).min(device.facts.sm_count as u64 * 32) as u32;
-    device.launch_grid(op.name(), module, dtype, name, args, (blocks, 1), (FLAT_THREADS as u32, 1), 0)
+    device.launch_with(op.name(), module, dtype, name, args, ((blocks, 1), (FLAT_THREADS as u32, 1), 0), false)
 }
 
 /// Queue a check on the device that every i64 in `index` is in `[0, bound)` (or equals

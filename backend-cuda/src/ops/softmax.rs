@@ -104,7 +104,7 @@ fn launch(
     // Short rows: several rows (a warp each, or more) per 256-thread block.
     let ty = (256 / tx).max(1);
     let blocks = rows.div_ceil(ty as usize).min(i32::MAX as usize) as u32;
-    device.launch_grid(op.name(), &MODULE, dtype, &name, &mut args, (blocks, 1), (tx, ty), 0)
+    device.launch_with(op.name(), &MODULE, dtype, &name, &mut args, ((blocks, 1), (tx, ty), 0), false)
 }
 
 /// Run one op of this family.

@@ -1,7 +1,8 @@
 //! Datasets, batching of items, and random splits.
 
 use crate::device::Device;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
+use crate::ops::shape_err;
 use crate::random::Generator;
 use crate::tensor::Tensor;
 use genesis_backend_api::DType;
@@ -55,17 +56,14 @@ pub fn collate(items: Vec<Vec<Tensor>>) -> Result<Vec<Tensor>> {
         }
         for (f, (t, t0)) in item.iter().zip(first).enumerate() {
             if t.shape() != t0.shape() || t.dtype() != t0.dtype() {
-                return Err(Error::new(
-                    ErrorKind::ShapeMismatch,
-                    format!(
-                        "collate: field {f} of item {i} in the batch is {:?} {}, but item 0 has {:?} {}; items of \
+                return Err(shape_err(format!(
+                    "collate: field {f} of item {i} in the batch is {:?} {}, but item 0 has {:?} {}; items of \
                          one batch must match (pad them, or batch them yourself)",
-                        t.shape(),
-                        t.dtype(),
-                        t0.shape(),
-                        t0.dtype()
-                    ),
-                ));
+                    t.shape(),
+                    t.dtype(),
+                    t0.shape(),
+                    t0.dtype()
+                )));
             }
         }
     }
@@ -92,13 +90,10 @@ impl TensorDataset {
         let len = *first.shape().first().ok_or_else(|| Error::invalid("TensorDataset: tensor 0 is 0-dimensional"))?;
         for (k, t) in tensors.iter().enumerate() {
             if t.shape().first() != Some(&len) {
-                return Err(Error::new(
-                    ErrorKind::ShapeMismatch,
-                    format!(
-                        "TensorDataset: tensor {k} has shape {:?}, its first dim must be {len} as tensor 0's",
-                        t.shape()
-                    ),
-                ));
+                return Err(shape_err(format!(
+                    "TensorDataset: tensor {k} has shape {:?}, its first dim must be {len} as tensor 0's",
+                    t.shape()
+                )));
             }
         }
         Ok(TensorDataset { tensors, len })

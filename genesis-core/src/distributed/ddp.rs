@@ -13,8 +13,9 @@
 
 use super::ProcessGroup;
 use crate::autograd::{current_pass, no_grad, queue_callback};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::nn::{Entry, Module};
+use crate::ops::shape_err;
 use crate::serialize::safetensors_io::{tensor_bytes, tensor_from_bytes};
 use crate::tensor::Tensor;
 use genesis_backend_api::{CommId, DType};
@@ -475,14 +476,11 @@ fn check_same_model(
         let theirs: Vec<&str> = theirs.lines().collect();
         let first_difference = (0..reference.len().max(theirs.len())).find(|&i| reference.get(i) != theirs.get(i));
         if let Some(i) = first_difference {
-            return Err(Error::new(
-                ErrorKind::ShapeMismatch,
-                format!(
-                    "DistributedDataParallel: the ranks built different models: rank 0 has {} where rank {rank} has {}",
-                    reference.get(i).unwrap_or(&"nothing"),
-                    theirs.get(i).unwrap_or(&"nothing")
-                ),
-            ));
+            return Err(shape_err(format!(
+                "DistributedDataParallel: the ranks built different models: rank 0 has {} where rank {rank} has {}",
+                reference.get(i).unwrap_or(&"nothing"),
+                theirs.get(i).unwrap_or(&"nothing")
+            )));
         }
     }
     Ok(())

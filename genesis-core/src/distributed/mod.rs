@@ -37,7 +37,8 @@ pub use store::Store;
 
 use crate::autograd::no_grad;
 use crate::device::Device;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
+use crate::ops::shape_err;
 use crate::serialize::safetensors_io::{tensor_bytes, tensor_from_bytes};
 use crate::tensor::Tensor;
 use genesis_backend_api::{CollectiveOp, CommId, DType};
@@ -426,10 +427,10 @@ impl ProcessGroup {
         let world = self.world_size();
         let rows = tensor.shape().first().copied().unwrap_or(0);
         if tensor.shape().is_empty() || rows % world != 0 {
-            return Err(Error::new(
-                ErrorKind::ShapeMismatch,
-                format!("reduce_scatter: dim 0 of shape {:?} does not split into {world} equal chunks", tensor.shape()),
-            ));
+            return Err(shape_err(format!(
+                "reduce_scatter: dim 0 of shape {:?} does not split into {world} equal chunks",
+                tensor.shape()
+            )));
         }
         if op == ReduceOp::Average && !tensor.dtype().is_float() {
             return Err(Error::invalid(format!(

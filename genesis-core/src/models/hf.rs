@@ -4,6 +4,7 @@
 
 use crate::device::Device;
 use crate::error::{Error, ErrorKind, Result};
+use crate::ops::shape_err;
 use crate::serialize::{self, Metadata, StateDict};
 use crate::tensor::Tensor;
 use genesis_backend_api::DType;
@@ -132,14 +133,11 @@ impl Weights {
             .map_err(|e| load_err(format!("{}: {}", path.display(), serialize::describe_error(&e, map.len()))))?;
         let view = st.tensor(name).map_err(|e| load_err(format!("{}: tensor `{name}`: {e}", path.display())))?;
         if view.shape() != shape {
-            return Err(Error::new(
-                ErrorKind::ShapeMismatch,
-                format!(
-                    "{}: weight `{name}` has shape {:?}, the config implies {shape:?}",
-                    path.display(),
-                    view.shape()
-                ),
-            ));
+            return Err(shape_err(format!(
+                "{}: weight `{name}` has shape {:?}, the config implies {shape:?}",
+                path.display(),
+                view.shape()
+            )));
         }
         let t = serialize::tensor_from_view(&view, device)
             .map_err(|e| e.context(format_args!("{}: tensor `{name}`", path.display())))?;

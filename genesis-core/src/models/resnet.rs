@@ -24,6 +24,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::nn::init::{self, FanMode};
 use crate::nn::{AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Conv2dOptions, Entry, Linear, MaxPool2d, Module, Sequential};
+use crate::ops::shape_err;
 use crate::tensor::Tensor;
 
 /// Which residual block a ResNet is built of.
@@ -348,10 +349,11 @@ impl ResNet {
     /// The pooled features before the classifier, `(n, channels of the last stage)`.
     pub fn features(&self, x: &Tensor) -> Result<Tensor> {
         if x.rank() != 4 || x.shape()[1] != self.config.in_channels {
-            return Err(Error::new(
-                crate::error::ErrorKind::ShapeMismatch,
-                format!("ResNet: expected images (n, {}, h, w), got shape {:?}", self.config.in_channels, x.shape()),
-            ));
+            return Err(shape_err(format!(
+                "ResNet: expected images (n, {}, h, w), got shape {:?}",
+                self.config.in_channels,
+                x.shape()
+            )));
         }
         let mut x = self.bn1.forward(&self.conv1.forward(x)?)?.relu()?;
         x = self.maxpool.forward(&x)?;

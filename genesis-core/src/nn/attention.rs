@@ -5,7 +5,8 @@ use super::init;
 use super::linear::Linear;
 use super::module::{Entry, Module, Param, TrainingFlag};
 use crate::device::Device;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
+use crate::ops::shape_err;
 use crate::tensor::Tensor;
 use genesis_backend_api::DType;
 
@@ -94,20 +95,17 @@ impl MultiheadAttention {
         let e = self.in_proj_weight.get().shape()[1];
         for t in [&q, &k, &v] {
             if t.rank() != 3 || t.shape()[2] != e || t.shape()[0] != q.shape()[0] {
-                return Err(Error::new(
-                    ErrorKind::ShapeMismatch,
-                    format!(
-                        "MultiheadAttention: expected 3-D inputs with embed dim {e} and one batch size, got {:?}, {:?}, \
+                return Err(shape_err(format!(
+                    "MultiheadAttention: expected 3-D inputs with embed dim {e} and one batch size, got {:?}, {:?}, \
                          {:?}",
-                        query.shape(),
-                        key.shape(),
-                        value.shape()
-                    ),
-                ));
+                    query.shape(),
+                    key.shape(),
+                    value.shape()
+                )));
             }
         }
         if k.shape() != v.shape() {
-            return Err(Error::new(ErrorKind::ShapeMismatch, "MultiheadAttention: key and value shapes differ"));
+            return Err(shape_err("MultiheadAttention: key and value shapes differ"));
         }
         let (w, b) = (self.in_proj_weight.get(), self.in_proj_bias.get());
         let project = |x: &Tensor, i: usize| -> Result<Tensor> {
@@ -121,10 +119,10 @@ impl MultiheadAttention {
         let mask = match key_padding_mask {
             None => None,
             Some(m) if m.shape() != [n, s] => {
-                return Err(Error::new(
-                    ErrorKind::ShapeMismatch,
-                    format!("MultiheadAttention: key_padding_mask {:?} should be [{n}, {s}]", m.shape()),
-                ))
+                return Err(shape_err(format!(
+                    "MultiheadAttention: key_padding_mask {:?} should be [{n}, {s}]",
+                    m.shape()
+                )))
             }
             Some(m) if m.dtype() == DType::Bool => Some(m.logical_not()?.reshape(&[n as isize, 1, 1, s as isize])?),
             Some(m) => Some(m.reshape(&[n as isize, 1, 1, s as isize])?),

@@ -3,7 +3,8 @@
 use super::functional;
 use super::module::{Entry, Module, Param, TrainingFlag};
 use crate::device::Device;
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::ops::shape_err;
 use crate::tensor::Tensor;
 use genesis_backend_api::DType;
 
@@ -167,10 +168,12 @@ impl BatchNorm {
 impl Module for BatchNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if !self.ranks.contains(&x.rank()) {
-            return Err(Error::new(
-                crate::error::ErrorKind::ShapeMismatch,
-                format!("{}: expected an input of rank {:?}, got shape {:?}", self.name, self.ranks, x.shape()),
-            ));
+            return Err(shape_err(format!(
+                "{}: expected an input of rank {:?}, got shape {:?}",
+                self.name,
+                self.ranks,
+                x.shape()
+            )));
         }
         let training = self.training.get();
         if training {

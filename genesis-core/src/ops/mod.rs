@@ -137,7 +137,8 @@ pub(crate) fn sum_to(grad: &Tensor, shape: &[usize]) -> Result<Tensor> {
     summed.reshape(&shape.iter().map(|&n| n as isize).collect::<Vec<_>>())
 }
 
-pub(crate) fn shape_err(message: String) -> Error {
+/// A `ShapeMismatch` error (shapes of operands that do not fit together).
+pub(crate) fn shape_err(message: impl Into<String>) -> Error {
     Error::new(ErrorKind::ShapeMismatch, message)
 }
 

@@ -1,6 +1,7 @@
 //! Parameter groups and the optimizer state dict shared by every optimizer.
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::ops::shape_err;
 use crate::serialize::StateDict;
 use crate::tensor::Tensor;
 use std::collections::BTreeMap;
@@ -190,14 +191,11 @@ impl<O: GroupOptions> Groups<O> {
                 err(format!("entry `{name}` is for parameter {i}, but there are {} parameters", params.len()))
             })?;
             if t.shape() != p.shape() {
-                return Err(Error::new(
-                    ErrorKind::ShapeMismatch,
-                    format!(
-                        "{kind}.load_state_dict: `{name}` has shape {:?} but parameter {i} has shape {:?}",
-                        t.shape(),
-                        p.shape()
-                    ),
-                ));
+                return Err(shape_err(format!(
+                    "{kind}.load_state_dict: `{name}` has shape {:?} but parameter {i} has shape {:?}",
+                    t.shape(),
+                    p.shape()
+                )));
             }
         }
         for name in state.scalars.keys().filter(|k| k.starts_with("state.")) {

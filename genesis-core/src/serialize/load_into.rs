@@ -4,6 +4,7 @@
 use super::StateDict;
 use crate::autograd::no_grad;
 use crate::error::{Error, ErrorKind, Result};
+use crate::ops::shape_err;
 
 /// What a non-strict load left out.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -43,10 +44,10 @@ pub fn load_state_dict_into(target: &StateDict, source: &StateDict, strict: bool
         })
         .collect();
     if !mismatched.is_empty() {
-        return Err(Error::new(
-            ErrorKind::ShapeMismatch,
-            format!("load_state_dict: size mismatch for {}; nothing was loaded", mismatched.join(", ")),
-        ));
+        return Err(shape_err(format!(
+            "load_state_dict: size mismatch for {}; nothing was loaded",
+            mismatched.join(", ")
+        )));
     }
     if strict && !report.is_clean() {
         return Err(Error::new(

@@ -3,7 +3,8 @@
 use super::{Layout, Tensor};
 use crate::device::Device;
 use crate::element::Element;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
+use crate::ops::shape_err;
 use crate::random::Generator;
 use genesis_backend_api::{DType, Op};
 
@@ -36,10 +37,7 @@ fn nested_shape<D: TensorData>(items: &[D]) -> Result<Vec<usize>> {
     };
     for item in items.iter().skip(1) {
         if item.shape()? != inner {
-            return Err(Error::new(
-                ErrorKind::ShapeMismatch,
-                "tensor: nested data is ragged (rows of different lengths)",
-            ));
+            return Err(shape_err("tensor: nested data is ragged (rows of different lengths)"));
         }
     }
     Ok(std::iter::once(items.len()).chain(inner).collect())
@@ -93,10 +91,10 @@ impl Tensor {
     pub fn from_slice<T: Element>(data: &[T], shape: &[usize], device: &Device) -> Result<Tensor> {
         let numel: usize = shape.iter().product();
         if numel != data.len() {
-            return Err(Error::new(
-                ErrorKind::ShapeMismatch,
-                format!("tensor: {} values do not fill shape {shape:?} ({numel} elements)", data.len()),
-            ));
+            return Err(shape_err(format!(
+                "tensor: {} values do not fill shape {shape:?} ({numel} elements)",
+                data.len()
+            )));
         }
         let t = Self::empty(shape, T::DTYPE, device)?;
         let mut bytes = Vec::with_capacity(numel * T::DTYPE.size_in_bytes());

@@ -1,6 +1,7 @@
 //! Shapes and strides: the arithmetic behind views, broadcasting and dim arguments.
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::ops::shape_err;
 
 /// Where a tensor's elements live in its storage: shape, strides (in elements) and the offset
 /// of element zero.
@@ -166,9 +167,8 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
 
 /// The broadcast shape of `a` and `b`, or a `ShapeMismatch` naming `op`.
 pub fn broadcast_or_err(op: &str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
-    broadcast_shapes(a, b).ok_or_else(|| {
-        Error::new(ErrorKind::ShapeMismatch, format!("{op}: shapes {a:?} and {b:?} cannot be broadcast together"))
-    })
+    broadcast_shapes(a, b)
+        .ok_or_else(|| shape_err(format!("{op}: shapes {a:?} and {b:?} cannot be broadcast together")))
 }
 
 /// Resolve a possibly negative dim against `rank` (PyTorch's wrapping rule).
@@ -220,18 +220,12 @@ pub fn infer_shape(op: &str, numel: usize, shape: &[isize]) -> Result<Vec<usize>
     let mut out: Vec<usize> = shape.iter().map(|&n| n.max(0) as usize).collect();
     if let Some(&i) = unknown.first() {
         if known == 0 || numel % known != 0 {
-            return Err(Error::new(
-                ErrorKind::ShapeMismatch,
-                format!("{op}: shape {shape:?} is invalid for {numel} elements"),
-            ));
+            return Err(shape_err(format!("{op}: shape {shape:?} is invalid for {numel} elements")));
         }
         out[i] = numel / known;
     }
     if out.iter().product::<usize>() != numel {
-        return Err(Error::new(
-            ErrorKind::ShapeMismatch,
-            format!("{op}: shape {shape:?} is invalid for {numel} elements"),
-        ));
+        return Err(shape_err(format!("{op}: shape {shape:?} is invalid for {numel} elements")));
     }
     Ok(out)
 }

@@ -11,6 +11,7 @@ use crate::autograd::{self, Hook, Node, PostAccumulateHook};
 use crate::device::Device;
 use crate::element::Element;
 use crate::error::{Error, ErrorKind, Result};
+use crate::ops::shape_err;
 use crate::storage::Storage;
 use genesis_backend_api::{DType, TensorDesc};
 pub use layout::broadcast_shapes;
@@ -300,10 +301,11 @@ impl Tensor {
     pub fn set_grad(&self, grad: Option<Tensor>) -> Result<()> {
         if let Some(g) = &grad {
             if g.shape() != self.shape() {
-                return Err(Error::new(
-                    ErrorKind::ShapeMismatch,
-                    format!("set_grad: gradient shape {:?} differs from tensor shape {:?}", g.shape(), self.shape()),
-                ));
+                return Err(shape_err(format!(
+                    "set_grad: gradient shape {:?} differs from tensor shape {:?}",
+                    g.shape(),
+                    self.shape()
+                )));
             }
         }
         *self.inner.grad.lock().unwrap_or_else(|p| p.into_inner()) = grad;
@@ -400,14 +402,11 @@ pub(crate) fn seed_gradients(outputs: &[Tensor], grads: Option<&[Tensor]>) -> Re
                 Some(gs) => {
                     let g = gs[i].clone();
                     if g.shape() != out.shape() {
-                        return Err(Error::new(
-                            ErrorKind::ShapeMismatch,
-                            format!(
-                                "backward: gradient shape {:?} does not match output shape {:?}",
-                                g.shape(),
-                                out.shape()
-                            ),
-                        ));
+                        return Err(shape_err(format!(
+                            "backward: gradient shape {:?} does not match output shape {:?}",
+                            g.shape(),
+                            out.shape()
+                        )));
                     }
                     g
                 }

@@ -4,7 +4,8 @@ use super::pipeline::Pipeline;
 use super::transforms::Transform;
 use crate::data::{collate, Dataset};
 use crate::device::Device;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
+use crate::ops::shape_err;
 use crate::random::Generator;
 use crate::tensor::Tensor;
 use std::path::{Path, PathBuf};
@@ -203,17 +204,14 @@ impl Dataset for ImageFolder {
     fn get_batch(&self, indices: &[usize]) -> Result<Vec<Tensor>> {
         let items = indices.iter().map(|&i| self.item(i)).collect::<Result<Vec<_>>>()?;
         if let Some(k) = items.iter().position(|(img, _)| img.shape() != items[0].0.shape()) {
-            return Err(Error::new(
-                ErrorKind::ShapeMismatch,
-                format!(
-                    "ImageFolder: images of one batch differ in size after the transforms: {} is {:?}, {} is {:?}; \
+            return Err(shape_err(format!(
+                "ImageFolder: images of one batch differ in size after the transforms: {} is {:?}, {} is {:?}; \
                      add a Resize, CenterCrop or RandomResizedCrop transform",
-                    self.samples[indices[0]].0.display(),
-                    items[0].0.shape(),
-                    self.samples[indices[k]].0.display(),
-                    items[k].0.shape()
-                ),
-            ));
+                self.samples[indices[0]].0.display(),
+                items[0].0.shape(),
+                self.samples[indices[k]].0.display(),
+                items[k].0.shape()
+            )));
         }
         collate(items.into_iter().map(|(img, label)| vec![img, label]).collect())
     }

@@ -8,10 +8,9 @@
 //! Kernels index their `Vec`s directly only where the shape checks above them (or a checked
 //! index value) guarantee the position is in range.
 
-use crate::math;
 use crate::memory::{Memory, Values};
 use genesis_backend_api::sdk::checks::{self, Geometry, Meta};
-use genesis_backend_api::sdk::{self, philox};
+use genesis_backend_api::sdk::{self, philox, scalar};
 use genesis_backend_api::{
     contiguous_strides, BackendError, BinaryOp, Capability, DType, Op, OpKind, ReduceOp, Result, TensorDesc, UnaryOp,
 };
@@ -138,7 +137,7 @@ fn unary(mem: &mut Memory, op: &Op, f: UnaryOp, inputs: &[TensorDesc], outputs: 
         return mem.store(y, &out);
     }
     sdk::expect_dtype(op, y, DType::F32)?;
-    let out: Vec<f32> = xs.iter().map(|&v| math::unary(f, v as f64) as f32).collect();
+    let out: Vec<f32> = xs.iter().map(|&v| scalar::unary(f, v as f64) as f32).collect();
     mem.store(y, &out)
 }
 
@@ -150,7 +149,7 @@ fn binary(mem: &mut Memory, op: &Op, f: BinaryOp, inputs: &[TensorDesc], outputs
     sdk::expect_same_shape(op, b, y)?;
     sdk::expect_no_overlap(op, inputs, outputs, true)?;
     let (av, bv) = (mem.load::<f32>(a)?, mem.load::<f32>(b)?);
-    let out: Vec<f64> = av.iter().zip(&bv).map(|(&p, &q)| math::binary(f, p as f64, q as f64)).collect();
+    let out: Vec<f64> = av.iter().zip(&bv).map(|(&p, &q)| scalar::binary(f, p as f64, q as f64)).collect();
     store_elementwise(mem, op, y, f.is_predicate(), &out)
 }
 
@@ -172,7 +171,7 @@ fn binary_scalar(
     let av = mem.load::<f32>(a)?;
     let out: Vec<f64> = av
         .iter()
-        .map(|&v| if scalar_first { math::binary(f, s, v as f64) } else { math::binary(f, v as f64, s) })
+        .map(|&v| if scalar_first { scalar::binary(f, s, v as f64) } else { scalar::binary(f, v as f64, s) })
         .collect();
     store_elementwise(mem, op, y, f.is_predicate(), &out)
 }
@@ -197,7 +196,7 @@ fn clamp(mem: &mut Memory, op: &Op, min: f64, max: f64, inputs: &[TensorDesc], o
     let (lo, hi) = (min as f32 as f64, max as f32 as f64);
     // NaN-propagating max then min, so a NaN input (or bound) gives NaN.
     let out: Vec<f32> =
-        mem.load::<f32>(x)?.iter().map(|&v| math::minimum(math::maximum(v as f64, lo), hi) as f32).collect();
+        mem.load::<f32>(x)?.iter().map(|&v| scalar::minimum(scalar::maximum(v as f64, lo), hi) as f32).collect();
     mem.store(y, &out)
 }
 
@@ -387,8 +386,8 @@ fn reduce_group(r: ReduceOp, group: &[f32]) -> f64 {
         ReduceOp::Mean => values.sum::<f64>() / group.len() as f64,
         ReduceOp::SumSquares => values.map(|v| v * v).sum(),
         ReduceOp::Prod => values.product(),
-        ReduceOp::Max => values.fold(f64::NEG_INFINITY, math::maximum),
-        ReduceOp::Min => values.fold(f64::INFINITY, math::minimum),
+        ReduceOp::Max => values.fold(f64::NEG_INFINITY, scalar::maximum),
+        ReduceOp::Min => values.fold(f64::INFINITY, scalar::minimum),
         // Handled by `first_best`.
         ReduceOp::ArgMax | ReduceOp::ArgMin => f64::NAN,
     }
@@ -436,18 +435,10 @@ fn cumsum(mem: &mut Memory, op: &Op, dim: u32, inputs: &[TensorDesc], outputs: &
 fn matmul(mem: &mut Memory, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     sdk::expect_arity(op, inputs, outputs, 2, 1)?;
     let (a, b, y) = (&inputs[0], &inputs[1], &outputs[0]);
-    sdk::expect_dtype(op, b, DType::F32)?;
-    sdk::expect_dtype(op, y, DType::F32)?;
-    let (sa, sb, sy) = (a.shape(), b.shape(), y.shape());
-    let mismatch = || BackendError::shape(format!("{}: cannot multiply {sa:?} by {sb:?} into {sy:?}", op.name()));
-    let rank = sa.len();
-    if rank < 2 || sb.len() != rank || sy.len() != rank {
-        return Err(mismatch());
-    }
-    let (batch, m, k, n) = (&sa[..rank - 2], sa[rank - 2], sa[rank - 1], sb[rank - 1]);
-    if sb[..rank - 2] != *batch || sy[..rank - 2] != *batch || sb[rank - 2] != k || sy[rank - 2..] != [m, n] {
-        return Err(mismatch());
-    }
+    // `check_supported` accepted a's dtype (f32); `matmul` holds b and y to it.
+    let [m, k, n] = checks::matmul(op, &Geometry::of(a)?, &Geometry::of(b)?, &Geometry::of(y)?)?;
+    let sy = y.shape();
+    let batch = &sy[..sy.len() - 2];
     sdk::expect_no_overlap(op, inputs, outputs, false)?;
 
     // Loading makes both operands row-major, so transposes and broadcast batches (which

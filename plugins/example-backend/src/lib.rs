@@ -6,13 +6,12 @@
 //!
 //! - `lib.rs` (this file): the [`Backend`] and [`Device`] implementations.
 //! - `memory.rs`: buffers, memory statistics, and moving strided tensors in and out of `Vec`s.
-//! - `kernels.rs`: the capability list and one function per op.
-//! - `math.rs`: the scalar functions behind the elementwise ops.
+//! - `kernels.rs`: the capability list and one function per op; the scalar functions behind
+//!   the elementwise ops are the SDK's (`sdk::scalar`).
 //! - `activity.rs`: device activity records for the profiler (optional).
 
 mod activity;
 mod kernels;
-mod math;
 mod memory;
 #[cfg(test)]
 mod tests;

@@ -200,25 +200,22 @@ pub trait Element: Copy {
     fn encode(self, out: &mut [u8]);
 }
 
-impl Element for f32 {
-    const DTYPE: DType = DType::F32;
-    fn decode(bytes: &[u8]) -> Option<f32> {
-        Some(f32::from_ne_bytes(bytes.try_into().ok()?))
-    }
-    fn encode(self, out: &mut [u8]) {
-        out.copy_from_slice(&self.to_ne_bytes());
-    }
+/// [`Element`] for a number type stored as its native-endian bytes.
+macro_rules! native_element {
+    ($t:ty, $dtype:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = $dtype;
+            fn decode(bytes: &[u8]) -> Option<$t> {
+                Some(<$t>::from_ne_bytes(bytes.try_into().ok()?))
+            }
+            fn encode(self, out: &mut [u8]) {
+                out.copy_from_slice(&self.to_ne_bytes());
+            }
+        }
+    };
 }
-
-impl Element for i64 {
-    const DTYPE: DType = DType::I64;
-    fn decode(bytes: &[u8]) -> Option<i64> {
-        Some(i64::from_ne_bytes(bytes.try_into().ok()?))
-    }
-    fn encode(self, out: &mut [u8]) {
-        out.copy_from_slice(&self.to_ne_bytes());
-    }
-}
+native_element!(f32, DType::F32);
+native_element!(i64, DType::I64);
 
 impl Element for bool {
     const DTYPE: DType = DType::Bool;

@@ -1,7 +1,37 @@
-//! Matrix products that accumulate: `Addmm`.
+//! Matrix products: `Matmul`, and `Addmm`, which accumulates.
 
 use super::{dims, expect_dtype, expect_self_disjoint, expect_shape, operands, Meta, Operands};
 use crate::{BackendError, DType, Op, Result};
+
+/// `Matmul`'s rules for `a (.., m, k) @ b (.., k, n) -> y (.., m, n)`: one dtype, rank >= 2
+/// and equal batch dims (a broadcast batch arrives as a zero stride). Returns `[m, k, n]`.
+pub fn matmul<T: Meta>(op: &Op, a: &T, b: &T, y: &T) -> Result<[usize; 3]> {
+    if b.dtype() != a.dtype() || y.dtype() != a.dtype() {
+        return Err(BackendError::dtype(format!(
+            "{}: operands must share one dtype, got {} x {} -> {}",
+            op.name(),
+            a.dtype(),
+            b.dtype(),
+            y.dtype()
+        )));
+    }
+    let (sa, sb, sy) = (a.shape(), b.shape(), y.shape());
+    let bad = || {
+        BackendError::shape(format!(
+            "{}: expected a (.., m, k), b (.., k, n) -> y (.., m, n) with equal batch dims, got {sa:?} x {sb:?} -> {sy:?}",
+            op.name()
+        ))
+    };
+    let r = sa.len();
+    if r < 2 || sb.len() != r || sy.len() != r {
+        return Err(bad());
+    }
+    let (m, k, n) = (sa[r - 2], sa[r - 1], sb[r - 1]);
+    if sb[r - 2] != k || sy[r - 2] != m || sy[r - 1] != n || sa[..r - 2] != sy[..r - 2] || sb[..r - 2] != sy[..r - 2] {
+        return Err(bad());
+    }
+    Ok([m, k, n])
+}
 
 /// Operands of `Addmm`, `[a (m, k), b (k, n)] -> [y (m, n)]` with `y += a · b`: `a` and `b`
 /// of one float dtype, `y` of that dtype or f32 when it is f16 or bf16, `y` not overlapping
@@ -36,6 +66,23 @@ mod tests {
     use super::super::Fake;
     use super::*;
     use crate::ErrorKind;
+
+    #[test]
+    fn matmul_rules() {
+        let op = Op::Matmul;
+        let f = |dtype, shape: &[usize]| Fake::new(dtype, shape);
+        let f32_ = DType::F32;
+        let mm = |a: Fake, b: Fake, y: Fake| matmul(&op, &a, &b, &y);
+        assert_eq!(mm(f(f32_, &[5, 2, 3]), f(f32_, &[5, 3, 4]), f(f32_, &[5, 2, 4])).unwrap(), [2, 3, 4]);
+        let err = mm(f(f32_, &[2, 3]), f(DType::F64, &[3, 4]), f(f32_, &[2, 4])).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::DtypeMismatch);
+        for (a, b, y) in [([2, 3], [4, 4], [2, 4]), ([2, 3], [3, 4], [4, 2])] {
+            assert_eq!(mm(f(f32_, &a), f(f32_, &b), f(f32_, &y)).unwrap_err().kind, ErrorKind::ShapeMismatch);
+        }
+        // Batch dims must be equal, and rank at least 2.
+        assert!(mm(f(f32_, &[5, 2, 3]), f(f32_, &[1, 3, 4]), f(f32_, &[5, 2, 4])).is_err());
+        assert!(mm(f(f32_, &[3]), f(f32_, &[3]), f(f32_, &[1])).is_err());
+    }
 
     #[test]
     fn addmm_rules() {

@@ -3,6 +3,7 @@
 
 use super::tensor::sum;
 use crate::values::quantize;
+use genesis_backend_api::sdk::checks::AttentionDims;
 use genesis_backend_api::DType;
 
 /// Softmax of each row of length `n`; an all `-inf` row gives NaN.
@@ -296,7 +297,7 @@ pub fn rotary_kv_write(
     sin: &[f64],
     k_cache: &[f64],
     v_cache: &[f64],
-    g: AttnShape,
+    g: AttentionDims,
     p: usize,
 ) -> KvWrite {
     let (q_out, q_mag) = rotary(q, cos, sin, g.s, g.d, false);
@@ -371,27 +372,10 @@ pub fn swiglu_vjp(dy: &[f64], gate: &[f64], up: &[f64]) -> ((Vec<f64>, Vec<f64>)
     ((dgate, mag_gate), (dup, mag_up))
 }
 
-/// Attention geometry.
-#[derive(Debug, Clone, Copy)]
-pub struct AttnShape {
-    /// Batch.
-    pub b: usize,
-    /// Query heads.
-    pub hq: usize,
-    /// Key/value heads.
-    pub hk: usize,
-    /// Query length.
-    pub s: usize,
-    /// Key length.
-    pub t: usize,
-    /// Head dim.
-    pub d: usize,
-}
-
 /// Scaled dot-product attention with grouped heads and bottom-right causal masking:
 /// `(o, lse)`.
-pub fn attention(q: &[f64], k: &[f64], v: &[f64], g: AttnShape, causal: bool, scale: f64) -> (Vec<f64>, Vec<f64>) {
-    let AttnShape { b, hq, hk, s, t, d } = g;
+pub fn attention(q: &[f64], k: &[f64], v: &[f64], g: AttentionDims, causal: bool, scale: f64) -> (Vec<f64>, Vec<f64>) {
+    let AttentionDims { b, hq, hk, s, t, d } = g;
     let (mut o, mut lse) = (vec![0.0; b * hq * s * d], vec![0.0; b * hq * s]);
     for bi in 0..b {
         for h in 0..hq {
@@ -422,8 +406,8 @@ pub fn attention(q: &[f64], k: &[f64], v: &[f64], g: AttnShape, causal: bool, sc
 /// Attention in which query `i` of batch row `b` sees the keys `j` with
 /// `keep[(b * s + i) * t + j] != 0` (`MaskedAttention`): the output, NaN for a query that
 /// keeps no key.
-pub fn masked_attention(q: &[f64], k: &[f64], v: &[f64], keep: &[f64], g: AttnShape, scale: f64) -> Vec<f64> {
-    let AttnShape { b, hq, hk, s, t, d } = g;
+pub fn masked_attention(q: &[f64], k: &[f64], v: &[f64], keep: &[f64], g: AttentionDims, scale: f64) -> Vec<f64> {
+    let AttentionDims { b, hq, hk, s, t, d } = g;
     let mut o = vec![0.0; b * hq * s * d];
     for bi in 0..b {
         for h in 0..hq {
@@ -451,7 +435,7 @@ pub fn masked_attention(q: &[f64], k: &[f64], v: &[f64], keep: &[f64], g: AttnSh
 }
 
 /// Keys visible to query `i` (bottom-right aligned causal mask): `j < visible`.
-fn visible(g: AttnShape, causal: bool, i: usize) -> usize {
+fn visible(g: AttentionDims, causal: bool, i: usize) -> usize {
     if causal {
         (i + g.t + 1).saturating_sub(g.s).min(g.t)
     } else {
@@ -480,11 +464,11 @@ pub fn attention_vjp(
     o: &[f64],
     lse: &[f64],
     d_o: &[f64],
-    g: AttnShape,
+    g: AttentionDims,
     causal: bool,
     scale: f64,
 ) -> (Grads, Grads) {
-    let AttnShape { b, hq, hk, s, t, d } = g;
+    let AttentionDims { b, hq, hk, s, t, d } = g;
     let dot = |a: &[f64], b: &[f64]| sum(&a.iter().zip(b).map(|(x, y)| x * y).collect::<Vec<_>>());
     // dk and dv collect their terms (from every query of the group) and sum them at the end.
     let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![Vec::new(); k.len()], vec![Vec::new(); v.len()]);
@@ -580,7 +564,7 @@ mod tests {
     #[test]
     fn rotary_kv_write_writes_only_the_new_positions() {
         // b 1, hq 2, hk 1, s 2, t 4, d 2, written at p = 1; angles 0 and π/2.
-        let g = AttnShape { b: 1, hq: 2, hk: 1, s: 2, t: 4, d: 2 };
+        let g = AttentionDims { b: 1, hq: 2, hk: 1, s: 2, t: 4, d: 2 };
         let (cos, sin) = ([1.0, 0.0], [0.0, 1.0]);
         let (q, k, v) = (data("kq", 8), [1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]);
         let cache: Vec<f64> = (0..8).map(|i| -(i as f64)).collect();
@@ -595,7 +579,7 @@ mod tests {
 
     #[test]
     fn attention_of_one_key_returns_its_value() {
-        let g = AttnShape { b: 1, hq: 2, hk: 1, s: 1, t: 1, d: 2 };
+        let g = AttentionDims { b: 1, hq: 2, hk: 1, s: 1, t: 1, d: 2 };
         let (o, lse) = attention(&[1.0, 2.0, 3.0, 4.0], &[0.5, 0.5], &[7.0, -1.0], g, false, 1.0);
         assert_eq!(o, vec![7.0, -1.0, 7.0, -1.0]);
         assert_eq!(lse, vec![1.5, 3.5]);
@@ -604,9 +588,9 @@ mod tests {
     #[test]
     fn attention_vjp_matches_finite_differences() {
         for (g, causal) in [
-            (AttnShape { b: 1, hq: 4, hk: 2, s: 3, t: 5, d: 3 }, false),
-            (AttnShape { b: 1, hq: 4, hk: 2, s: 3, t: 5, d: 3 }, true),
-            (AttnShape { b: 2, hq: 3, hk: 1, s: 4, t: 4, d: 2 }, true),
+            (AttentionDims { b: 1, hq: 4, hk: 2, s: 3, t: 5, d: 3 }, false),
+            (AttentionDims { b: 1, hq: 4, hk: 2, s: 3, t: 5, d: 3 }, true),
+            (AttentionDims { b: 2, hq: 3, hk: 1, s: 4, t: 4, d: 2 }, true),
         ] {
             let (nq, nk) = (g.b * g.hq * g.s * g.d, g.b * g.hk * g.t * g.d);
             let (q, k, v, d_o) = (data("aq", nq), data("ak", nk), data("av", nk), data("ado", nq));

@@ -1,5 +1,11 @@
 //! Scalar functions in f64: the elementwise part of the oracle.
+//!
+//! The suites check the backends against this file, and the CPU and example backends compute
+//! their unary ops (the example its binary ops too) with the SDK's `sdk::scalar`: where a
+//! result depends on the algorithm (erf, GELU, sigmoid) this file has its own, so the two are
+//! checked against each other; its erf is a series of its own, not `libm`'s.
 
+use genesis_backend_api::sdk::scalar;
 use genesis_backend_api::{BinaryOp, UnaryOp};
 
 const FRAC_2_SQRT_PI: f64 = std::f64::consts::FRAC_2_SQRT_PI;
@@ -63,17 +69,14 @@ fn sigmoid(x: f64) -> f64 {
 }
 
 /// `op(x)` exactly as the interface defines it, in f64.
+///
+/// The functions whose value depends on how they are computed (erf and GELU through this
+/// file's own series, sigmoid and SiLU in the form that cannot overflow) and ReLU's sign of
+/// zero are computed here, independently of the backends under test. The rest are one call
+/// of the standard library or a comparison, the same in any implementation, and are
+/// `sdk::scalar`'s definitions.
 pub fn unary(op: UnaryOp, x: f64) -> f64 {
     match op {
-        UnaryOp::Neg => -x,
-        UnaryOp::Abs => x.abs(),
-        UnaryOp::Exp => x.exp(),
-        UnaryOp::Log => x.ln(),
-        UnaryOp::Sqrt => x.sqrt(),
-        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
-        UnaryOp::Sin => x.sin(),
-        UnaryOp::Cos => x.cos(),
-        UnaryOp::Tanh => x.tanh(),
         UnaryOp::Sigmoid => sigmoid(x),
         UnaryOp::Relu => {
             if x.is_nan() {
@@ -89,72 +92,14 @@ pub fn unary(op: UnaryOp, x: f64) -> f64 {
             0.5 * x * (1.0 + z.tanh())
         }
         UnaryOp::Silu => x * sigmoid(x),
-        UnaryOp::Recip => 1.0 / x,
-        UnaryOp::Square => x * x,
-        UnaryOp::Sign => {
-            if x.is_nan() {
-                x
-            } else if x > 0.0 {
-                1.0
-            } else if x < 0.0 {
-                -1.0
-            } else {
-                0.0
-            }
-        }
-        UnaryOp::Floor => x.floor(),
-        UnaryOp::Ceil => x.ceil(),
-        UnaryOp::Round => x.round_ties_even(),
         UnaryOp::Erf => erf(x),
-        UnaryOp::Log1p => x.ln_1p(),
-        UnaryOp::Expm1 => x.exp_m1(),
-        UnaryOp::Not => (x == 0.0) as u8 as f64,
-        UnaryOp::IsNan => x.is_nan() as u8 as f64,
+        _ => scalar::unary(op, x),
     }
 }
 
-/// `op(a, b)` for float operands, in f64 (comparisons and logical ops give 0 or 1).
-pub fn binary(op: BinaryOp, a: f64, b: f64) -> f64 {
-    let truth = |t: bool| t as u8 as f64;
-    match op {
-        BinaryOp::Add => a + b,
-        BinaryOp::Sub => a - b,
-        BinaryOp::Mul => a * b,
-        BinaryOp::Div => a / b,
-        BinaryOp::Pow => a.powf(b),
-        BinaryOp::Maximum => {
-            if a.is_nan() || b.is_nan() {
-                f64::NAN
-            } else {
-                a.max(b)
-            }
-        }
-        BinaryOp::Minimum => {
-            if a.is_nan() || b.is_nan() {
-                f64::NAN
-            } else {
-                a.min(b)
-            }
-        }
-        BinaryOp::Remainder => {
-            // Python's `%`: the result takes the sign of the divisor.
-            let r = a % b;
-            if r != 0.0 && (r < 0.0) != (b < 0.0) {
-                r + b
-            } else {
-                r
-            }
-        }
-        BinaryOp::Eq => truth(a == b),
-        BinaryOp::Ne => truth(a != b),
-        BinaryOp::Lt => truth(a < b),
-        BinaryOp::Le => truth(a <= b),
-        BinaryOp::Gt => truth(a > b),
-        BinaryOp::Ge => truth(a >= b),
-        BinaryOp::And => truth(a != 0.0 && b != 0.0),
-        BinaryOp::Or => truth(a != 0.0 || b != 0.0),
-    }
-}
+/// `op(a, b)` for float operands, in f64 (comparisons and logical ops give 0 or 1): each is
+/// one operation or comparison, the same in any implementation, so it is the SDK's definition.
+pub use scalar::binary;
 
 /// `op(a, b)` for integer operands: division truncates, remainder follows the divisor's sign.
 pub fn binary_int(op: BinaryOp, a: f64, b: f64) -> f64 {

@@ -2,20 +2,21 @@
 //! products (themselves checked by finite differences in the oracle's tests). Each depends
 //! on its forward op passing for the dtype.
 
-use super::nn::{attention_inputs, cross_entropy_inputs};
-use super::{only_sample, op_cases};
+use super::nn::{attention_inputs, cross_entropy_sample, CROSS_ENTROPY_SAMPLES};
+use super::{only_sample, op_cases, Builder};
 use crate::case::{Case, OpCase, Tier};
 use crate::gen::{tensor, ValueRange};
 use crate::oracle::conv::{
     avg_pool2d_vjp, conv2d_vjp_input, conv2d_vjp_weight, conv_out, max_pool2d, max_pool2d_vjp, out_len,
 };
 use crate::oracle::nn::{
-    attention, attention_vjp, batch_norm, batch_norm_vjp, cross_entropy, cross_entropy_vjp, layer_norm, layer_norm_vjp,
-    log_softmax, log_softmax_vjp, rms_norm, rms_norm_vjp, softmax, softmax_vjp, swiglu_vjp, AttnShape,
+    attention, attention_vjp, batch_norm, batch_norm_vjp, cross_entropy_vjp, layer_norm, layer_norm_vjp, log_softmax,
+    log_softmax_vjp, rms_norm, rms_norm_vjp, softmax, softmax_vjp, swiglu_vjp,
 };
 use crate::target::{Layout, Spec, Target};
 use crate::tolerance::Expected;
 use crate::values::{quantize, quantize_all, short_name, unit_roundoff, FLOATS};
+use genesis_backend_api::sdk::checks::AttentionDims;
 use genesis_backend_api::{DType, Op, Window2d};
 
 /// Layer/RMS norm and cross-entropy save f32 statistics (mean, rstd, lse) even for f64
@@ -28,17 +29,23 @@ fn stats_dtype(dtype: DType) -> DType {
     }
 }
 
-fn after(forward: &'static str) -> impl Fn(DType) -> Vec<String> {
-    move |d| vec![format!("nn/{forward}/{}/", short_name(d))]
+/// A statistic of `shape` that a forward op saved for its backward (mean, rstd, lse): f32,
+/// whatever the tensors' dtype, so the oracle's f64 values are rounded to f32.
+fn saved_stat(shape: &[usize], values: &[f64]) -> Spec {
+    Spec::new(DType::F32, shape, quantize_all(DType::F32, values))
+}
+
+/// The cases of the backward op `op` (its wire name names them) in every float dtype, each
+/// after its forward op `forward` passed for that dtype.
+fn backward_cases(t: &Target, op: Op, forward: &'static str, build: &Builder<'_>) -> Vec<Case> {
+    let after = move |d| vec![format!("nn/{forward}/{}/", short_name(d))];
+    op_cases(t, "backward", op.name(), op.kind(), &FLOATS, &after, build)
 }
 
 pub fn cases(t: &Target) -> Vec<Case> {
     let mut cases = Vec::new();
-    for (name, forward, op) in [
-        ("softmax_backward", "softmax", Op::SoftmaxBackward),
-        ("log_softmax_backward", "log_softmax", Op::LogSoftmaxBackward),
-    ] {
-        cases.extend(op_cases(t, "backward", name, op.kind(), &FLOATS, &after(forward), &|dtype, rng| {
+    for (forward, op) in [("softmax", Op::SoftmaxBackward), ("log_softmax", Op::LogSoftmaxBackward)] {
+        cases.extend(backward_cases(t, op, forward, &|dtype, rng| {
             [(vec![4usize, 7], "rows4x7"), (vec![3, 130], "odd3x130")]
                 .into_iter()
                 .map(|(shape, sample)| {
@@ -62,143 +69,95 @@ pub fn cases(t: &Target) -> Vec<Case> {
         }));
     }
     let eps = 1e-5;
-    cases.extend(op_cases(
-        t,
-        "backward",
-        "layer_norm_backward",
-        Op::LayerNormBackward.kind(),
-        &FLOATS,
-        &after("layer_norm"),
-        &|dtype, rng| {
-            let (rows, n) = (6usize, 24usize);
-            let x = tensor(rng, dtype, &[rows, n], Layout::Contiguous, ValueRange::normal(2.0));
-            let w = tensor(rng, dtype, &[n], Layout::Contiguous, ValueRange::normal(1.0));
-            let dy = tensor(rng, dtype, &[rows, n], Layout::Strided, ValueRange::normal(1.0));
-            let (_, mean, rstd) = layer_norm(&x.values, &w.values, &vec![0.0; n], n, eps);
-            let (mean, rstd) = (quantize_all(DType::F32, &mean), quantize_all(DType::F32, &rstd));
-            let (dx, dw, db) = layer_norm_vjp(&x.values, &w.values, &dy.values, n, eps);
-            let inputs = vec![dy, x, w, Spec::new(DType::F32, &[rows], mean), Spec::new(DType::F32, &[rows], rstd)];
-            let outs = vec![Spec::out(dtype, &[rows, n]), Spec::out(dtype, &[n]), Spec::out(dtype, &[n])];
-            let exp = vec![
-                Some(Expected::normalized(stats_dtype(dtype), dx, n, 2.0)),
-                Some(Expected::normalized(stats_dtype(dtype), dw, rows, 2.0)),
-                Some(Expected::normalized(stats_dtype(dtype), db, rows, 2.0)),
-            ];
-            only_sample("rows6x24", OpCase { op: Op::LayerNormBackward, inputs, outputs: outs, expected: exp })
-        },
-    ));
-    cases.extend(op_cases(
-        t,
-        "backward",
-        "batch_norm_backward",
-        Op::BatchNormBackward.kind(),
-        &FLOATS,
-        &after("batch_norm"),
-        &|dtype, rng| {
-            let shape = [3usize, 4, 21];
-            let (c, m) = (shape[1], shape[0] * shape[2]);
-            let x = tensor(rng, dtype, &shape, Layout::Contiguous, ValueRange::normal(2.0));
-            let w = tensor(rng, DType::F32, &[c], Layout::Contiguous, ValueRange::normal(1.0));
-            let dy = tensor(rng, dtype, &shape, Layout::Strided, ValueRange::normal(1.0));
-            let (_, mean, rstd) = batch_norm(&x.values, &w.values, &vec![0.0; c], shape, eps);
-            let (mean, rstd) = (quantize_all(DType::F32, &mean), quantize_all(DType::F32, &rstd));
-            let (dx, dw, db) = batch_norm_vjp(&x.values, &w.values, &dy.values, shape, eps);
-            let inputs = vec![dy, x, w, Spec::new(DType::F32, &[c], mean), Spec::new(DType::F32, &[c], rstd)];
-            let outs = vec![Spec::out(dtype, &shape), Spec::out(DType::F32, &[c]), Spec::out(DType::F32, &[c])];
-            let exp = vec![
-                Some(Expected::normalized(stats_dtype(dtype), dx, m, 2.0)),
-                Some(Expected::normalized(DType::F32, dw, m, 2.0)),
-                Some(Expected::normalized(DType::F32, db, m, 2.0)),
-            ];
-            only_sample("nchw3x4x21", OpCase { op: Op::BatchNormBackward, inputs, outputs: outs, expected: exp })
-        },
-    ));
-    cases.extend(op_cases(
-        t,
-        "backward",
-        "rms_norm_backward",
-        Op::RmsNormBackward.kind(),
-        &FLOATS,
-        &after("rms_norm"),
-        &|dtype, rng| {
-            let (rows, n) = (5usize, 33usize);
-            let x = tensor(rng, dtype, &[rows, n], Layout::Offset, ValueRange::normal(2.0));
-            let w = tensor(rng, dtype, &[n], Layout::Contiguous, ValueRange::normal(1.0));
-            let dy = tensor(rng, dtype, &[rows, n], Layout::Contiguous, ValueRange::normal(1.0));
-            let (_, rstd) = rms_norm(&x.values, &w.values, n, eps);
-            let (dx, dw) = rms_norm_vjp(&x.values, &w.values, &dy.values, n, eps);
-            let inputs = vec![dy, x, w, Spec::new(DType::F32, &[rows], quantize_all(DType::F32, &rstd))];
-            let outs = vec![Spec::out(dtype, &[rows, n]), Spec::out(dtype, &[n])];
-            let exp = vec![
-                Some(Expected::normalized(stats_dtype(dtype), dx, n, 2.0)),
-                Some(Expected::normalized(stats_dtype(dtype), dw, rows, 2.0)),
-            ];
-            only_sample("rows5x33", OpCase { op: Op::RmsNormBackward, inputs, outputs: outs, expected: exp })
-        },
-    ));
-    cases.extend(op_cases(
-        t,
-        "backward",
-        "swiglu_backward",
-        Op::SwiGluBackward.kind(),
-        &FLOATS,
-        &after("swiglu"),
-        &|dtype, rng| {
-            [(vec![6usize, 40], Layout::Contiguous, "rows6x40"), (vec![4, 24], Layout::HalfRows, "stacked_halves")]
-                .into_iter()
-                .map(|(shape, layout, sample)| {
-                    let r = ValueRange::normal(3.0);
-                    let dy = tensor(rng, dtype, &shape, Layout::Contiguous, ValueRange::normal(1.0));
-                    let (gate, up) = (tensor(rng, dtype, &shape, layout, r), tensor(rng, dtype, &shape, layout, r));
-                    let ((dgate, mag_gate), (dup, mag_up)) = swiglu_vjp(&dy.values, &gate.values, &up.values);
-                    let exp = vec![
-                        Some(Expected::accumulated(dtype, dgate, &mag_gate, 6, 2.0)),
-                        Some(Expected::accumulated(dtype, dup, &mag_up, 4, 2.0)),
-                    ];
-                    let outs = vec![Spec::out(dtype, &shape), Spec::out(dtype, &shape)];
-                    let inputs = vec![dy, gate, up];
-                    (
-                        sample.to_string(),
-                        Tier::Core,
-                        OpCase { op: Op::SwiGluBackward, inputs, outputs: outs, expected: exp },
-                    )
-                })
-                .collect()
-        },
-    ));
+    cases.extend(backward_cases(t, Op::LayerNormBackward, "layer_norm", &|dtype, rng| {
+        let (rows, n) = (6usize, 24usize);
+        let x = tensor(rng, dtype, &[rows, n], Layout::Contiguous, ValueRange::normal(2.0));
+        let w = tensor(rng, dtype, &[n], Layout::Contiguous, ValueRange::normal(1.0));
+        let dy = tensor(rng, dtype, &[rows, n], Layout::Strided, ValueRange::normal(1.0));
+        let (_, mean, rstd) = layer_norm(&x.values, &w.values, &vec![0.0; n], n, eps);
+        let (dx, dw, db) = layer_norm_vjp(&x.values, &w.values, &dy.values, n, eps);
+        let inputs = vec![dy, x, w, saved_stat(&[rows], &mean), saved_stat(&[rows], &rstd)];
+        let outs = vec![Spec::out(dtype, &[rows, n]), Spec::out(dtype, &[n]), Spec::out(dtype, &[n])];
+        let exp = vec![
+            Some(Expected::normalized(stats_dtype(dtype), dx, n, 2.0)),
+            Some(Expected::normalized(stats_dtype(dtype), dw, rows, 2.0)),
+            Some(Expected::normalized(stats_dtype(dtype), db, rows, 2.0)),
+        ];
+        only_sample("rows6x24", OpCase { op: Op::LayerNormBackward, inputs, outputs: outs, expected: exp })
+    }));
+    cases.extend(backward_cases(t, Op::BatchNormBackward, "batch_norm", &|dtype, rng| {
+        let shape = [3usize, 4, 21];
+        let (c, m) = (shape[1], shape[0] * shape[2]);
+        let x = tensor(rng, dtype, &shape, Layout::Contiguous, ValueRange::normal(2.0));
+        let w = tensor(rng, DType::F32, &[c], Layout::Contiguous, ValueRange::normal(1.0));
+        let dy = tensor(rng, dtype, &shape, Layout::Strided, ValueRange::normal(1.0));
+        let (_, mean, rstd) = batch_norm(&x.values, &w.values, &vec![0.0; c], shape, eps);
+        let (dx, dw, db) = batch_norm_vjp(&x.values, &w.values, &dy.values, shape, eps);
+        let inputs = vec![dy, x, w, saved_stat(&[c], &mean), saved_stat(&[c], &rstd)];
+        let outs = vec![Spec::out(dtype, &shape), Spec::out(DType::F32, &[c]), Spec::out(DType::F32, &[c])];
+        let exp = vec![
+            Some(Expected::normalized(stats_dtype(dtype), dx, m, 2.0)),
+            Some(Expected::normalized(DType::F32, dw, m, 2.0)),
+            Some(Expected::normalized(DType::F32, db, m, 2.0)),
+        ];
+        only_sample("nchw3x4x21", OpCase { op: Op::BatchNormBackward, inputs, outputs: outs, expected: exp })
+    }));
+    cases.extend(backward_cases(t, Op::RmsNormBackward, "rms_norm", &|dtype, rng| {
+        let (rows, n) = (5usize, 33usize);
+        let x = tensor(rng, dtype, &[rows, n], Layout::Offset, ValueRange::normal(2.0));
+        let w = tensor(rng, dtype, &[n], Layout::Contiguous, ValueRange::normal(1.0));
+        let dy = tensor(rng, dtype, &[rows, n], Layout::Contiguous, ValueRange::normal(1.0));
+        let (_, rstd) = rms_norm(&x.values, &w.values, n, eps);
+        let (dx, dw) = rms_norm_vjp(&x.values, &w.values, &dy.values, n, eps);
+        let inputs = vec![dy, x, w, saved_stat(&[rows], &rstd)];
+        let outs = vec![Spec::out(dtype, &[rows, n]), Spec::out(dtype, &[n])];
+        let exp = vec![
+            Some(Expected::normalized(stats_dtype(dtype), dx, n, 2.0)),
+            Some(Expected::normalized(stats_dtype(dtype), dw, rows, 2.0)),
+        ];
+        only_sample("rows5x33", OpCase { op: Op::RmsNormBackward, inputs, outputs: outs, expected: exp })
+    }));
+    cases.extend(backward_cases(t, Op::SwiGluBackward, "swiglu", &|dtype, rng| {
+        [(vec![6usize, 40], Layout::Contiguous, "rows6x40"), (vec![4, 24], Layout::HalfRows, "stacked_halves")]
+            .into_iter()
+            .map(|(shape, layout, sample)| {
+                let r = ValueRange::normal(3.0);
+                let dy = tensor(rng, dtype, &shape, Layout::Contiguous, ValueRange::normal(1.0));
+                let (gate, up) = (tensor(rng, dtype, &shape, layout, r), tensor(rng, dtype, &shape, layout, r));
+                let ((dgate, mag_gate), (dup, mag_up)) = swiglu_vjp(&dy.values, &gate.values, &up.values);
+                let exp = vec![
+                    Some(Expected::accumulated(dtype, dgate, &mag_gate, 6, 2.0)),
+                    Some(Expected::accumulated(dtype, dup, &mag_up, 4, 2.0)),
+                ];
+                let outs = vec![Spec::out(dtype, &shape), Spec::out(dtype, &shape)];
+                let inputs = vec![dy, gate, up];
+                (
+                    sample.to_string(),
+                    Tier::Core,
+                    OpCase { op: Op::SwiGluBackward, inputs, outputs: outs, expected: exp },
+                )
+            })
+            .collect()
+    }));
     let ceb = |label_smoothing| Op::CrossEntropyBackward { ignore_index: -100, label_smoothing };
-    cases.extend(op_cases(
-        t,
-        "backward",
-        "cross_entropy_backward",
-        ceb(0.0).kind(),
-        &FLOATS,
-        &after("cross_entropy"),
-        &|dtype, rng| {
-            [(0.0, "plain"), (0.1, "label_smoothing")]
-                .into_iter()
-                .map(|(smoothing, sample)| {
-                    let (x, target) = cross_entropy_inputs(rng, dtype, 4);
-                    let (n, c) = (x.shape[0], x.shape[1]);
-                    let (_, lse) = cross_entropy(&x.values, &target, c, -100, smoothing);
-                    let dloss: Vec<f64> = (0..n).map(|_| quantize(DType::F32, rng.normal())).collect();
-                    let d = cross_entropy_vjp(&x.values, &target, &dloss, c, -100, smoothing);
-                    let inputs = vec![
-                        x,
-                        Spec::new(DType::I64, &[n], target),
-                        Spec::new(DType::F32, &[n], quantize_all(DType::F32, &lse)),
-                        Spec::new(DType::F32, &[n], dloss),
-                    ];
-                    let exp = Expected::normalized(stats_dtype(dtype), d, c, 2.0);
-                    (
-                        sample.to_string(),
-                        Tier::Core,
-                        OpCase::single(ceb(smoothing), inputs, Spec::out(dtype, &[n, c]), exp),
-                    )
-                })
-                .collect()
-        },
-    ));
+    cases.extend(backward_cases(t, ceb(0.0), "cross_entropy", &|dtype, rng| {
+        CROSS_ENTROPY_SAMPLES
+            .into_iter()
+            .map(|(smoothing, sample)| {
+                let (x, target, [n, c], [_, lse]) = cross_entropy_sample(rng, dtype, 4, smoothing);
+                let dloss: Vec<f64> = (0..n).map(|_| quantize(DType::F32, rng.normal())).collect();
+                let d = cross_entropy_vjp(&x.values, &target, &dloss, c, -100, smoothing);
+                let inputs = vec![
+                    x,
+                    Spec::new(DType::I64, &[n], target),
+                    saved_stat(&[n], &lse),
+                    Spec::new(DType::F32, &[n], dloss),
+                ];
+                let exp = Expected::normalized(stats_dtype(dtype), d, c, 2.0);
+                (sample.to_string(), Tier::Core, OpCase::single(ceb(smoothing), inputs, Spec::out(dtype, &[n, c]), exp))
+            })
+            .collect()
+    }));
     cases.extend(attention_cases(t));
     cases.extend(conv_cases(t));
     cases.extend(pool_cases(t));
@@ -225,63 +184,50 @@ fn rounded_intermediates(dtype: DType, mut expected: Expected, magnitude: &[f64]
 
 fn attention_cases(t: &Target) -> Vec<Case> {
     let attn = |causal, scale| Op::AttentionBackward { causal, scale };
-    op_cases(
-        t,
-        "backward",
-        "attention_backward",
-        attn(false, 1.0).kind(),
-        &FLOATS,
-        &after("attention"),
-        &|dtype, rng| {
-            // The small shapes vary the layouts; the full tier's "tiles" shapes are dense and
-            // large enough to cross the tile edges of blocked (tensor-core) kernels, with
-            // queries that see no key (s > t) and the largest head dim such kernels take.
-            let g = |b, hq, hk, s, t, d| AttnShape { b, hq, hk, s, t, d };
-            [
-                ("gqa", g(1, 4, 2, 5, 7, 8), false, Tier::Core),
-                ("gqa_causal_t_gt_s", g(1, 4, 2, 5, 7, 8), true, Tier::Core),
-                ("mha_causal_batched", g(2, 2, 2, 6, 6, 4), true, Tier::Core),
-                ("odd_gqa_causal", g(1, 3, 1, 9, 9, 5), true, Tier::Core),
-                ("tiles_gqa_causal_t_gt_s", g(1, 4, 2, 80, 150, 64), true, Tier::Full),
-                ("tiles_causal_s_gt_t", g(1, 2, 1, 150, 80, 64), true, Tier::Full),
-                ("tiles_d128", g(2, 2, 2, 70, 70, 128), false, Tier::Full),
-            ]
-            .into_iter()
-            .map(|(sample, g, causal, tier)| {
-                let r = ValueRange::normal(1.0);
-                let tiles = tier == Tier::Full;
-                let dense_or = |layout| if tiles { Layout::Contiguous } else { layout };
-                let [q, k, v] = attention_inputs(rng, dtype, g, dense_or(Layout::Offset));
-                let d_o = tensor(
-                    rng,
-                    dtype,
-                    &q.shape,
-                    dense_or(if causal { Layout::Strided } else { Layout::Contiguous }),
-                    r,
-                );
-                let scale = 1.0 / (g.d as f64).sqrt();
-                let (o, lse) = attention(&q.values, &k.values, &v.values, g, causal, scale);
-                let (o, lse) = (quantize_all(dtype, &o), quantize_all(DType::F32, &lse));
-                let ((dq, dk, dv), (mq, mk, mv)) =
-                    attention_vjp(&q.values, &k.values, &v.values, &o, &lse, &d_o.values, g, causal, scale);
-                // dq sums over the keys, dk and dv over the queries of the kv head's group.
-                let group_queries = g.hq / g.hk * g.s;
-                let expect = |values, n, magnitude: Vec<f64>| {
-                    rounded_intermediates(dtype, Expected::normalized(stats_dtype(dtype), values, n, 2.0), &magnitude)
-                };
-                let exp = vec![
-                    Some(expect(dq, g.t, mq)),
-                    Some(expect(dk, group_queries, mk)),
-                    Some(expect(dv, group_queries, mv)),
-                ];
-                let outs = vec![Spec::out(dtype, &q.shape), Spec::out(dtype, &k.shape), Spec::out(dtype, &v.shape)];
-                let inputs = vec![Spec::new(dtype, &q.shape, o), Spec::new(DType::F32, &[g.b, g.hq, g.s], lse), d_o];
-                let inputs = [vec![q, k, v], inputs].concat();
-                (sample.to_string(), tier, OpCase { op: attn(causal, scale), inputs, outputs: outs, expected: exp })
-            })
-            .collect()
-        },
-    )
+    backward_cases(t, attn(false, 1.0), "attention", &|dtype, rng| {
+        // The small shapes vary the layouts; the full tier's "tiles" shapes are dense and
+        // large enough to cross the tile edges of blocked (tensor-core) kernels, with
+        // queries that see no key (s > t) and the largest head dim such kernels take.
+        let g = |b, hq, hk, s, t, d| AttentionDims { b, hq, hk, s, t, d };
+        [
+            ("gqa", g(1, 4, 2, 5, 7, 8), false, Tier::Core),
+            ("gqa_causal_t_gt_s", g(1, 4, 2, 5, 7, 8), true, Tier::Core),
+            ("mha_causal_batched", g(2, 2, 2, 6, 6, 4), true, Tier::Core),
+            ("odd_gqa_causal", g(1, 3, 1, 9, 9, 5), true, Tier::Core),
+            ("tiles_gqa_causal_t_gt_s", g(1, 4, 2, 80, 150, 64), true, Tier::Full),
+            ("tiles_causal_s_gt_t", g(1, 2, 1, 150, 80, 64), true, Tier::Full),
+            ("tiles_d128", g(2, 2, 2, 70, 70, 128), false, Tier::Full),
+        ]
+        .into_iter()
+        .map(|(sample, g, causal, tier)| {
+            let r = ValueRange::normal(1.0);
+            let tiles = tier == Tier::Full;
+            let dense_or = |layout| if tiles { Layout::Contiguous } else { layout };
+            let [q, k, v] = attention_inputs(rng, dtype, g, dense_or(Layout::Offset));
+            let d_o =
+                tensor(rng, dtype, &q.shape, dense_or(if causal { Layout::Strided } else { Layout::Contiguous }), r);
+            let scale = 1.0 / (g.d as f64).sqrt();
+            let (o, lse) = attention(&q.values, &k.values, &v.values, g, causal, scale);
+            let (o, lse) = (quantize_all(dtype, &o), quantize_all(DType::F32, &lse));
+            let ((dq, dk, dv), (mq, mk, mv)) =
+                attention_vjp(&q.values, &k.values, &v.values, &o, &lse, &d_o.values, g, causal, scale);
+            // dq sums over the keys, dk and dv over the queries of the kv head's group.
+            let group_queries = g.hq / g.hk * g.s;
+            let expect = |values, n, magnitude: Vec<f64>| {
+                rounded_intermediates(dtype, Expected::normalized(stats_dtype(dtype), values, n, 2.0), &magnitude)
+            };
+            let exp = vec![
+                Some(expect(dq, g.t, mq)),
+                Some(expect(dk, group_queries, mk)),
+                Some(expect(dv, group_queries, mv)),
+            ];
+            let outs = vec![Spec::out(dtype, &q.shape), Spec::out(dtype, &k.shape), Spec::out(dtype, &v.shape)];
+            let inputs = vec![Spec::new(dtype, &q.shape, o), Spec::new(DType::F32, &[g.b, g.hq, g.s], lse), d_o];
+            let inputs = [vec![q, k, v], inputs].concat();
+            (sample.to_string(), tier, OpCase { op: attn(causal, scale), inputs, outputs: outs, expected: exp })
+        })
+        .collect()
+    })
 }
 
 fn window(kernel: i64, stride: [i64; 2], padding: [i64; 2], dilation: [i64; 2]) -> Window2d {
@@ -308,62 +254,45 @@ fn conv_cases(t: &Target) -> Vec<Case> {
     let r = ValueRange::normal(1.0);
     let bwd_in = |window, groups: usize| Op::Conv2dBackwardInput { window, groups: groups as u32 };
     let bwd_w = |window, groups: usize| Op::Conv2dBackwardWeight { window, groups: groups as u32 };
-    let mut cases = op_cases(
-        t,
-        "backward",
-        "conv2d_backward_input",
-        bwd_in(Window2d::default(), 1).kind(),
-        &FLOATS,
-        &after("conv2d"),
-        &|dtype, rng| {
-            geometries
-                .iter()
-                .map(|&(name, xs, ws, win, groups, dy_layout)| {
-                    let (oh, ow) = conv_out(xs, ws, &win);
-                    let dy = tensor(rng, dtype, &[xs[0], ws[0], oh, ow], dy_layout, r);
-                    let w = tensor(rng, dtype, &ws, Layout::Offset, r);
-                    let (dx, mag, k) = conv2d_vjp_input(&dy.values, &w.values, xs, ws, &win, groups);
-                    let case = OpCase::single(
-                        bwd_in(win, groups),
-                        vec![dy, w],
-                        Spec::out(dtype, &xs),
-                        Expected::accumulated(dtype, dx, &mag, k, 1.0),
-                    );
-                    (name.to_string(), Tier::Core, case)
-                })
-                .collect()
-        },
-    );
-    cases.extend(op_cases(
-        t,
-        "backward",
-        "conv2d_backward_weight",
-        bwd_w(Window2d::default(), 1).kind(),
-        &FLOATS,
-        &after("conv2d"),
-        &|dtype, rng| {
-            geometries
-                .iter()
-                .flat_map(|&g| [(g, false), (g, true)])
-                .map(|((name, xs, ws, win, groups, dy_layout), with_bias)| {
-                    let (oh, ow) = conv_out(xs, ws, &win);
-                    let dy = tensor(rng, dtype, &[xs[0], ws[0], oh, ow], dy_layout, r);
-                    let x = tensor(rng, dtype, &xs, Layout::Contiguous, r);
-                    let ((dw, mag_w, kw), (db, mag_b, kb)) =
-                        conv2d_vjp_weight(&dy.values, &x.values, xs, ws, &win, groups);
-                    let mut outputs = vec![Spec::out(dtype, &ws)];
-                    let mut expected = vec![Some(Expected::accumulated(dtype, dw, &mag_w, kw, 1.0))];
-                    if with_bias {
-                        outputs.push(Spec::out(dtype, &[ws[0]]));
-                        expected.push(Some(Expected::accumulated(dtype, db, &mag_b, kb, 1.0)));
-                    }
-                    let case = OpCase { op: bwd_w(win, groups), inputs: vec![dy, x], outputs, expected };
-                    let sample = if with_bias { format!("{name}_dbias") } else { name.to_string() };
-                    (sample, Tier::Core, case)
-                })
-                .collect()
-        },
-    ));
+    let mut cases = backward_cases(t, bwd_in(Window2d::default(), 1), "conv2d", &|dtype, rng| {
+        geometries
+            .iter()
+            .map(|&(name, xs, ws, win, groups, dy_layout)| {
+                let (oh, ow) = conv_out(xs, ws, &win);
+                let dy = tensor(rng, dtype, &[xs[0], ws[0], oh, ow], dy_layout, r);
+                let w = tensor(rng, dtype, &ws, Layout::Offset, r);
+                let (dx, mag, k) = conv2d_vjp_input(&dy.values, &w.values, xs, ws, &win, groups);
+                let case = OpCase::single(
+                    bwd_in(win, groups),
+                    vec![dy, w],
+                    Spec::out(dtype, &xs),
+                    Expected::accumulated(dtype, dx, &mag, k, 1.0),
+                );
+                (name.to_string(), Tier::Core, case)
+            })
+            .collect()
+    });
+    cases.extend(backward_cases(t, bwd_w(Window2d::default(), 1), "conv2d", &|dtype, rng| {
+        geometries
+            .iter()
+            .flat_map(|&g| [(g, false), (g, true)])
+            .map(|((name, xs, ws, win, groups, dy_layout), with_bias)| {
+                let (oh, ow) = conv_out(xs, ws, &win);
+                let dy = tensor(rng, dtype, &[xs[0], ws[0], oh, ow], dy_layout, r);
+                let x = tensor(rng, dtype, &xs, Layout::Contiguous, r);
+                let ((dw, mag_w, kw), (db, mag_b, kb)) = conv2d_vjp_weight(&dy.values, &x.values, xs, ws, &win, groups);
+                let mut outputs = vec![Spec::out(dtype, &ws)];
+                let mut expected = vec![Some(Expected::accumulated(dtype, dw, &mag_w, kw, 1.0))];
+                if with_bias {
+                    outputs.push(Spec::out(dtype, &[ws[0]]));
+                    expected.push(Some(Expected::accumulated(dtype, db, &mag_b, kb, 1.0)));
+                }
+                let case = OpCase { op: bwd_w(win, groups), inputs: vec![dy, x], outputs, expected };
+                let sample = if with_bias { format!("{name}_dbias") } else { name.to_string() };
+                (sample, Tier::Core, case)
+            })
+            .collect()
+    }));
     cases
 }
 
@@ -382,14 +311,8 @@ fn pool_cases(t: &Target) -> Vec<Case> {
         ]
     };
     let r = ValueRange::normal(1.0);
-    let mut cases = op_cases(
-        t,
-        "backward",
-        "max_pool2d_backward",
-        Op::MaxPool2dBackward { window: Window2d::default() }.kind(),
-        &FLOATS,
-        &after("max_pool2d"),
-        &|dtype, rng| {
+    let mut cases =
+        backward_cases(t, Op::MaxPool2dBackward { window: Window2d::default() }, "max_pool2d", &|dtype, rng| {
             [
                 ("k2s2", window(2, [2, 2], [0, 0], [1, 1]), false),
                 ("k3s2_pad1_ties", window(3, [2, 2], [1, 1], [1, 1]), true),
@@ -415,15 +338,11 @@ fn pool_cases(t: &Target) -> Vec<Case> {
                 (name.to_string(), Tier::Core, case)
             })
             .collect()
-        },
-    );
-    cases.extend(op_cases(
+        });
+    cases.extend(backward_cases(
         t,
-        "backward",
-        "avg_pool2d_backward",
-        Op::AvgPool2dBackward { window: Window2d::default() }.kind(),
-        &FLOATS,
-        &after("avg_pool2d"),
+        Op::AvgPool2dBackward { window: Window2d::default() },
+        "avg_pool2d",
         &|dtype, rng| {
             [
                 ("k2s2", window(2, [2, 2], [0, 0], [1, 1])),

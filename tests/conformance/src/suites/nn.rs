@@ -7,11 +7,12 @@ use crate::case::{Case, OpCase, Tier};
 use crate::gen::{tensor, ValueRange};
 use crate::oracle::nn::{
     add_rms_norm, add_rms_norm_linear, attention, batch_norm, cross_entropy, layer_norm, log_softmax, masked_attention,
-    rms_norm, rotary, rotary_kv_write, softmax, swiglu, swiglu_halves, AttnShape,
+    rms_norm, rotary, rotary_kv_write, softmax, swiglu, swiglu_halves,
 };
 use crate::target::{Layout, Spec, Target};
 use crate::tolerance::Expected;
 use crate::values::{quantize, unit_roundoff, Rng, FLOATS};
+use genesis_backend_api::sdk::checks::AttentionDims;
 use genesis_backend_api::{DType, Op};
 
 /// Row inputs for the softmax family: ordinary, odd and non-contiguous rows, large
@@ -39,19 +40,29 @@ pub fn softmax_inputs(rng: &mut Rng, dtype: DType) -> Vec<(String, Tier, Spec)> 
     ]
 }
 
-/// The inputs of the cross-entropy cases, forward and backward: `(6, 10)` logits of `dtype`
-/// and a target class per row, with row `ignored` set to the ignore index -100.
-pub fn cross_entropy_inputs(rng: &mut Rng, dtype: DType, ignored: usize) -> (Spec, Vec<f64>) {
+/// The samples of the cross-entropy cases, forward and backward: `(label smoothing, name)`.
+pub const CROSS_ENTROPY_SAMPLES: [(f64, &str); 2] = [(0.0, "plain"), (0.1, "label_smoothing")];
+
+/// One sample of the cross-entropy cases, forward and backward, drawn from `rng`: `(6, 10)`
+/// logits `x` of `dtype` and a target class per row, row `ignored` set to the ignore index
+/// -100, with the oracle's forward of them with `smoothing`: `(x, target, [n, c], [loss, lse])`.
+pub fn cross_entropy_sample(
+    rng: &mut Rng,
+    dtype: DType,
+    ignored: usize,
+    smoothing: f64,
+) -> (Spec, Vec<f64>, [usize; 2], [Vec<f64>; 2]) {
     let (n, c) = (6usize, 10usize);
     let x = tensor(rng, dtype, &[n, c], Layout::Contiguous, ValueRange::normal(3.0));
     let mut target: Vec<f64> = (0..n).map(|_| rng.below(c) as f64).collect();
     target[ignored] = -100.0;
-    (x, target)
+    let (loss, lse) = cross_entropy(&x.values, &target, c, -100, smoothing);
+    (x, target, [n, c], [loss, lse])
 }
 
 /// The inputs of the attention cases, forward and backward: q `(b, hq, s, d)`, k and v
 /// `(b, hk, t, d)` of shape `g` (normal, σ 1), q and k contiguous, v laid out as `v_layout`.
-pub fn attention_inputs(rng: &mut Rng, dtype: DType, g: AttnShape, v_layout: Layout) -> [Spec; 3] {
+pub fn attention_inputs(rng: &mut Rng, dtype: DType, g: AttentionDims, v_layout: Layout) -> [Spec; 3] {
     let r = ValueRange::normal(1.0);
     let q = tensor(rng, dtype, &[g.b, g.hq, g.s, g.d], Layout::Contiguous, r);
     let k = tensor(rng, dtype, &[g.b, g.hk, g.t, g.d], Layout::Contiguous, r);
@@ -249,12 +260,10 @@ pub fn cases(t: &Target) -> Vec<Case> {
     ));
     let ce = |ignore_index, label_smoothing| Op::CrossEntropy { ignore_index, label_smoothing };
     cases.extend(op_cases(t, "nn", "cross_entropy", ce(-100, 0.0).kind(), &FLOATS, &no_deps, &|dtype, rng| {
-        [(0.0, "plain"), (0.1, "label_smoothing")]
+        CROSS_ENTROPY_SAMPLES
             .into_iter()
             .map(|(smoothing, sample)| {
-                let (x, target) = cross_entropy_inputs(rng, dtype, 2);
-                let (n, c) = (x.shape[0], x.shape[1]);
-                let (loss, lse) = cross_entropy(&x.values, &target, c, -100, smoothing);
+                let (x, target, [n, c], [loss, lse]) = cross_entropy_sample(rng, dtype, 2, smoothing);
                 let tgt = Spec::new(DType::I64, &[n], target);
                 let outs = vec![Spec::out(DType::F32, &[n]), Spec::out(DType::F32, &[n])];
                 let exp = vec![
@@ -304,7 +313,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
         // to the caches' end; strided layouts of every operand (q, k and v transposed or as
         // the halves of longer rows, the caches with gaps, the tables at an offset). The
         // caches start with random values: every position but the new ones must keep them.
-        let g = |b, hq, hk, s, t, d| AttnShape { b, hq, hk, s, t, d };
+        let g = |b, hq, hk, s, t, d| AttentionDims { b, hq, hk, s, t, d };
         let (c, tr, st) = (Layout::Contiguous, Layout::Transposed, Layout::Strided);
         [
             (g(2, 14, 2, 1, 40, 64), 17, [c, c, c], "decode_d64", Tier::Core),
@@ -392,7 +401,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
         &|dtype, rng| {
             // The full tier's "tiles" shapes cross the tile edges of blocked kernels, with
             // queries that see no key (s > t) and the largest head dim such kernels take.
-            let g = |b, hq, hk, s, t, d| AttnShape { b, hq, hk, s, t, d };
+            let g = |b, hq, hk, s, t, d| AttentionDims { b, hq, hk, s, t, d };
             [
                 (false, g(1, 4, 2, 5, 7, 8), "gqa", Tier::Core),
                 (true, g(1, 4, 2, 5, 7, 8), "gqa_causal", Tier::Core),
@@ -432,7 +441,7 @@ pub fn cases(t: &Target) -> Vec<Case> {
             // head's query heads together), several queries sharing one mask across the batch
             // (a stride-0 operand), and more keys than one chunk of a blocked kernel. Key 0 is
             // always kept: the NaN of an empty row is checked by the core's tests.
-            let g = |b, hq, hk, s, t, d| AttnShape { b, hq, hk, s, t, d };
+            let g = |b, hq, hk, s, t, d| AttentionDims { b, hq, hk, s, t, d };
             [
                 (g(2, 4, 2, 1, 9, 8), Layout::Contiguous, "decode_gqa", Tier::Core),
                 (g(2, 6, 3, 3, 7, 16), Layout::Broadcast(0), "queries_keep_shared_by_batch", Tier::Core),
