@@ -53,9 +53,9 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
     }
     let reduced = checks::reduce(op, r, x, y)?;
     with_dtype!(x.dtype, T => match r {
-        ReduceOp::Sum => reduce::<T, _>(&SumFold { mean: false }, x, y, &reduced),
-        ReduceOp::Mean => reduce::<T, _>(&SumFold { mean: true }, x, y, &reduced),
-        ReduceOp::SumSquares => reduce::<T, _>(&SquaresFold, x, y, &reduced),
+        ReduceOp::Sum => reduce::<T, _>(&SumFold { mean: false, squares: false }, x, y, &reduced),
+        ReduceOp::Mean => reduce::<T, _>(&SumFold { mean: true, squares: false }, x, y, &reduced),
+        ReduceOp::SumSquares => reduce::<T, _>(&SumFold { mean: false, squares: true }, x, y, &reduced),
         ReduceOp::Prod => reduce::<T, _>(&ProdFold, x, y, &reduced),
         ReduceOp::Max => reduce::<T, _>(&ExtremeFold::<true>, x, y, &reduced),
         ReduceOp::Min => reduce::<T, _>(&ExtremeFold::<false>, x, y, &reduced),
@@ -90,9 +90,10 @@ trait Fold<T: Element>: Sync {
 }
 
 /// Sum, or mean when `mean` (the sum divided by the count in the accumulator type, so an
-/// empty mean is 0/0 = NaN).
+/// empty mean is 0/0 = NaN), of the elements or, when `squares`, of their squares.
 struct SumFold {
     mean: bool,
+    squares: bool,
 }
 
 /// Pairwise sum of `term(x)` over a slice: eight independent lanes over blocks of 128
@@ -121,6 +122,12 @@ fn pairwise<T: Accumulate>(xs: &[T], term: impl Fn(T) -> T::Acc + Copy) -> T::Ac
     left.add(right).add(tail)
 }
 
+/// An element's square in the accumulator type (f16/bf16 squares do not overflow).
+fn square<T: Accumulate>(v: T) -> T::Acc {
+    let a = v.to_acc();
+    a.mul(a)
+}
+
 impl<T: Accumulate> Fold<T> for SumFold {
     type S = T::Acc;
     type Out = T;
@@ -129,10 +136,10 @@ impl<T: Accumulate> Fold<T> for SumFold {
     }
     #[inline(always)]
     fn step(&self, s: T::Acc, v: T, _: usize) -> T::Acc {
-        s.add(v.to_acc())
+        s.add(if self.squares { square(v) } else { v.to_acc() })
     }
     fn slice(&self, s: T::Acc, xs: &[T], _: usize) -> T::Acc {
-        s.add(pairwise(xs, T::to_acc))
+        s.add(if self.squares { pairwise(xs, square::<T>) } else { pairwise(xs, T::to_acc) })
     }
     fn merge(&self, a: T::Acc, b: T::Acc) -> T::Acc {
         a.add(b)
@@ -143,36 +150,6 @@ impl<T: Accumulate> Fold<T> for SumFold {
         } else {
             T::from_acc(s)
         }
-    }
-}
-
-/// Sum of squares, each square taken in the accumulator type (so f16/bf16 squares do not
-/// overflow), summed as [`SumFold`] sums.
-struct SquaresFold;
-
-fn square<T: Accumulate>(v: T) -> T::Acc {
-    let a = v.to_acc();
-    a.mul(a)
-}
-
-impl<T: Accumulate> Fold<T> for SquaresFold {
-    type S = T::Acc;
-    type Out = T;
-    fn init(&self) -> T::Acc {
-        <T::Acc as Arith>::ZERO
-    }
-    #[inline(always)]
-    fn step(&self, s: T::Acc, v: T, _: usize) -> T::Acc {
-        s.add(square(v))
-    }
-    fn slice(&self, s: T::Acc, xs: &[T], _: usize) -> T::Acc {
-        s.add(pairwise(xs, square::<T>))
-    }
-    fn merge(&self, a: T::Acc, b: T::Acc) -> T::Acc {
-        a.add(b)
-    }
-    fn finish(&self, s: T::Acc, _: usize) -> T {
-        T::from_acc(s)
     }
 }
 
