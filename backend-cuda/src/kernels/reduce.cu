@@ -348,7 +348,7 @@ template <class R, int V> __device__ void cols(const Args& a, unsigned char* sme
 // Fold the u[1] partial states of each output and write it: a warp per output, lane l
 // folding parts l, l + 32, ... in order, then the warp's butterfly. The order depends only on
 // the part count, so results do not depend on timing; a single thread per output would read
-// its hundreds of parts one after another (10 us for a gradient norm's part).
+// its hundreds of parts one after another.
 template <class R> __device__ void finish(const Args& a) {
     typedef typename R::S S;
     const S* part = (const S*)a.p[2];

@@ -15,7 +15,7 @@ use genesis_backend_api::{DType, ReduceOp};
 /// (device, dtype), in f32 or wider so that f16 squares cannot overflow; the 2-norm's part
 /// is one `sum_squares` pass where the backend has it. Nothing is read to the host: a read
 /// would wait for the whole backward pass, and the host would then issue the clipping and
-/// the optimizer step to an idle device (10 ms of a 95 ms Qwen2 SFT step).
+/// the optimizer step to an idle device (measured in `benches/sft/RESULTS.md`).
 fn total_norm(grads: &[Tensor], norm_type: f64) -> Result<Option<Tensor>> {
     // Empty gradients add nothing to any part.
     let mut groups: Vec<Vec<Tensor>> = Vec::new();
