@@ -151,14 +151,13 @@ impl AdamCore {
                     }
                     let m = slot.as_mut().expect("made above");
                     let step = m.step + 1;
-                    let scale = scale_on(p.device())?;
                     let fused = Self::fusable(self.decoupled, o, p, &grad)?;
-                    // A plugin older than interface 1.10 has no scale input: scale first.
-                    let grad = match &scale {
-                        Some(s) if !(fused && p.device().backend().takes_adamw_grad_scale()) => {
-                            grad.mul(&s.to_dtype(grad.dtype())?)?
-                        }
-                        _ => grad,
+                    // The kernel takes the scale as an input from interface 1.10 on; the
+                    // composed update and older plugins get the gradient scaled first.
+                    let (grad, kernel_scale) = match scale_on(p.device())? {
+                        Some(s) if fused && p.device().backend().takes_adamw_grad_scale() => (grad, Some(s)),
+                        Some(s) => (grad.mul(&s.to_dtype(grad.dtype())?)?, None),
+                        None => (grad, None),
                     };
                     if fused {
                         // The step count moves only once the fused call succeeded (below), so
@@ -179,7 +178,7 @@ impl AdamCore {
                         };
                         batch.params.push(first + k);
                         batch.grads.push(grad.contiguous()?);
-                        batch.scale = scale.filter(|_| p.device().backend().takes_adamw_grad_scale());
+                        batch.scale = kernel_scale;
                         batch.outputs.extend([p.clone(), m.exp_avg.clone(), m.exp_avg_sq.clone()]);
                     } else {
                         m.step = step;

@@ -48,6 +48,13 @@ fn total_norm(grads: &[Tensor], norm_type: f64) -> Result<Option<Tensor>> {
     Ok(Some(if norm_type == f64::INFINITY { totals.max()? } else { totals.sum()?.pow_scalar(1.0 / norm_type)? }))
 }
 
+fn check_max_norm(what: &str, max_norm: f64) -> Result<()> {
+    if max_norm.is_nan() || max_norm < 0.0 {
+        return Err(Error::invalid(format!("{what}: max_norm must be >= 0, got {max_norm}")));
+    }
+    Ok(())
+}
+
 fn check_norm_type(what: &str, norm_type: f64) -> Result<()> {
     if norm_type.is_nan() || norm_type <= 0.0 {
         return Err(Error::invalid(format!("{what}: norm_type must be > 0 (or infinity), got {norm_type}")));
@@ -74,9 +81,7 @@ pub fn get_total_norm(params: &[Tensor], norm_type: f64) -> Result<Tensor> {
 /// gradient by, as a tensor beside `total_norm` (no host read). A NaN norm gives a NaN
 /// factor, which spreads to the gradients as in PyTorch.
 pub fn clip_coefficient(total_norm: &Tensor, max_norm: f64) -> Result<Tensor> {
-    if max_norm.is_nan() || max_norm < 0.0 {
-        return Err(Error::invalid(format!("clip_coefficient: max_norm must be >= 0, got {max_norm}")));
-    }
+    check_max_norm("clip_coefficient", max_norm)?;
     // clamp propagates NaN.
     no_grad(|| total_norm.add_scalar(1e-6)?.reciprocal()?.mul_scalar(max_norm)?.clamp(f64::NEG_INFINITY, 1.0))
 }
@@ -94,6 +99,8 @@ pub fn clip_coefficient(total_norm: &Tensor, max_norm: f64) -> Result<Tensor> {
 /// and the factor do the clipping inside the update, without this pass over the gradients.
 pub fn clip_grad_norm_(params: &[Tensor], max_norm: f64, norm_type: f64) -> Result<Tensor> {
     check_norm_type("clip_grad_norm_", norm_type)?;
+    // Checked before any work, with this function's name in the message.
+    check_max_norm("clip_grad_norm_", max_norm)?;
     let total = get_total_norm(params, norm_type)?;
     let coef = clip_coefficient(&total, max_norm)?;
     no_grad(|| {
