@@ -10,7 +10,8 @@
 //!
 //! `--profile` then profiles one more step: the op table by device time, the kernels with the
 //! most device time, how much of the step's span the device was busy, and the memory peak's op
-//! (`--trace PATH` also writes the step's Chrome trace).
+//! (`--trace PATH` also writes the step's Chrome trace; `--shapes` gives the table a row per
+//! op and input shapes).
 //!
 //! Data-parallel under `genesis-run --nproc-per-node N`: each rank trains a
 //! `DistributedDataParallel` replica on `cuda:{LOCAL_RANK}` with its own batch of `--batch`
@@ -26,6 +27,7 @@ use std::time::Instant;
 fn main() -> Result<()> {
     let (mut device, mut batch, mut len, mut steps, mut layers) = ("cuda".to_string(), 8, 1024, 5u64, None);
     let (mut profiled, mut trace, mut chunk, mut autocast) = (false, None, SftConfig::default().loss_chunk_rows, true);
+    let mut shapes = false;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| Error::invalid(format!("{flag} needs a value")));
@@ -40,6 +42,7 @@ fn main() -> Result<()> {
             "--no-autocast" => autocast = false,
             "--profile" => profiled = true,
             "--trace" => (profiled, trace) = (true, Some(value()?)),
+            "--shapes" => (profiled, shapes) = (true, true),
             other => return Err(Error::invalid(format!("unknown flag {other}"))),
         }
     }
@@ -101,10 +104,10 @@ fn main() -> Result<()> {
     let seconds = start.elapsed().as_secs_f64();
     let peak = device.max_memory_allocated()?;
     if profiled {
-        let options = ProfilerOptions { record_shapes: false, profile_memory: true, device_time: true };
+        let options = ProfilerOptions { record_shapes: shapes, profile_memory: true, device_time: true };
         let (_, prof) = profile(options, || trainer.train_for(&mut data, None, 1))?;
         if rank == 0 {
-            print_profile(&prof);
+            print_profile(&prof, shapes);
         }
         if let Some(path) = &trace {
             prof.export_chrome_trace(path)?;
@@ -128,10 +131,11 @@ fn main() -> Result<()> {
 
 /// One profiled step: the ops by device time, the kernels by device time, the device's busy
 /// and idle time over the step's span, and the op at the memory peak.
-fn print_profile(prof: &Profile) {
+fn print_profile(prof: &Profile, by_shape: bool) {
+    let row_limit = if by_shape { 80 } else { 40 };
     println!(
         "{}",
-        prof.table(&TableOptions { sort_by: SortBy::SelfDevice, row_limit: 40, group_by_input_shape: false })
+        prof.table(&TableOptions { sort_by: SortBy::SelfDevice, row_limit, group_by_input_shape: by_shape })
     );
     let (busy, span) = prof.device_coverage();
     println!(

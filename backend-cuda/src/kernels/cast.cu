@@ -1,5 +1,6 @@
-// Copies and casts from T: `copy_s` (same type, any strides), `copy_t` (same type, a
-// transposed plane) and `cast_to_<dtype>_s`.
+// Copies and casts from T: `copy_s` (same type, any strides), `copy_w*` (same type, rows
+// unit-stride in both views, in words), `copy_t` (same type, a transposed plane) and
+// `cast_to_<dtype>_s` / `_c` (strided; dense, in packs of 16 bytes of T when aligned).
 // Casts go through f64 like the CPU backend (floats to integers truncate and saturate, NaN
 // gives 0), except integer to integer, which wraps (keeps the low bits, as PyTorch does) and
 // is exact for every i64; to bool is `!= 0`; a cast to T itself is a plain copy.
@@ -11,6 +12,21 @@ extern "C" __global__ void copy_s(const Args a) {
         ((T*)a.p[1])[o[1]] = ((const T*)a.p[0])[o[0]];
     }
 }
+
+// Same-type copy in W-byte words (W = 16, 8 or 4, wider than T): the views' innermost dim is
+// unit-stride in both, and the launcher has rescaled the geometry from elements to words
+// (ops/elementwise.rs, `copy`). A row-strided copy, such as joining the q/k/v gradients into
+// one stacked buffer, then moves 16 bytes per index computation instead of 2 or 4.
+template <typename W> __device__ __forceinline__ void copy_words(const Args& a) {
+    for (u64 i = gtid(); i < a.n; i += gstride()) {
+        i64 o[2];
+        offsets<2>(a, i, o);
+        ((W*)a.p[1])[o[1]] = ((const W*)a.p[0])[o[0]];
+    }
+}
+extern "C" __global__ void copy_w16(const Args a) { copy_words<uint4>(a); }
+extern "C" __global__ void copy_w8(const Args a) { copy_words<uint2>(a); }
+extern "C" __global__ void copy_w4(const Args a) { copy_words<unsigned>(a); }
 
 // Transposing copy: y's unit-stride dim `da` (u[0]) is not x's `db` (u[1]), so the strided
 // kernel above keeps one side coalesced and makes the other touch a 32-byte sector per
@@ -77,6 +93,10 @@ template <class O> __device__ __forceinline__ O cast_one(T v) {
         return r;
     } else if constexpr (IsInt<T>::v && IsInt<O>::v) {
         return wrap_int<O>(v);
+    } else if constexpr (Same<typename TT::C, float>::v && Same<typename Ty<O>::C, float>::v) {
+        // f32, f16 and bf16 among themselves: widening to f32 is exact, so one rounding
+        // from f32 is the rounding from f64 (and costs no f64 conversions).
+        return Ty<O>::store(TT::load(v));
     } else {
         return Ty<O>::from_d(TT::to_d(v));
     }
@@ -93,7 +113,12 @@ template <class O> __device__ __forceinline__ O cast_one(T v) {
     extern "C" __global__ void cast_to_##NAME##_c(const Args a) {              \
         const T* x = (const T*)a.p[0];                                          \
         O* y = (O*)a.p[1];                                                      \
-        for (u64 i = gtid(); i < a.n; i += gstride()) y[i] = cast_one<O>(x[i]); \
+        contiguous(a, VW, [&](u64 i) { y[i] = cast_one<O>(x[i]); }, [&](u64 i) { \
+            const Pack<T, VW> p = *(const Pack<T, VW>*)(x + i);                 \
+            Pack<O, VW> q;                                                      \
+            _Pragma("unroll") for (int k = 0; k < (int)VW; ++k) q.v[k] = cast_one<O>(p.v[k]); \
+            *(Pack<O, VW>*)(y + i) = q;                                         \
+        });                                                                     \
     }
 
 CAST(float32, float) CAST(float64, double) CAST(float16, h16) CAST(bfloat16, b16) CAST(int64, i64)

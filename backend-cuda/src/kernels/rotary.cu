@@ -34,24 +34,30 @@ extern "C" __global__ void rotary_s(const Args a) {
     }
 }
 
-// Dense x and y (b, h, s, d), dense cos and sin (s, d/2), d/2 a multiple of the pack and every
-// address 16-byte aligned: each step rotates one pack of V pairs. n = b*h*s*(d/2) pairs,
-// u[0] = d/2, u[1] = s.
+// Rows of x and y unit-stride along d, any row strides (the q and k head views of a stacked
+// projection's output are), cos and sin rows unit-stride; half = d/2 a multiple of the pack,
+// every address and row stride a whole number of 16-byte packs: each step rotates one pack
+// of V pairs. The launcher orders the three row dims (b, h, s) as they lie in x's memory,
+// outermost first, so that neighbouring threads read neighbouring rows: shape[0..3] are their
+// sizes, st[j][0..3] the row strides of x, y, cos and sin over them (cos and sin 0 over b and
+// h). n = rows * half pairs, u[0] = half; n / V fits in 32 bits.
 #define V (16 / (int)sizeof(T))
-extern "C" __global__ void rotary_c(const Args a) {
+extern "C" __global__ void rotary_v(const Args a) {
     typedef Pack<T, V> P;
     const T* x = (const T*)a.p[0];
     T* y = (T*)a.p[1];
     const T* cs = (const T*)a.p[2];
     const T* sn = (const T*)a.p[3];
-    const u64 half = a.u[0], seq = a.u[1];
+    const unsigned half = (unsigned)a.u[0], n1 = (unsigned)a.shape[1], n2 = (unsigned)a.shape[2];
     const bool inv = a.flag & 1;
     for (u64 j = gtid(); j < a.n / V; j += gstride()) {
-        u64 pair = j * V;
-        u64 row = pair / half, col = pair - row * half;
-        u64 pos = row % seq;
-        P x1 = *(const P*)(x + row * 2 * half + col), x2 = *(const P*)(x + row * 2 * half + half + col);
-        P pc = *(const P*)(cs + pos * half + col), ps = *(const P*)(sn + pos * half + col);
+        const unsigned packs = half / V, row = (unsigned)j / packs, col = ((unsigned)j - row * packs) * V;
+        const unsigned i2 = row % n2, r = row / n2, i1 = r % n1, i0 = r / n1;
+        i64 off[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) off[k] = (i64)i0 * a.st[k][0] + (i64)i1 * a.st[k][1] + (i64)i2 * a.st[k][2] + col;
+        const P x1 = *(const P*)(x + off[0]), x2 = *(const P*)(x + off[0] + half);
+        const P pc = *(const P*)(cs + off[2]), ps = *(const P*)(sn + off[3]);
         P y1, y2;
 #pragma unroll
         for (int k = 0; k < V; ++k) {
@@ -62,8 +68,8 @@ extern "C" __global__ void rotary_c(const Args a) {
             y1.v[k] = TT::store(ya);
             y2.v[k] = TT::store(yb);
         }
-        *(P*)(y + row * 2 * half + col) = y1;
-        *(P*)(y + row * 2 * half + half + col) = y2;
+        *(P*)(y + off[1]) = y1;
+        *(P*)(y + off[1] + half) = y2;
     }
 }
 

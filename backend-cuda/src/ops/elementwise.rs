@@ -201,6 +201,14 @@ fn copy(device: &CudaDevice, op: &Op, x: &Operand, y: &Operand) -> Result<()> {
         return unsafe { result::memcpy_dtod_async(y.ptr, x.ptr, bytes, device.stream()) }
             .map_err(|e| crate::device::driver_error("copy (cuMemcpyDtoD)", e));
     }
+    if let Some(word) = in_words(&mut args, x.dtype.size_in_bytes()) {
+        let kernel = match word {
+            16 => "copy_w16",
+            8 => "copy_w8",
+            _ => "copy_w4",
+        };
+        return device.launch(op.name(), x.dtype, kernel, &mut args, 1);
+    }
     if let Some((da, db)) = transposed_plane(&args) {
         // One tile per block: 32x32 elements of 4 bytes or more, 64x64 below.
         let tile = if x.dtype.size_in_bytes() >= 4 { 32 * 32 } else { 64 * 64 };
@@ -208,6 +216,33 @@ fn copy(device: &CudaDevice, op: &Op, x: &Operand, y: &Operand) -> Result<()> {
         return device.launch(op.name(), x.dtype, "copy_t", &mut args, tile / 256);
     }
     device.launch(op.name(), x.dtype, "copy_s", &mut args, 1)
+}
+
+/// The widest word (16, 8 or 4 bytes, wider than an element of `size` bytes) that a strided
+/// copy can move whole, with `args` rescaled from elements to words: the innermost merged dim
+/// unit-stride in both views and a whole number of words long, every outer stride a whole
+/// number of words and both addresses word-aligned. `None` (args untouched) when no word fits.
+fn in_words(args: &mut Args, size: usize) -> Option<usize> {
+    let last = (args.ndim as usize).checked_sub(1)?;
+    if args.st[0][last] != 1 || args.st[1][last] != 1 {
+        return None;
+    }
+    let word = [16, 8, 4].into_iter().filter(|&w| w > size).find(|&w| {
+        let k = (w / size) as i64;
+        args.shape[last] % k == 0
+            && (0..last).all(|d| args.st[0][d] % k == 0 && args.st[1][d] % k == 0)
+            && args.p[0] % w as u64 == 0
+            && args.p[1] % w as u64 == 0
+    })?;
+    let k = (word / size) as i64;
+    args.shape[last] /= k;
+    for st in &mut args.st[..2] {
+        for s in &mut st[..last] {
+            *s /= k;
+        }
+    }
+    args.n /= k as u64;
+    Some(word)
 }
 
 /// The (y, x) unit-stride dims of a merged copy geometry when they differ and both are long
@@ -219,5 +254,49 @@ fn transposed_plane(args: &Args) -> Option<(usize, usize)> {
     match (unit(1), unit(0)) {
         (Some(da), Some(db)) if da != db => Some((da, db)),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Args of a 2-d copy: `rows × cols` elements, x and y with the given row strides.
+    fn rows(rows: i64, cols: i64, x_row: i64, y_row: i64, x_ptr: u64, y_ptr: u64) -> Args {
+        let mut args = Args { n: (rows * cols) as u64, ndim: 2, p: [x_ptr, y_ptr, 0, 0], ..Args::default() };
+        args.shape[..2].copy_from_slice(&[rows, cols]);
+        args.st[0][..2].copy_from_slice(&[x_row, 1]);
+        args.st[1][..2].copy_from_slice(&[y_row, 1]);
+        args
+    }
+
+    #[test]
+    fn row_strided_copies_move_words() {
+        // A q gradient (rows of 896 bf16) into its columns of the stacked (rows, 1152) buffer.
+        let mut args = rows(8, 896, 896, 1152, 4096, 8192);
+        assert_eq!(in_words(&mut args, 2), Some(16));
+        assert_eq!((args.n, &args.shape[..2]), (8 * 112, &[8, 112][..]));
+        assert_eq!((&args.st[0][..2], &args.st[1][..2]), (&[112, 1][..], &[144, 1][..]));
+        // Rows of 6 bf16 (12 bytes): 4-byte words only.
+        let mut args = rows(3, 6, 6, 10, 0, 64);
+        assert_eq!(in_words(&mut args, 2), Some(4));
+        assert_eq!((args.n, args.shape[1], args.st[1][0]), (9, 3, 5));
+    }
+
+    #[test]
+    fn misaligned_or_strided_rows_stay_elements() {
+        // An address off the word grid: the widest word that fits both, or none.
+        let mut args = rows(8, 64, 64, 128, 4096 + 8, 8192);
+        assert_eq!(in_words(&mut args, 4), Some(8));
+        let mut args = rows(8, 64, 64, 128, 4096 + 2, 8192);
+        assert_eq!(in_words(&mut args, 2), None);
+        assert_eq!(args.n, 8 * 64, "args are left as they were");
+        // The innermost dim is not unit-stride in y.
+        let mut args = rows(8, 64, 64, 1, 0, 0);
+        args.st[1][..2].copy_from_slice(&[1, 8]);
+        assert_eq!(in_words(&mut args, 4), None);
+        // 8-byte elements have no wider word than 16 bytes; odd-length rows of f64 none.
+        let mut args = rows(4, 3, 3, 5, 0, 0);
+        assert_eq!(in_words(&mut args, 8), None);
     }
 }

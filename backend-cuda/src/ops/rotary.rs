@@ -3,9 +3,10 @@
 //! decode step's `RotaryKvWrite`: q and k rotated and k and v written into the caches at a
 //! position held on the device, in one launch that checks the position itself.
 //!
-//! Strided operands are handled in the kernels (per-operand strides over the merged
-//! `(b, h, s, d/2)` pair space), so no copies are made; dense, aligned operands take a
-//! vectorized rotary kernel.
+//! Strided operands are handled in the kernels, so no copies are made: operands whose rows are
+//! unit-stride and 16-byte aligned (dense ones, and the head views of a stacked q/k/v
+//! projection) take a vectorized kernel with per-operand row strides, any others a kernel
+//! with per-operand strides over the merged `(b, h, s, d/2)` pair space.
 
 use super::resolve;
 use super::Family;
@@ -54,10 +55,6 @@ fn claims() -> Vec<(OpKind, DType)> {
     domain::claims(&[Op::Rotary { inverse: false }, Op::RotaryKvWrite])
 }
 
-fn is_dense(o: &Operand) -> bool {
-    genesis_backend_api::is_contiguous(&o.shape, &o.strides)
-}
-
 /// Run the rotation, or the fused cache write.
 fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     let inverse = match *op {
@@ -73,34 +70,73 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
         return Ok(());
     }
     let mut args = Args { p: [x.ptr, y.ptr, cos.ptr, sin.ptr], n: n as u64, flag: inverse as i32, ..Args::default() };
-    let pack = 16 / x.dtype.size_in_bytes();
     let operands = [x, y, cos, sin];
-    let (kernel, per_thread) = if operands.iter().all(|o| is_dense(o) && o.ptr % 16 == 0) && half % pack == 0 {
-        args.u = [half as u64, s as u64];
-        ("rotary_c", pack as u64)
-    } else {
-        // The pair space (b, h, s, d/2): cos and sin broadcast over b and h. The second half
-        // of a row is d/2 steps along the last dim.
-        let pair_shape = [b, h, s, half];
-        let (xs, ys, cs, ss) = (&x.strides, &y.strides, &cos.strides, &sin.strides);
-        let lists = [xs.to_vec(), ys.to_vec(), vec![0, 0, cs[0], cs[1]], vec![0, 0, ss[0], ss[1]]];
-        let refs: Vec<&[isize]> = lists.iter().map(|l| l.as_slice()).collect();
-        let (merged, merged_st) = merge_dims(&pair_shape, &refs);
-        args.ndim = merged.len() as i32;
-        for (dd, &m) in merged.iter().enumerate() {
-            args.shape[dd] = m as i64;
-            for (j, st) in merged_st.iter().enumerate() {
-                args.st[j][dd] = st[dd] as i64;
+    let (kernel, per_thread) = match row_geometry(&operands, [b, h, s], half) {
+        Some((shape, strides)) => {
+            args.ndim = 3;
+            args.shape[..3].copy_from_slice(&shape);
+            for (st, rows) in args.st.iter_mut().zip(&strides) {
+                st[..3].copy_from_slice(rows);
             }
+            args.u[0] = half as u64;
+            ("rotary_v", (16 / x.dtype.size_in_bytes()) as u64)
         }
-        args.u = [(half as isize * xs[3]) as u64, (half as isize * ys[3]) as u64];
-        ("rotary_s", 1)
+        None => {
+            // The pair space (b, h, s, d/2): cos and sin broadcast over b and h. The second
+            // half of a row is d/2 steps along the last dim.
+            let pair_shape = [b, h, s, half];
+            let (xs, ys, cs, ss) = (&x.strides, &y.strides, &cos.strides, &sin.strides);
+            let lists = [xs.to_vec(), ys.to_vec(), vec![0, 0, cs[0], cs[1]], vec![0, 0, ss[0], ss[1]]];
+            let refs: Vec<&[isize]> = lists.iter().map(|l| l.as_slice()).collect();
+            let (merged, merged_st) = merge_dims(&pair_shape, &refs);
+            args.ndim = merged.len() as i32;
+            for (dd, &m) in merged.iter().enumerate() {
+                args.shape[dd] = m as i64;
+                for (j, st) in merged_st.iter().enumerate() {
+                    args.st[j][dd] = st[dd] as i64;
+                }
+            }
+            args.u = [(half as isize * xs[3]) as u64, (half as isize * ys[3]) as u64];
+            ("rotary_s", 1)
+        }
     };
     let threads = 256u64;
     let wanted = (n as u64).div_ceil(threads * per_thread);
     let grid = wanted.min(device.facts.sm_count as u64 * 32).max(1) as u32;
     // Every operand was validated against its buffer with the shapes and strides in `args`.
     device.launch_with("rotary", &MODULE, x.dtype, kernel, &mut args, ((grid, 1), (threads as u32, 1), 0), false)
+}
+
+/// The geometry of the vectorized kernel `rotary_v`, when it applies: every row (of x, y, cos
+/// and sin) unit-stride, `half` a whole number of 16-byte packs, every address and row stride
+/// pack-aligned, and at most 2^32 packs. Returns the row dims (b, h, s) ordered as they lie in
+/// x's memory, outermost first (so neighbouring threads read neighbouring rows), and the row
+/// strides of x, y, cos and sin over them (cos and sin broadcast over b and h).
+fn row_geometry(operands: &[&Operand; 4], dims: [usize; 3], half: usize) -> Option<([i64; 3], [[i64; 3]; 4])> {
+    let pack = 16 / operands[0].dtype.size_in_bytes();
+    let rows = |o: &Operand| -> [i64; 3] {
+        match o.strides[..] {
+            [s0, s1, s2, _] => [s0 as i64, s1 as i64, s2 as i64],
+            [s2, _] => [0, 0, s2 as i64],
+            _ => [0; 3],
+        }
+    };
+    let fits = operands
+        .iter()
+        .all(|o| o.strides.last() == Some(&1) && o.ptr % 16 == 0 && rows(o).iter().all(|&st| st % pack as i64 == 0));
+    if !fits || half % pack != 0 || dims.iter().product::<usize>() * half / pack > u32::MAX as usize {
+        return None;
+    }
+    // x's row dims by decreasing stride; a stable sort keeps (b, h, s) among equal strides.
+    let x_rows = rows(operands[0]);
+    let mut order = [0, 1, 2];
+    order.sort_by_key(|&d| std::cmp::Reverse(x_rows[d]));
+    let shape = order.map(|d| dims[d] as i64);
+    let strides = [0, 1, 2, 3].map(|j| {
+        let r = rows(operands[j]);
+        order.map(|d| r[d])
+    });
+    Some((shape, strides))
 }
 
 /// The strides of a rank-4 operand as the kernel takes them; cos and sin `(s, d/2)` get zero
@@ -167,6 +203,27 @@ mod tests {
             MODULE.source(),
             "KvWriteArgs"
         );
+    }
+
+    #[test]
+    fn head_views_of_a_stacked_projection_take_the_vectorized_kernel() {
+        let o = |ptr: u64, shape: Vec<usize>, strides: Vec<isize>| Operand { ptr, dtype: DType::BF16, shape, strides };
+        // q (8, 14, 1024, 64) as a view of the (8, 1024, 1152) q/k/v output; y in the same
+        // memory order; cos and sin (1024, 32).
+        let x = o(1 << 20, vec![8, 14, 1024, 64], vec![1024 * 1152, 64, 1152, 1]);
+        let y = o(1 << 30, vec![8, 14, 1024, 64], vec![1024 * 896, 64, 896, 1]);
+        let (cos, sin) = (o(4096, vec![1024, 32], vec![32, 1]), o(8192, vec![1024, 32], vec![32, 1]));
+        let (shape, strides) = row_geometry(&[&x, &y, &cos, &sin], [8, 14, 1024], 32).unwrap();
+        // Rows in x's memory order: batch, position, head.
+        assert_eq!(shape, [8, 1024, 14]);
+        assert_eq!(strides[0], [1024 * 1152, 1152, 64]);
+        assert_eq!(strides[1], [1024 * 896, 896, 64]);
+        assert_eq!(strides[2], [0, 32, 0]);
+        // A row stride off the 16-byte grid, or a misaligned address: the strided kernel.
+        let odd = o(1 << 30, vec![8, 14, 1024, 64], vec![1024 * 900, 60, 900, 1]);
+        assert!(row_geometry(&[&x, &odd, &cos, &sin], [8, 14, 1024], 32).is_none());
+        let shifted = o((1 << 30) + 2, vec![8, 14, 1024, 64], vec![1024 * 896, 64, 896, 1]);
+        assert!(row_geometry(&[&x, &shifted, &cos, &sin], [8, 14, 1024], 32).is_none());
     }
 
     #[test]

@@ -30,6 +30,10 @@ pub fn cases(t: &Target) -> Vec<Case> {
             ),
             ("broadcast_in".into(), Tier::Core, copy_case(tensor(rng, dtype, &[4, 6], Layout::Broadcast(0), r), c)),
             ("transposed_out".into(), Tier::Core, copy_case(tensor(rng, dtype, &[9, 7], c, r), Layout::Transposed)),
+            // Row-strided views with unit-stride rows (a backend may move such rows in words
+            // wider than an element): rows of 16 elements, and of 6 (12 to 48 bytes).
+            ("half_rows_in".into(), Tier::Core, copy_case(tensor(rng, dtype, &[6, 16], Layout::HalfRows, r), c)),
+            ("half_rows_out".into(), Tier::Core, copy_case(tensor(rng, dtype, &[5, 6], c, r), Layout::HalfRows)),
             ("scalar".into(), Tier::Core, copy_case(tensor(rng, dtype, &[], c, r), c)),
             ("empty".into(), Tier::Core, copy_case(tensor(rng, dtype, &[3, 0], c, r), c)),
             ("large".into(), Tier::Full, copy_case(tensor(rng, dtype, &[257, 129], Layout::Transposed, r), c)),

@@ -286,25 +286,28 @@ pub fn cases(t: &Target) -> Vec<Case> {
         &FLOATS,
         &no_deps,
         &|dtype, rng| {
-            [(false, "forward"), (true, "inverse")]
-                .into_iter()
-                .map(|(inverse, sample)| {
-                    let (b, h, s, d) = (2usize, 3usize, 5usize, 8usize);
-                    let x = tensor(rng, dtype, &[b, h, s, d], Layout::Contiguous, ValueRange::normal(1.0));
-                    let angles: Vec<f64> =
-                        (0..s * d / 2).map(|i| (i / (d / 2)) as f64 * 0.37 + (i % (d / 2)) as f64 * 0.11).collect();
-                    let cos = Spec::new(dtype, &[s, d / 2], angles.iter().map(|a| quantize(dtype, a.cos())).collect());
-                    let sin = Spec::new(dtype, &[s, d / 2], angles.iter().map(|a| quantize(dtype, a.sin())).collect());
-                    let (y, mag) = rotary(&x.values, &cos.values, &sin.values, s, d, inverse);
-                    let exp = Expected::accumulated(dtype, y, &mag, 2, 1.0);
-                    let out = Spec::out(dtype, &x.shape);
-                    (
-                        sample.to_string(),
-                        Tier::Core,
-                        OpCase::single(Op::Rotary { inverse }, vec![x, cos, sin], out, exp),
-                    )
-                })
-                .collect()
+            // The last sample's x rows are strided (the first halves of rows twice as long, as
+            // a head view of a stacked projection's output has), 32 bytes or more each.
+            let contiguous = (8usize, Layout::Contiguous);
+            [
+                (false, "forward", contiguous),
+                (true, "inverse", contiguous),
+                (false, "half_rows", (16, Layout::HalfRows)),
+            ]
+            .into_iter()
+            .map(|(inverse, sample, (d, layout))| {
+                let (b, h, s) = (2usize, 3usize, 5usize);
+                let x = tensor(rng, dtype, &[b, h, s, d], layout, ValueRange::normal(1.0));
+                let angles: Vec<f64> =
+                    (0..s * d / 2).map(|i| (i / (d / 2)) as f64 * 0.37 + (i % (d / 2)) as f64 * 0.11).collect();
+                let cos = Spec::new(dtype, &[s, d / 2], angles.iter().map(|a| quantize(dtype, a.cos())).collect());
+                let sin = Spec::new(dtype, &[s, d / 2], angles.iter().map(|a| quantize(dtype, a.sin())).collect());
+                let (y, mag) = rotary(&x.values, &cos.values, &sin.values, s, d, inverse);
+                let exp = Expected::accumulated(dtype, y, &mag, 2, 1.0);
+                let out = Spec::out(dtype, &x.shape);
+                (sample.to_string(), Tier::Core, OpCase::single(Op::Rotary { inverse }, vec![x, cos, sin], out, exp))
+            })
+            .collect()
         },
     ));
     cases.extend(op_cases(t, "nn", "rotary_kv_write", Op::RotaryKvWrite.kind(), &FLOATS, &no_deps, &|dtype, rng| {
