@@ -6,7 +6,8 @@
 //!
 //! `cargo run --release --example sft_bench -- --device cuda [--batch 8 --len 1024 --steps 5]`
 //! (`--chunk N`: rows per block of the head's loss, the trainer's 2,048 by default; `--no-autocast`: the same
-//! steps in f32, the reference for the bf16 losses)
+//! steps in f32, the reference for the bf16 losses; `--recompute`: the MLP activations computed
+//! again in the backward pass instead of kept)
 //!
 //! `--profile` then profiles one more step: the op table by device time, the kernels with the
 //! most device time, how much of the step's span the device was busy, and the memory peak's op
@@ -27,7 +28,7 @@ use std::time::Instant;
 fn main() -> Result<()> {
     let (mut device, mut batch, mut len, mut steps, mut layers) = ("cuda".to_string(), 8, 1024, 5u64, None);
     let (mut profiled, mut trace, mut chunk, mut autocast) = (false, None, SftConfig::default().loss_chunk_rows, true);
-    let mut shapes = false;
+    let (mut shapes, mut recompute) = (false, false);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| Error::invalid(format!("{flag} needs a value")));
@@ -40,6 +41,7 @@ fn main() -> Result<()> {
             "--layers" => layers = Some(number(value()?)?),
             "--chunk" => chunk = number(value()?)?,
             "--no-autocast" => autocast = false,
+            "--recompute" => recompute = true,
             "--profile" => profiled = true,
             "--trace" => (profiled, trace) = (true, Some(value()?)),
             "--shapes" => (profiled, shapes) = (true, true),
@@ -55,6 +57,7 @@ fn main() -> Result<()> {
     }
     genesis::manual_seed(0);
     let net = Qwen2ForCausalLM::new(config.clone(), &device, DType::F32)?;
+    net.set_recompute_mlp_activations(recompute);
     let replica = MaybeDdp::new(net, group.as_ref())?;
     let model = replica.module();
     let vocab = config.vocab_size as u64;
@@ -120,7 +123,7 @@ fn main() -> Result<()> {
     }
     println!(
         "{{\"system\": \"genesis\", \"world\": {world}, \"batch\": {batch}, \"len\": {len}, \"layers\": {}, \
-         \"chunk\": {chunk}, \"autocast\": {autocast}, \"ms_per_step\": {:.1}, \"tokens_per_s\": {:.0}, \"peak_gib\": {peak:.2}, \"losses\": {:?}}}",
+         \"chunk\": {chunk}, \"autocast\": {autocast}, \"recompute\": {recompute}, \"ms_per_step\": {:.1}, \"tokens_per_s\": {:.0}, \"peak_gib\": {peak:.2}, \"losses\": {:?}}}",
         config.num_hidden_layers,
         1e3 * seconds / steps as f64,
         (world * batch * len) as f64 * steps as f64 / seconds,

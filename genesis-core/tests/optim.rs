@@ -189,6 +189,44 @@ fn clip_grad_norm_never_reads_the_device() -> Result<()> {
     Ok(())
 }
 
+/// Gradients that lie back to back in one buffer (those of layers stored together, such as
+/// Qwen2's stacked q/k/v projections) are reduced as one tensor, one `sum_squares` per run,
+/// and give the norm of the same values held apart; a gap in the buffer starts a new run.
+#[test]
+fn adjacent_gradients_are_reduced_together() -> Result<()> {
+    use genesis::profiler::{profile, record_function, ProfilerOptions};
+    let cpu = Device::cpu()?;
+    let values: Vec<f32> = (0..20).map(|i| (i as f32 - 7.5) * 0.25).collect();
+    let buffer = Tensor::from_slice(&values, &[20], &cpu)?;
+    // Rows 0..4, 4..10 and 10..12 are back to back (listed out of order, as a parameter list
+    // interleaves stacked weights with their biases); 14..20 follows a gap.
+    let spans = [(4, 6), (14, 6), (0, 4), (10, 2)];
+    let zeros = |&(_, len): &(usize, usize)| param(&vec![0.0; len], &[len], &cpu);
+    let joined = spans.iter().map(zeros).collect::<Result<Vec<_>>>()?;
+    let apart = spans.iter().map(zeros).collect::<Result<Vec<_>>>()?;
+    for ((j, a), &(start, len)) in joined.iter().zip(&apart).zip(&spans) {
+        j.set_grad(Some(buffer.narrow(0, start, len)?))?;
+        a.set_grad(Some(Tensor::from_slice(&values[start..start + len], &[len], &cpu)?))?;
+    }
+    let options = ProfilerOptions { device_time: false, ..Default::default() };
+    let reductions = |params: &[Tensor]| -> Result<(f64, usize)> {
+        let (total, prof) = profile(options, || {
+            let _norm = record_function("norm");
+            get_total_norm(params, 2.0)
+        })?;
+        let norm = prof.events().iter().find(|e| e.name == "norm").map(|e| e.id);
+        let count = prof.events().iter().filter(|e| e.name == "sum_squares" && e.parent == norm).count();
+        Ok((total.item::<f64>()?, count))
+    };
+    let ((joined_norm, joined_count), (apart_norm, apart_count)) = (reductions(&joined)?, reductions(&apart)?);
+    assert_eq!((joined_count, apart_count), (2, 4));
+    let expected = spans.iter().flat_map(|&(s, n)| &values[s..s + n]).map(|&v| (v as f64).powi(2)).sum::<f64>().sqrt();
+    assert!((joined_norm - expected).abs() < 1e-5 && (apart_norm - expected).abs() < 1e-5, "{joined_norm} {apart_norm}");
+    // The max-norm over the joined run too.
+    assert_eq!(get_total_norm(&joined, f64::INFINITY)?.item::<f64>()?, 2.875);
+    Ok(())
+}
+
 /// Clipping inside AdamW's update (`step_with_grad_scale` with `clip_coefficient`) gives the
 /// parameters `clip_grad_norm_` then `step` gives, on the fused kernel and on the composed
 /// update (Adam's L2 decay takes the composition), and leaves the gradients as they were.

@@ -387,9 +387,9 @@ fn the_rotated_cache_write_refuses_a_position_outside_the_cache() {
 }
 
 /// Training runs each group of projections that reads one input (q/k/v, gate/up) as one
-/// stacked layer, and the MLP's down projection recomputes its activation in the backward.
-/// The gradients of every parameter equal those of the same weights held as separate
-/// tensors, which take the layer-by-layer path, in f64.
+/// stacked layer; with `set_recompute_mlp_activations` the MLP's down projection computes its
+/// activation again in the backward. The gradients of every parameter, either way, equal those
+/// of the same weights held as separate tensors, which take the layer-by-layer path, in f64.
 #[test]
 fn stacked_training_path_gives_the_layer_by_layer_gradients() {
     use genesis::nn::functional::cross_entropy;
@@ -398,6 +398,9 @@ fn stacked_training_path_gives_the_layer_by_layer_gradients() {
     let cpu = Device::cpu().unwrap();
     genesis::manual_seed(11);
     let stacked = Qwen2ForCausalLM::new(tiny_config(true), &cpu, DType::F64).unwrap();
+    let recomputing = Qwen2ForCausalLM::new(tiny_config(true), &cpu, DType::F64).unwrap();
+    recomputing.load_state_dict(&stacked.state_dict(), true).unwrap();
+    recomputing.set_recompute_mlp_activations(true);
     // Cast from f32, each parameter becomes a tensor of its own: nothing is adjacent.
     let separate = Qwen2ForCausalLM::new(tiny_config(true), &cpu, DType::F32).unwrap();
     separate.to_dtype(DType::F64).unwrap();
@@ -410,22 +413,26 @@ fn stacked_training_path_gives_the_layer_by_layer_gradients() {
         cross_entropy(&logits, &targets, -100, 0.0, Reduction::Mean).unwrap()
     };
     let options = ProfilerOptions { device_time: false, ..Default::default() };
-    let (a, b) = (loss(&stacked), loss(&separate));
-    assert!((a.item::<f64>().unwrap() - b.item::<f64>().unwrap()).abs() < 1e-12);
-    let nodes = |loss: &Tensor| {
+    let (a, r, b) = (loss(&stacked), loss(&recomputing), loss(&separate));
+    for other in [&r, &b] {
+        assert!((a.item::<f64>().unwrap() - other.item::<f64>().unwrap()).abs() < 1e-12);
+    }
+    let recomputes = |loss: &Tensor| {
         let ((), trace) = profile(options, || loss.backward()).unwrap();
         let names: Vec<String> = trace.events().iter().map(|e| e.name.clone()).collect();
         names.iter().any(|n| n == "SwigluLinearBackward")
     };
-    assert!(nodes(&a), "the stacked model recomputes the activation");
-    assert!(!nodes(&b), "the separate weights take the layer-by-layer path");
+    assert!(!recomputes(&a), "by default the activation is kept");
+    assert!(recomputes(&r), "set_recompute_mlp_activations(true) recomputes it");
+    assert!(!recomputes(&b), "the separate weights take the layer-by-layer path");
     let grads = |m: &Qwen2ForCausalLM| -> Vec<(String, Tensor)> {
         m.named_parameters().into_iter().map(|(n, p)| (n, p.grad().expect("a gradient"))).collect()
     };
-    let (ga, gb) = (grads(&stacked), grads(&separate));
-    assert_eq!(ga.len(), gb.len());
-    for ((name, x), (_, y)) in ga.iter().zip(&gb) {
+    let (ga, gr, gb) = (grads(&stacked), grads(&recomputing), grads(&separate));
+    assert_eq!((ga.len(), gr.len()), (gb.len(), gb.len()));
+    for (((name, x), (_, z)), (_, y)) in ga.iter().zip(&gr).zip(&gb) {
         let scale = y.abs().unwrap().max().unwrap().item::<f64>().unwrap().max(1e-3);
         assert!(max_abs_diff(x, y) <= 1e-10 * scale, "{name}: {}", max_abs_diff(x, y));
+        assert!(max_abs_diff(z, y) <= 1e-10 * scale, "{name} (recomputed): {}", max_abs_diff(z, y));
     }
 }

@@ -29,7 +29,7 @@ fn total_norm(grads: &[Tensor], norm_type: f64) -> Result<Option<Tensor>> {
     let Some(first) = groups.first().map(|group| group[0].device().clone()) else { return Ok(None) };
     let dtype = if groups.iter().any(|group| group[0].dtype() == DType::F64) { DType::F64 } else { DType::F32 };
     let mut totals = Vec::with_capacity(groups.len());
-    for group in &groups {
+    for group in groups.iter().map(|group| adjacent_runs(group)) {
         let parts = Tensor::empty(&[group.len()], group[0].dtype(), group[0].device())?;
         for (i, g) in group.iter().enumerate() {
             let slot = parts.narrow(0, i, 1)?;
@@ -46,6 +46,45 @@ fn total_norm(grads: &[Tensor], norm_type: f64) -> Result<Option<Tensor>> {
     }
     let totals = Tensor::stack(&totals, 0)?;
     Ok(Some(if norm_type == f64::INFINITY { totals.max()? } else { totals.sum()?.pow_scalar(1.0 / norm_type)? }))
+}
+
+/// `grads` with each run of gradients that lie back to back in one storage (the gradients of
+/// layers stored together, such as a stacked q/k/v projection's weights, which parameter lists
+/// interleave with their biases) as one tensor, so that the run costs one reduction instead of
+/// one per gradient. Gradients sharing a storage are taken in the order of their offsets.
+fn adjacent_runs(grads: &[Tensor]) -> Vec<Tensor> {
+    let mut buckets: Vec<Vec<Tensor>> = Vec::new();
+    for g in grads {
+        match buckets.iter_mut().find(|b| b[0].shares_storage(g)) {
+            Some(bucket) => bucket.push(g.clone()),
+            None => buckets.push(vec![g.clone()]),
+        }
+    }
+    let mut units: Vec<Tensor> = Vec::new();
+    for mut bucket in buckets {
+        bucket.sort_by_key(|g| g.layout().offset);
+        let mut run: Vec<Tensor> = Vec::new();
+        for g in bucket {
+            run.push(g);
+            if run.len() > 1 && Tensor::adjacent_rows(&run).is_none() {
+                let last = run.pop().expect("pushed above");
+                units.extend(flush(std::mem::replace(&mut run, vec![last])));
+            }
+        }
+        units.extend(flush(run));
+    }
+    units
+}
+
+/// One run of [`adjacent_runs`] as the tensor that covers it (the run itself when it cannot).
+fn flush(run: Vec<Tensor>) -> Vec<Tensor> {
+    match run.len() {
+        0 | 1 => run,
+        _ => match Tensor::adjacent_rows(&run) {
+            Some(joined) => vec![joined],
+            None => run,
+        },
+    }
 }
 
 fn check_max_norm(what: &str, max_norm: f64) -> Result<()> {
