@@ -554,7 +554,11 @@ declare_ops! {
         /// Added to the mean square.
         eps: f64 => float[0],
     } = 21 => "rms_norm" in Floats,
-    /// `[dy, x, weight, rstd] -> [dx, dweight]`.
+    /// `[dy, x, weight, rstd] -> [dx, dweight]`, or with a fifth input `dsum` (like `x`,
+    /// interface 1.11) whose `dx` is the norm's gradient rounded to the dtype plus `dsum`,
+    /// rounded again (what an `add` op stores): the gradient of a pre-norm residual stream,
+    /// which reaches the normalized sum through the norm and directly (`AddRmsNorm`'s
+    /// backward), in one pass.
     RmsNormBackward = 22 => "rms_norm_backward" in Floats,
     /// `[x (b, h, s, d), cos (s, d/2), sin (s, d/2)] -> [y]`, rotating pairs `(i, i+d/2)`
     /// (the Hugging Face "rotate half" layout): `y_i = x_i cos - x_{i+d/2} sin`,
@@ -697,8 +701,8 @@ declare_ops! {
     /// transformer fused with the RMS norm that follows it. `sum = x + residual`, rounded to
     /// the dtype (what an `add` op stores), then `RmsNorm` of `sum`: `y = sum · rstd · weight`
     /// with `rstd = 1/sqrt(mean(sum²) + eps)` over the last dim, in the compute type. The
-    /// backward is `RmsNormBackward` on `sum`, its `dx` plus the gradient of `sum`, for both
-    /// inputs.
+    /// backward is `RmsNormBackward` on `sum` with the gradient of `sum` as its `dsum`, for
+    /// both inputs.
     AddRmsNorm {
         /// Added to the mean square.
         eps: f64 => float[0],

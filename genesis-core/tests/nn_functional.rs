@@ -480,6 +480,35 @@ fn add_rms_norm_fused_matches_the_addition_then_the_norm() {
     assert_eq!(y.grad_fn_name(), Some("add_rms_norm"));
 }
 
+/// The gradient that reaches the sum directly goes into the norm's backward op (interface
+/// 1.11): `AddRmsNormBackward` runs `rms_norm_backward` and no separate `add`, and the
+/// gradients equal those of the addition then the norm, composed.
+#[test]
+fn add_rms_norm_backward_adds_the_sum_gradient_in_the_norm_pass() {
+    use genesis::profiler::{profile, ProfilerOptions};
+    let f32 = |t: Tensor| t.to_dtype(DType::F32).unwrap().detach().requires_grad_(true).unwrap();
+    let (x, r, w) = (f32(rand(&[4, 6], 70)), f32(rand(&[4, 6], 71)), f32(rand(&[6], 72)));
+    let run = || -> Result<(Vec<String>, Vec<Vec<f32>>)> {
+        for t in [&x, &r, &w] {
+            t.zero_grad();
+        }
+        let (y, sum) = F::add_rms_norm(&x, &r, &[6], Some(&w), Some(1e-6))?;
+        let loss = y.mul(&y)?.sum()?.add(&sum.mul_scalar(0.5)?.sum()?)?;
+        let options = ProfilerOptions { device_time: false, ..Default::default() };
+        let ((), prof) = profile(options, || loss.backward())?;
+        let node = prof.events().iter().find(|e| e.name == "AddRmsNormBackward").map(|e| e.id);
+        let ops = prof.events().iter().filter(|e| node.is_some() && e.parent == node).map(|e| e.name.clone()).collect();
+        let grads = [&x, &r, &w].iter().map(|t| t.grad().unwrap().to_vec::<f32>()).collect::<Result<Vec<_>>>()?;
+        Ok((ops, grads))
+    };
+    let (ops, fused) = run().unwrap();
+    assert_eq!(ops, vec!["rms_norm_backward".to_string()], "the ops of AddRmsNormBackward");
+    let (_, composite) = genesis::testing::composites_only(run).unwrap();
+    for (a, b) in fused.iter().flatten().zip(composite.iter().flatten()) {
+        assert!((a - b).abs() < 1e-5 * (1.0 + b.abs()), "{a} vs {b}");
+    }
+}
+
 #[test]
 fn add_rms_norm_gradcheck_and_errors() {
     let (x, r, w) = (rand(&[2, 4], 63), rand(&[2, 4], 64), rand(&[4], 65));

@@ -221,7 +221,10 @@ fn adjacent_gradients_are_reduced_together() -> Result<()> {
     let ((joined_norm, joined_count), (apart_norm, apart_count)) = (reductions(&joined)?, reductions(&apart)?);
     assert_eq!((joined_count, apart_count), (2, 4));
     let expected = spans.iter().flat_map(|&(s, n)| &values[s..s + n]).map(|&v| (v as f64).powi(2)).sum::<f64>().sqrt();
-    assert!((joined_norm - expected).abs() < 1e-5 && (apart_norm - expected).abs() < 1e-5, "{joined_norm} {apart_norm}");
+    assert!(
+        (joined_norm - expected).abs() < 1e-5 && (apart_norm - expected).abs() < 1e-5,
+        "{joined_norm} {apart_norm}"
+    );
     // The max-norm over the joined run too.
     assert_eq!(get_total_norm(&joined, f64::INFINITY)?.item::<f64>()?, 2.875);
     Ok(())

@@ -47,8 +47,8 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
             with_float!(op, x.dtype, T => add_rms_norm_linear::<T>(op, eps, gated, [x, r, g, w], bias, [y, sum]))
         }
         Op::RmsNormBackward => {
-            let ([dy, x, w, rstd], [dx, dw]) = checks::rms_norm_backward(op, inputs, outputs)?;
-            with_float!(op, x.dtype, T => rms_norm_backward::<T>(op, [dy, x, w, rstd], [dx, dw]))
+            let ([dy, x, w, rstd], dsum, [dx, dw]) = checks::rms_norm_backward_dsum(op, inputs, outputs)?;
+            with_float!(op, x.dtype, T => rms_norm_backward::<T>(op, [dy, x, w, rstd], dsum, [dx, dw]))
         }
         _ => Err(unsupported(op, inputs.first().map_or(DType::F32, |v| v.dtype))),
     }
@@ -285,8 +285,16 @@ fn rms_rows<T: Float>(op: &Op, eps: f64, xs: &[T], w: &View, [y, rstd]: [&View; 
     Ok(())
 }
 
-fn rms_norm_backward<T: Float>(op: &Op, [dy, x, w, rstd]: [&View; 4], [dx, dw]: [&View; 2]) -> Result<()> {
+/// With `dsum`, each element of dx is the norm's gradient rounded to `T`, plus dsum, rounded
+/// again: what `rms_norm_backward` and then `add` store.
+fn rms_norm_backward<T: Float>(
+    op: &Op,
+    [dy, x, w, rstd]: [&View; 4],
+    dsum: Option<&View>,
+    [dx, dw]: [&View; 2],
+) -> Result<()> {
     let (dys, xs, ws) = (dense::<T>(op, dy)?, dense::<T>(op, x)?, dense::<T>(op, w)?);
+    let dsums = dsum.map(|v| dense::<T>(op, v)).transpose()?;
     let rstds = dense::<f32>(op, rstd)?;
     let mut dxs = Dense::<T>::output(op, dx)?;
     let (rows, d) = rows_of(&x.shape);
@@ -305,6 +313,11 @@ fn rms_norm_backward<T: Float>(op: &Op, [dy, x, w, rstd]: [&View; 4], [dx, dw]: 
         for j in 0..d {
             let xhat = xr[j].compute() * r;
             dxr[j] = T::store(r * (dyr[j].compute() * ws[j].compute() - xhat * mean_gx));
+        }
+        if let Some(ds) = &dsums {
+            for (o, s) in dxr.iter_mut().zip(&ds[row * d..][..d]) {
+                *o = T::store(o.compute() + s.compute());
+            }
         }
     });
     dxs.finish();

@@ -41,6 +41,10 @@ typedef typename TT::C C;
 // add_rms_norm's forward takes two slots only the backward otherwise uses.
 #define S_RES S_DY   // residual
 #define S_SUM S_PART // sum = x + residual
+// rms_norm_backward's optional dsum (interface 1.11), in the slot only layer norm's mean uses;
+// flag bit NORM_DSUM says it is there: dx = round(dx) + dsum, rounded again (as `add` stores).
+#define S_DSUM S_MEAN
+#define NORM_DSUM 4
 
 // Mirror of `RowArgs` in ops/norm.rs (a test compares the two layouts).
 struct RowArgs {
@@ -48,8 +52,9 @@ struct RowArgs {
     i64 rows;            // rows (product of the leading dims)
     i64 d;               // row length
     double eps;          // added to the variance / mean square
-    int flag;            // mode: 0 registers, 1 registers in packs (see ops/norm.rs), 2 big rows,
-                         // 3 the fast paths (norm_fwd_vec, norm_bwd_pipe)
+    int flag;            // bits 0-1, the mode: 0 registers, 1 registers in packs (see
+                         // ops/norm.rs), 2 big rows, 3 the fast paths (norm_fwd_vec,
+                         // norm_bwd_pipe); bit 2 NORM_DSUM
     int ndim;            // merged leading dims
     int group;           // threads per row
     int parts;           // backward: partial rows (= groups in the grid); colsum: outputs
@@ -133,6 +138,29 @@ __device__ __forceinline__ void store_row(const RowArgs& a, int slot, i64 off, b
                 i64 c = col_of(false, G, t, k, i);
                 if (c < a.d) base[c * cs] = TT::store(r[k * NV + i]);
             }
+    }
+}
+
+// r += dsum over this thread's share of a row, each r rounded to T first: the backward's dx
+// plus the gradient that reaches the norm's input directly (flag bit NORM_DSUM).
+__device__ __forceinline__ void add_dsum_row(const RowArgs& a, i64 off, bool vec, int G, int t, C* r) {
+    const T* base = (const T*)a.p[S_DSUM] + off;
+#pragma unroll
+    for (int k = 0; k < NK; ++k) {
+        if (vec) {
+            const i64 c = (i64)(k * G + t) * NV;
+            if (c < a.d) {
+                const Pack<T, NV> pk = *(const Pack<T, NV>*)(base + c);
+#pragma unroll
+                for (int i = 0; i < NV; ++i) r[k * NV + i] = TT::load(TT::store(r[k * NV + i])) + TT::load(pk.v[i]);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < NV; ++i) {
+                const i64 c = col_of(false, G, t, k, i);
+                if (c < a.d) r[k * NV + i] = TT::load(TT::store(r[k * NV + i])) + TT::load(base[c * a.cs[S_DSUM]]);
+            }
+        }
     }
 }
 
@@ -438,13 +466,16 @@ template <bool LN, int MODE> __device__ void norm_bwd(const RowArgs& a) {
         if (!big) {
 #pragma unroll
             for (int e = 0; e < NE; ++e) dy[e] = r * (dy[e] * w[e] - mean_g - x[e] * mean_gx);
+            if (a.flag & NORM_DSUM) add_dsum_row(a, off[S_DSUM], vec, G, t, dy);
             store_row(a, S_Y, off[S_Y], vec, G, t, dy);
         } else {
             T* dx = (T*)a.p[S_Y] + off[S_Y];
             for (i64 c = t; c < d; c += G) {
                 C xh = (load_el(a, S_X, off[S_X], c) - mu) * r;
                 C g = load_el(a, S_DY, off[S_DY], c) * load_el(a, S_W, 0, c);
-                dx[c * a.cs[S_Y]] = TT::store(r * (g - mean_g - xh * mean_gx));
+                C v = r * (g - mean_g - xh * mean_gx);
+                if (a.flag & NORM_DSUM) v = TT::load(TT::store(v)) + load_el(a, S_DSUM, off[S_DSUM], c);
+                dx[c * a.cs[S_Y]] = TT::store(v);
             }
         }
     }
@@ -599,6 +630,14 @@ template <bool LN, int PK, int S> __device__ void norm_bwd_pipe(const RowArgs& a
         }
         const C mu = (C)__shfl_sync(0xffffffffu, smu, (int)(it & 31));
         const C r = (C)__shfl_sync(0xffffffffu, sr, (int)(it & 31));
+        // dsum's packs of this row, loaded now so that their latency passes during the row's
+        // sums (a load at the store stalled the whole group on it).
+        P dsum[PK];
+        if (a.flag & NORM_DSUM) {
+            const P* ds = (const P*)((const T*)a.p[S_DSUM] + (row < a.rows ? row : 0) * a.st[S_DSUM][0]);
+#pragma unroll
+            for (int k = 0; k < PK; ++k) dsum[k] = k * G + t < np ? ds[k * G + t] : P{};
+        }
         // The oldest of the S groups in flight (this row's) is complete.
         asm volatile("cp.async.wait_group %0;" ::"n"(S - 1) : "memory");
         C sg = (C)0, sgx = (C)0;
@@ -651,6 +690,12 @@ template <bool LN, int PK, int S> __device__ void norm_bwd_pipe(const RowArgs& a
                         // xhat recomputed with the same operations as above, so the same value.
                         const C xh = (xv[i] - mu) * r;
                         xv[i] = r * (dv[i] * w[k][i] - mean_g - xh * mean_gx);
+                    }
+                    if (a.flag & NORM_DSUM) {
+                        C sv[NV];
+                        IO::load(dsum[k], sv);
+#pragma unroll
+                        for (int i = 0; i < NV; ++i) xv[i] = TT::load(TT::store(xv[i])) + sv[i];
                     }
                     dxp[pk] = IO::store(xv);
                 }

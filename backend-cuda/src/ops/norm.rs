@@ -51,6 +51,10 @@ const S_PART: usize = 7;
 // add_rms_norm's residual and sum (slots only the backward otherwise uses).
 const S_RES: usize = S_DY;
 const S_SUM: usize = S_PART;
+// rms_norm_backward's dsum (the slot only layer norm's mean uses), and the flag bit that says
+// it is there (`NORM_DSUM` in norm.cu).
+const S_DSUM: usize = S_MEAN;
+const NORM_DSUM: i32 = 4;
 
 /// An operand in its slot.
 type Slot<'a> = (usize, &'a Operand);
@@ -190,27 +194,37 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
         Op::LayerNormBackward | Op::RmsNormBackward => {
             let ln = *op == Op::LayerNormBackward;
             let (ins, outs) = resolve(device, inputs, outputs)?;
-            if ln {
+            let dsum = if ln {
                 checks::layer_norm_backward(op, &ins, &outs)?;
+                None
             } else {
-                checks::rms_norm_backward(op, &ins, &outs)?;
-            }
-            backward(device, op, ln, &ins, &outs)
+                checks::rms_norm_backward_dsum(op, &ins, &outs)?.1
+            };
+            backward(device, op, ln, &ins, dsum, &outs)
         }
         _ => Err(BackendError::unsupported(format!("cuda: {} is not a norm op", op.name()))),
     }
 }
 
-/// The backward of either norm on checked operands: dx row by row, then the weight (and
-/// bias) gradients as column sums of the per-group partial sums.
-fn backward(device: &CudaDevice, op: &Op, ln: bool, ins: &[Operand], outs: &[Operand]) -> Result<()> {
+/// The backward of either norm on checked operands: dx row by row (plus `dsum`, RMS only),
+/// then the weight (and bias) gradients as column sums of the per-group partial sums.
+fn backward(
+    device: &CudaDevice,
+    op: &Op,
+    ln: bool,
+    ins: &[Operand],
+    dsum: Option<&Operand>,
+    outs: &[Operand],
+) -> Result<()> {
     let (dy, x, w) = (&ins[0], &ins[1], &ins[2]);
     let d = x.shape[x.shape.len() - 1];
     if d == 0 {
         return Ok(()); // dx, dweight and dbias are all empty
     }
     let stats: Vec<Slot> = if ln { vec![(S_MEAN, &ins[3]), (S_RSTD, &ins[4])] } else { vec![(S_RSTD, &ins[3])] };
-    let (mut a, threads) = row_args(x, &[(S_X, x), (S_DY, dy), (S_Y, &outs[0])], &stats, &[(S_W, w)]);
+    let mut rows: Vec<Slot> = vec![(S_X, x), (S_DY, dy), (S_Y, &outs[0])];
+    rows.extend(dsum.map(|o| (S_DSUM, o)));
+    let (mut a, threads) = row_args(x, &rows, &stats, &[(S_W, w)]);
     let nout = if ln { 2 } else { 1 };
     let mut threads = threads;
     let mut stem = format!("{}", a.flag & 3);
@@ -239,6 +253,9 @@ fn backward(device: &CudaDevice, op: &Op, ln: bool, ins: &[Operand], outs: &[Ope
                 per_sm = 640;
             }
         }
+    }
+    if dsum.is_some() {
+        a.flag |= NORM_DSUM;
     }
     let grid = blocks(device, &a, threads, per_sm);
     let parts = grid as usize * (threads / a.group as u32) as usize;

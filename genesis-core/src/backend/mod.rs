@@ -114,6 +114,12 @@ impl Backend {
         self.api.major > 1 || self.api.minor >= 10
     }
 
+    /// Whether `RmsNormBackward` takes the gradient of its input's other uses as a fifth input
+    /// `dsum` (plugins of interface 1.11 or later); older ones get it added afterwards.
+    pub(crate) fn takes_rms_norm_dsum(&self) -> bool {
+        self.api.major > 1 || self.api.minor >= 11
+    }
+
     /// The plugin's own version.
     pub fn plugin_version(&self) -> &str {
         &self.plugin_version

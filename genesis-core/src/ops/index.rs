@@ -64,7 +64,18 @@ impl Tensor {
         let input_shape = self.shape().to_vec();
         let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
             let g = grad0(g)?;
-            Ok(vec![Some(index_add(&Tensor::zeros(&input_shape, g.dtype(), g.device())?, d, &index, g)?)])
+            let zeros = Tensor::zeros(&input_shape, g.dtype(), g.device())?;
+            if crate::autograd::is_grad_enabled() {
+                return Ok(vec![Some(index_add(&zeros, d, &index, g)?)]);
+            }
+            // First-order: the rows are added into the fresh zeros themselves, without the copy
+            // a differentiable `index_add` makes of its base (an embedding's whole table).
+            exec_views(
+                &Op::IndexAdd { dim: d as u32 },
+                &[(g, g.layout()), (&index, index.layout())],
+                &[(&zeros, zeros.layout())],
+            )?;
+            Ok(vec![Some(zeros)])
         });
         Ok(record1("index_select", &[self], out, backward))
     }

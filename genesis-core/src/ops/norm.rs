@@ -188,7 +188,7 @@ pub fn rms_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>,
         exec(&Op::RmsNorm { eps }, &[(&x2, x2.layout()), (&wk, wk.layout())], &[&y, &rstd])?;
         let (sx, sw) = (Saved::new(&x2), Saved::new(&wk));
         let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
-            let (dx, dw) = rms_norm_vjp(grad0(g)?, sx.get("rms_norm")?, sw.get("rms_norm")?, &rstd, eps)?;
+            let (dx, dw) = rms_norm_vjp(grad0(g)?, sx.get("rms_norm")?, sw.get("rms_norm")?, &rstd, eps, None)?;
             Ok(vec![Some(dx), Some(dw), None])
         });
         let inputs: Vec<&Tensor> = [Some(&x2), w.as_ref()].into_iter().flatten().collect();
@@ -214,21 +214,43 @@ pub(super) fn rms_eps(eps: Option<f64>, dtype: DType, op: impl Fn(f64) -> Op) ->
 }
 
 /// `(dx, dweight)` of an RMS norm of rows `x (.., d)` with weight `w (d)` (ones when it had
-/// none) for the output gradient `g`: the backend's `rms_norm_backward` when it claims it, a
-/// composition (differentiable in x, w and g) when gradients of the gradient are recorded.
-fn rms_norm_vjp(g: &Tensor, x: &Tensor, w: &Tensor, rstd: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
-    if let Some(grads) = fused_norm_backward(&Op::RmsNormBackward, &[g, x, w, rstd], &[x, w])? {
-        let [dx, dw]: [Option<Tensor>; 2] =
-            grads.try_into().map_err(|_| Error::invalid("rms_norm_backward: expected two gradients"))?;
-        if let (Some(dx), Some(dw)) = (dx, dw) {
-            return Ok((dx, dw));
+/// none) for the output gradient `g`, with `dsum` (the gradient that reaches `x` by its other
+/// uses) added to `dx`: the backend's `rms_norm_backward` when it claims it (taking `dsum` in
+/// the same pass from interface 1.11 on), a composition (differentiable in x, w and g) when
+/// gradients of the gradient are recorded.
+fn rms_norm_vjp(
+    g: &Tensor,
+    x: &Tensor,
+    w: &Tensor,
+    rstd: &Tensor,
+    eps: f64,
+    dsum: Option<&Tensor>,
+) -> Result<(Tensor, Tensor)> {
+    let fused_dsum =
+        dsum.filter(|s| s.dtype() == x.dtype() && s.shape() == x.shape() && x.device().backend().takes_rms_norm_dsum());
+    let inputs: Vec<&Tensor> = [g, x, w, rstd].into_iter().chain(fused_dsum).collect();
+    let (dx, dw) = match fused_norm_backward(&Op::RmsNormBackward, &inputs, &[x, w])? {
+        Some(grads) => {
+            let [dx, dw]: [Option<Tensor>; 2] =
+                grads.try_into().map_err(|_| Error::invalid("rms_norm_backward: expected two gradients"))?;
+            let (dx, dw) = dx.zip(dw).ok_or_else(|| Error::invalid("rms_norm_backward: expected two gradients"))?;
+            if fused_dsum.is_some() {
+                return Ok((dx, dw));
+            }
+            (dx, dw)
         }
+        None => {
+            let r = x.square()?.mean_dims(&[-1], true)?.add_scalar(eps)?.rsqrt()?;
+            let xhat = x.mul(&r)?;
+            let gw = g.mul(w)?;
+            let dx = r.mul(&gw.sub(&xhat.mul(&gw.mul(&xhat)?.mean_dims(&[-1], true)?)?)?)?;
+            (dx, sum_rows(&g.mul(&xhat)?)?)
+        }
+    };
+    match dsum {
+        Some(s) => Ok((dx.add(s)?, dw)),
+        None => Ok((dx, dw)),
     }
-    let r = x.square()?.mean_dims(&[-1], true)?.add_scalar(eps)?.rsqrt()?;
-    let xhat = x.mul(&r)?;
-    let gw = g.mul(w)?;
-    let dx = r.mul(&gw.sub(&xhat.mul(&gw.mul(&xhat)?.mean_dims(&[-1], true)?)?)?)?;
-    Ok((dx, sum_rows(&g.mul(&xhat)?)?))
 }
 
 /// The residual addition of a pre-norm transformer and the RMS norm after it:
@@ -274,17 +296,15 @@ pub fn add_rms_norm(
     let backward = move |saved_sum: crate::autograd::SavedOutput| -> BackwardFn {
         Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
             let (g_sum, g_y) = (g[0].as_ref(), g[1].as_ref());
-            let (d_norm, dw) = match g_y {
+            // The sum's gradient: the norm's, plus what reaches the sum directly (in the
+            // norm's backward pass where the backend takes it).
+            let (d_sum, dw) = match g_y {
                 Some(g_y) => {
-                    let (dx, dw) =
-                        rms_norm_vjp(g_y, &saved_sum.get("add_rms_norm")?, sw.get("add_rms_norm")?, &rstd, eps)?;
+                    let (sum, w) = (saved_sum.get("add_rms_norm")?, sw.get("add_rms_norm")?);
+                    let (dx, dw) = rms_norm_vjp(g_y, &sum, w, &rstd, eps, g_sum)?;
                     (Some(dx), Some(dw))
                 }
-                None => (None, None),
-            };
-            let d_sum = match (d_norm, g_sum) {
-                (Some(a), Some(b)) => Some(a.add(b)?),
-                (a, b) => a.or_else(|| b.cloned()),
+                None => (g_sum.cloned(), None),
             };
             let mut grads = vec![d_sum.clone(), d_sum];
             if has_w {

@@ -135,6 +135,30 @@ pub fn rms_norm_backward<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]
     Ok((ins, outs))
 }
 
+/// Operands of `RmsNormBackward` with or without its optional fifth input,
+/// `[dy, x, weight, rstd]` or `[dy, x, weight, rstd, dsum] -> [dx, dweight]`: dsum like x
+/// (interface 1.11), the rest with [`rms_norm_backward`]'s rules. Returns the four inputs,
+/// dsum and the outputs.
+#[allow(clippy::type_complexity)]
+pub fn rms_norm_backward_dsum<'a, T: Meta>(
+    op: &Op,
+    inputs: &'a [T],
+    outputs: &'a [T],
+) -> Result<(&'a [T; 4], Option<&'a T>, &'a [T; 2])> {
+    let (first, dsum) = match inputs {
+        [first @ .., dsum] if inputs.len() == 5 => (first, Some(dsum)),
+        _ => (inputs, None),
+    };
+    let (ins, outs) = rms_norm_backward(op, first, outputs).map_err(|e| match inputs.len() {
+        4 | 5 => e,
+        n => super::super::arity_error(op, 4, 2, n, outputs.len()),
+    })?;
+    if let Some(dsum) = dsum {
+        expect_like(op, "dsum", dsum, &ins[1])?;
+    }
+    Ok((ins, dsum, outs))
+}
+
 /// Operands of `AddRmsNorm { eps }`, `[x, residual, weight] -> [y, sum, rstd]`: residual, y
 /// and sum like x, the rest with [`rms_norm`]'s rules.
 pub fn add_rms_norm<'a, T: Meta>(

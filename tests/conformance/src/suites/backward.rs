@@ -21,6 +21,20 @@ use genesis_backend_api::{DType, Op, Window2d};
 
 /// Layer/RMS norm and cross-entropy save f32 statistics (mean, rstd, lse) even for f64
 /// tensors, so their f64 backward can only be as accurate as f32.
+/// The distance from `v` to its rounding in `dtype` at most: half an ulp of `v`'s binade.
+fn quantize_gap(dtype: DType, v: f64) -> f64 {
+    let mantissa = match dtype {
+        DType::F16 => 10,
+        DType::BF16 => 7,
+        DType::F32 => 23,
+        _ => 52,
+    };
+    if v == 0.0 || !v.is_finite() {
+        return 0.0;
+    }
+    2f64.powi(v.abs().log2().floor() as i32 - mantissa - 1)
+}
+
 fn stats_dtype(dtype: DType) -> DType {
     if dtype == DType::F64 {
         DType::F32
@@ -103,19 +117,43 @@ pub fn cases(t: &Target) -> Vec<Case> {
         only_sample("nchw3x4x21", OpCase { op: Op::BatchNormBackward, inputs, outputs: outs, expected: exp })
     }));
     cases.extend(backward_cases(t, Op::RmsNormBackward, "rms_norm", &|dtype, rng| {
-        let (rows, n) = (5usize, 33usize);
-        let x = tensor(rng, dtype, &[rows, n], Layout::Offset, ValueRange::normal(2.0));
-        let w = tensor(rng, dtype, &[n], Layout::Contiguous, ValueRange::normal(1.0));
-        let dy = tensor(rng, dtype, &[rows, n], Layout::Contiguous, ValueRange::normal(1.0));
-        let (_, rstd) = rms_norm(&x.values, &w.values, n, eps);
-        let (dx, dw) = rms_norm_vjp(&x.values, &w.values, &dy.values, n, eps);
-        let inputs = vec![dy, x, w, saved_stat(&[rows], &rstd)];
-        let outs = vec![Spec::out(dtype, &[rows, n]), Spec::out(dtype, &[n])];
-        let exp = vec![
-            Some(Expected::normalized(stats_dtype(dtype), dx, n, 2.0)),
-            Some(Expected::normalized(stats_dtype(dtype), dw, rows, 2.0)),
-        ];
-        only_sample("rows5x33", OpCase { op: Op::RmsNormBackward, inputs, outputs: outs, expected: exp })
+        // Without and with the fifth input `dsum` (interface 1.11), added to dx: strided rows
+        // of 33, and dense rows of 64 (a backend's vectorized path).
+        let samples =
+            [("rows5x33", 5usize, 33usize, false), ("rows5x33_dsum", 5, 33, true), ("rows6x64_dsum", 6, 64, true)];
+        samples
+            .into_iter()
+            .map(|(sample, rows, n, with_dsum)| {
+                let x_layout = if n == 33 { Layout::Offset } else { Layout::Contiguous };
+                let x = tensor(rng, dtype, &[rows, n], x_layout, ValueRange::normal(2.0));
+                let w = tensor(rng, dtype, &[n], Layout::Contiguous, ValueRange::normal(1.0));
+                let dy = tensor(rng, dtype, &[rows, n], Layout::Contiguous, ValueRange::normal(1.0));
+                let (_, rstd) = rms_norm(&x.values, &w.values, n, eps);
+                let (dx, dw) = rms_norm_vjp(&x.values, &w.values, &dy.values, n, eps);
+                let mut inputs = vec![dy, x, w, saved_stat(&[rows], &rstd)];
+                let mut dx_exp = Expected::normalized(stats_dtype(dtype), dx.clone(), n, 2.0);
+                if with_dsum {
+                    let layout = if n == 33 { Layout::Strided } else { Layout::Contiguous };
+                    let dsum = tensor(rng, dtype, &[rows, n], layout, ValueRange::normal(1.0));
+                    // dx rounded, plus dsum, rounded: each term keeps the norm's own tolerance
+                    // and the sum adds one rounding of its magnitude.
+                    let total: Vec<f64> = dx.iter().zip(&dsum.values).map(|(a, b)| a + b).collect();
+                    let mut e = Expected::normalized(stats_dtype(dtype), total.clone(), n, 2.0);
+                    for ((allowed, &t), &part) in e.allowed.iter_mut().zip(&total).zip(&dx_exp.allowed) {
+                        *allowed = allowed.max(part + 2.0 * quantize_gap(dtype, t));
+                    }
+                    dx_exp = e;
+                    inputs.push(dsum);
+                }
+                let outs = vec![Spec::out(dtype, &[rows, n]), Spec::out(dtype, &[n])];
+                let exp = vec![Some(dx_exp), Some(Expected::normalized(stats_dtype(dtype), dw, rows, 2.0))];
+                (
+                    sample.to_string(),
+                    Tier::Core,
+                    OpCase { op: Op::RmsNormBackward, inputs, outputs: outs, expected: exp },
+                )
+            })
+            .collect()
     }));
     cases.extend(backward_cases(t, Op::SwiGluBackward, "swiglu", &|dtype, rng| {
         [(vec![6usize, 40], Layout::Contiguous, "rows6x40"), (vec![4, 24], Layout::HalfRows, "stacked_halves")]
