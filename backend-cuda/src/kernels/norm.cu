@@ -630,8 +630,8 @@ template <bool LN, int PK, int S> __device__ void norm_bwd_pipe(const RowArgs& a
         }
         const C mu = (C)__shfl_sync(0xffffffffu, smu, (int)(it & 31));
         const C r = (C)__shfl_sync(0xffffffffu, sr, (int)(it & 31));
-        // dsum's packs of this row, loaded now so that their latency passes during the row's
-        // sums (a load at the store stalled the whole group on it).
+        // dsum's packs of this row, loaded before the row's sums so that their latency passes
+        // during them rather than at the store.
         P dsum[PK];
         if (a.flag & NORM_DSUM) {
             const P* ds = (const P*)((const T*)a.p[S_DSUM] + (row < a.rows ? row : 0) * a.st[S_DSUM][0]);
