@@ -224,4 +224,23 @@ mod tests {
         assert_eq!(err.kind, ErrorKind::InvalidArgument);
         assert_eq!(err.message, "softmax: expected 1 input(s) and 1 output(s), got 1 and 0");
     }
+
+    #[test]
+    fn rms_norm_backward_takes_an_optional_dsum_like_x() {
+        let f = |shape: &[usize]| Fake::new(DType::F32, shape);
+        let (rows, d) = (f(&[3, 4]), f(&[4]));
+        let ins = [rows.clone(), rows.clone(), d.clone(), f(&[3]), rows.clone()];
+        let outs = [rows.clone(), d.clone()];
+        let op = Op::RmsNormBackward;
+        assert!(rms_norm_backward_dsum(&op, &ins[..4], &outs).unwrap().1.is_none());
+        assert!(rms_norm_backward_dsum(&op, &ins, &outs).unwrap().1.is_some());
+        let mut bad = ins.clone();
+        bad[4] = f(&[3, 5]);
+        let err = rms_norm_backward_dsum(&op, &bad, &outs).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::ShapeMismatch, "{}", err.message);
+        assert!(err.message.contains("dsum"), "{}", err.message);
+        let six = [ins.to_vec(), vec![rows]].concat();
+        let err = rms_norm_backward_dsum(&op, &six, &outs).unwrap_err();
+        assert_eq!(err.message, "rms_norm_backward: expected 4 input(s) and 2 output(s), got 6 and 2");
+    }
 }

@@ -135,6 +135,15 @@ pub fn rms_norm_backward<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]
     Ok((ins, outs))
 }
 
+/// `inputs` without its optional last operand, and that operand, which is there when there
+/// are `full` inputs.
+fn optional_last<T>(inputs: &[T], full: usize) -> (&[T], Option<&T>) {
+    match inputs {
+        [first @ .., last] if inputs.len() == full => (first, Some(last)),
+        _ => (inputs, None),
+    }
+}
+
 /// Operands of `RmsNormBackward` with or without its optional fifth input,
 /// `[dy, x, weight, rstd]` or `[dy, x, weight, rstd, dsum] -> [dx, dweight]`: dsum like x
 /// (interface 1.11), the rest with [`rms_norm_backward`]'s rules. Returns the four inputs,
@@ -145,10 +154,7 @@ pub fn rms_norm_backward_dsum<'a, T: Meta>(
     inputs: &'a [T],
     outputs: &'a [T],
 ) -> Result<(&'a [T; 4], Option<&'a T>, &'a [T; 2])> {
-    let (first, dsum) = match inputs {
-        [first @ .., dsum] if inputs.len() == 5 => (first, Some(dsum)),
-        _ => (inputs, None),
-    };
+    let (first, dsum) = optional_last(inputs, 5);
     let (ins, outs) = rms_norm_backward(op, first, outputs).map_err(|e| match inputs.len() {
         4 | 5 => e,
         n => super::super::arity_error(op, 4, 2, n, outputs.len()),
@@ -190,10 +196,7 @@ pub fn add_rms_norm_linear<'a, T: Meta>(
     inputs: &'a [T],
     outputs: &'a [T],
 ) -> Result<(&'a [T; 4], Option<&'a T>, &'a [T; 2])> {
-    let (first, bias) = match inputs {
-        [first @ .., bias] if inputs.len() == 5 => (first, Some(bias)),
-        _ => (inputs, None),
-    };
+    let (first, bias) = optional_last(inputs, 5);
     let (ins @ [x, residual, norm_weight, weight], outs @ [y, sum]) =
         operands(op, first, outputs).map_err(|_| super::super::arity_error(op, 4, 2, inputs.len(), outputs.len()))?;
     expect_eps(op, eps)?;
