@@ -7,6 +7,15 @@ use genesis_backend_api::DType;
 
 pub use crate::ops::fused::composites_only;
 
+/// Run `f` on this thread as if every backend reported interface `1.minor` where that decides
+/// what the core sends to an op it claims: from 1.10 `adamw`'s gradient `scale` input, from
+/// 1.11 `rms_norm_backward`'s `dsum` input. Below those minors the core does that work with
+/// other ops first, as it does for an older plugin. For tests of those paths; claims are not
+/// changed.
+pub fn as_interface<T>(minor: u32, f: impl FnOnce() -> T) -> T {
+    crate::backend::with_interface_cap(minor, f)
+}
+
 /// Tolerances and step of [`gradcheck`].
 #[derive(Debug, Clone, Copy)]
 pub struct GradcheckOptions {

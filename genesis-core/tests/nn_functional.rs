@@ -482,7 +482,8 @@ fn add_rms_norm_fused_matches_the_addition_then_the_norm() {
 
 /// The gradient that reaches the sum directly goes into the norm's backward op (interface
 /// 1.11): `AddRmsNormBackward` runs `rms_norm_backward` and no separate `add`, and the
-/// gradients equal those of the addition then the norm, composed.
+/// gradients equal those of the addition then the norm, composed, and those of the path for
+/// older plugins.
 #[test]
 fn add_rms_norm_backward_adds_the_sum_gradient_in_the_norm_pass() {
     use genesis::profiler::{profile, ProfilerOptions};
@@ -507,6 +508,11 @@ fn add_rms_norm_backward_adds_the_sum_gradient_in_the_norm_pass() {
     for (a, b) in fused.iter().flatten().zip(composite.iter().flatten()) {
         assert!((a - b).abs() < 1e-5 * (1.0 + b.abs()), "{a} vs {b}");
     }
+    // A plugin older than interface 1.11 is not sent dsum: the core adds it afterwards, and
+    // in f32 the result is the same bit for bit.
+    let (older_ops, older) = genesis::testing::as_interface(10, run).unwrap();
+    assert_eq!(older_ops, vec!["rms_norm_backward".to_string(), "add".to_string()]);
+    assert_eq!(older, fused);
 }
 
 #[test]

@@ -283,6 +283,12 @@ fn adamw_step_with_the_clip_factor_equals_clipping_then_stepping() -> Result<()>
         }
         assert_eq!(grads_after, grads.to_vec(), "the gradients are left as they were");
     }
+    // A plugin older than interface 1.10 is not sent the scale: the core scales the gradients
+    // first (into copies), with the same result.
+    let (fused, _) = run(true, false, false)?;
+    let (older, grads_after) = genesis::testing::as_interface(9, || run(true, false, false))?;
+    assert_eq!(older, fused, "interface 1.9");
+    assert_eq!(grads_after, grads.to_vec(), "interface 1.9: the gradients are left as they were");
     let p = param(&[1.0], &[1], &cpu)?;
     set_grad(&p, &[1.0])?;
     let mut opt = AdamW::new(vec![p.clone()], AdamOptions::adamw())?;

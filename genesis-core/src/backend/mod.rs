@@ -29,6 +29,24 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub(crate) use registry::find;
 pub use registry::{backends, load_library, plugin_file_name, BackendStatus};
 
+thread_local! {
+    /// The highest 1.x interface the core uses new op inputs of, on this thread (testing).
+    static INTERFACE_CAP: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
+
+/// Run `f` on this thread as if every backend spoke interface `1.minor` at most (see
+/// [`crate::testing::as_interface`]).
+pub(crate) fn with_interface_cap<T>(minor: u32, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<u32>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            INTERFACE_CAP.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(INTERFACE_CAP.with(|c| c.replace(Some(minor))));
+    f()
+}
+
 /// (op kind code, dtype code) pairs a device claims.
 pub(crate) type CapabilitySet = Arc<HashSet<(u32, u32)>>;
 
@@ -108,16 +126,24 @@ impl Backend {
         self.api.major > 1 || self.api.minor >= 9
     }
 
+    /// Whether the plugin's interface is at least `1.minor`, as far as the core's use of the
+    /// additions of later minors to existing ops goes ([`crate::testing::as_interface`] can
+    /// lower it on a thread, to exercise the paths for older plugins).
+    fn speaks(&self, minor: u32) -> bool {
+        let cap = INTERFACE_CAP.with(std::cell::Cell::get);
+        self.api.major > 1 || self.api.minor.min(cap.unwrap_or(u32::MAX)) >= minor
+    }
+
     /// Whether `AdamW` takes a gradient scale as its last input (plugins of interface 1.10 or
     /// later); older ones get gradients scaled beforehand.
     pub(crate) fn takes_adamw_grad_scale(&self) -> bool {
-        self.api.major > 1 || self.api.minor >= 10
+        self.speaks(10)
     }
 
     /// Whether `RmsNormBackward` takes the gradient of its input's other uses as a fifth input
     /// `dsum` (plugins of interface 1.11 or later); older ones get it added afterwards.
     pub(crate) fn takes_rms_norm_dsum(&self) -> bool {
-        self.api.major > 1 || self.api.minor >= 11
+        self.speaks(11)
     }
 
     /// The plugin's own version.
