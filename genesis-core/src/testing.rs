@@ -4,16 +4,32 @@ use crate::autograd::grad;
 use crate::error::{Error, ErrorKind, Result};
 use crate::tensor::Tensor;
 use genesis_backend_api::DType;
+use std::cell::Cell;
+use std::thread::LocalKey;
 
 pub use crate::ops::fused::composites_only;
 
 /// Run `f` on this thread as if every backend reported interface `1.minor` where that decides
-/// what the core sends to an op it claims: from 1.10 `adamw`'s gradient `scale` input, from
-/// 1.11 `rms_norm_backward`'s `dsum` input. Below those minors the core does that work with
+/// what the core sends to an op it claims: from 1.9 interleaved outputs (`swiglu_backward`'s
+/// two halves in one buffer), from 1.10 `adamw`'s gradient `scale` input, from 1.11
+/// `rms_norm_backward`'s `dsum` input. Below those minors the core does that work with
 /// other ops first, as it does for an older plugin. For tests of those paths; claims are not
 /// changed.
 pub fn as_interface<T>(minor: u32, f: impl FnOnce() -> T) -> T {
-    crate::backend::with_interface_cap(minor, f)
+    scoped(&crate::backend::INTERFACE_CAP, Some(minor), f)
+}
+
+/// `f` with the thread-local `key` set to `value`, and its previous value put back afterwards
+/// (also when `f` unwinds): the switches of this module.
+pub(crate) fn scoped<V: Copy + 'static, T>(key: &'static LocalKey<Cell<V>>, value: V, f: impl FnOnce() -> T) -> T {
+    struct Restore<V: Copy + 'static>(&'static LocalKey<Cell<V>>, V);
+    impl<V: Copy + 'static> Drop for Restore<V> {
+        fn drop(&mut self) {
+            self.0.with(|c| c.set(self.1));
+        }
+    }
+    let _restore = Restore(key, key.with(|c| c.replace(value)));
+    f()
 }
 
 /// Tolerances and step of [`gradcheck`].

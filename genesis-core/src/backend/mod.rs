@@ -30,21 +30,9 @@ pub(crate) use registry::find;
 pub use registry::{backends, load_library, plugin_file_name, BackendStatus};
 
 thread_local! {
-    /// The highest 1.x interface the core uses new op inputs of, on this thread (testing).
-    static INTERFACE_CAP: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
-}
-
-/// Run `f` on this thread as if every backend spoke interface `1.minor` at most (see
-/// [`crate::testing::as_interface`]).
-pub(crate) fn with_interface_cap<T>(minor: u32, f: impl FnOnce() -> T) -> T {
-    struct Restore(Option<u32>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            INTERFACE_CAP.with(|c| c.set(self.0));
-        }
-    }
-    let _restore = Restore(INTERFACE_CAP.with(|c| c.replace(Some(minor))));
-    f()
+    /// The highest 1.x interface the core uses new op inputs of, on this thread (testing:
+    /// [`crate::testing::as_interface`]).
+    pub(crate) static INTERFACE_CAP: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
 }
 
 /// (op kind code, dtype code) pairs a device claims.
@@ -123,7 +111,7 @@ impl Backend {
     /// (the halves of a stacked gradient's rows): plugins of interface 1.9 or later take
     /// them; older ones refuse them as overlapping.
     pub(crate) fn takes_interleaved_outputs(&self) -> bool {
-        self.api.major > 1 || self.api.minor >= 9
+        self.speaks(9)
     }
 
     /// Whether the plugin's interface is at least `1.minor`, as far as the core's use of the

@@ -43,12 +43,5 @@ fn keeps_f32_statistics(op: &Op) -> bool {
 /// pooling) computed by their compositions of primitive ops instead of the backends' fused
 /// kernels, on this thread. For tests and debugging.
 pub fn composites_only<T>(f: impl FnOnce() -> T) -> T {
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            COMPOSITES_ONLY.with(|c| c.set(self.0));
-        }
-    }
-    let _restore = Restore(COMPOSITES_ONLY.with(|c| c.replace(true)));
-    f()
+    crate::testing::scoped(&COMPOSITES_ONLY, true, f)
 }

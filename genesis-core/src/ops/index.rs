@@ -28,8 +28,9 @@ impl Tensor {
         exec(&Op::Gather { dim: d as u32 }, &[(self, self.layout()), (&index, index.layout())], &[&out])?;
         let shape = self.shape().to_vec();
         let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
-            let zeros = Tensor::zeros(&shape, grad0(g)?.dtype(), grad0(g)?.device())?;
-            Ok(vec![Some(zeros.scatter_add(d as isize, &index, grad0(g)?)?)])
+            let op = Op::ScatterAdd { dim: d as u32 };
+            let g = grad0(g)?;
+            Ok(vec![Some(added_to_zeros(&shape, &op, g, &index, |z| z.scatter_add(d as isize, &index, g))?)])
         });
         Ok(record1("gather", &[self], out, backward))
     }
@@ -63,19 +64,9 @@ impl Tensor {
         exec(&Op::IndexSelect { dim: d as u32 }, &[(self, self.layout()), (&index, index.layout())], &[&out])?;
         let input_shape = self.shape().to_vec();
         let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
+            let op = Op::IndexAdd { dim: d as u32 };
             let g = grad0(g)?;
-            let zeros = Tensor::zeros(&input_shape, g.dtype(), g.device())?;
-            if crate::autograd::is_grad_enabled() {
-                return Ok(vec![Some(index_add(&zeros, d, &index, g)?)]);
-            }
-            // First-order: the rows are added into the fresh zeros themselves, without the copy
-            // a differentiable `index_add` makes of its base (an embedding's whole table).
-            exec_views(
-                &Op::IndexAdd { dim: d as u32 },
-                &[(g, g.layout()), (&index, index.layout())],
-                &[(&zeros, zeros.layout())],
-            )?;
-            Ok(vec![Some(zeros)])
+            Ok(vec![Some(added_to_zeros(&input_shape, &op, g, &index, |z| index_add(z, d, &index, g))?)])
         });
         Ok(record1("index_select", &[self], out, backward))
     }
@@ -186,6 +177,25 @@ impl Tensor {
         });
         Ok(record1("cumsum", &[self], out, backward))
     }
+}
+
+/// The backward of a gather-like op: `src` added at `index` into new zeros of `shape` by
+/// `op` (`scatter_add`, `index_add`). When no gradient of this gradient is recorded, in place
+/// on the fresh zeros; otherwise through `differentiable`, whose copy of its base (an
+/// embedding's whole table) only that case needs.
+fn added_to_zeros(
+    shape: &[usize],
+    op: &Op,
+    src: &Tensor,
+    index: &Tensor,
+    differentiable: impl FnOnce(&Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let zeros = Tensor::zeros(shape, src.dtype(), src.device())?;
+    if crate::autograd::is_grad_enabled() {
+        return differentiable(&zeros);
+    }
+    exec_views(op, &[(src, src.layout()), (index, index.layout())], &[(&zeros, zeros.layout())])?;
+    Ok(zeros)
 }
 
 /// `base` with `src` rows added at `index` along `dim` (differentiable; used by backward).

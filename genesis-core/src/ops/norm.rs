@@ -229,25 +229,22 @@ fn rms_norm_vjp(
     let fused_dsum =
         dsum.filter(|s| s.dtype() == x.dtype() && s.shape() == x.shape() && x.device().backend().takes_rms_norm_dsum());
     let inputs: Vec<&Tensor> = [g, x, w, rstd].into_iter().chain(fused_dsum).collect();
-    let (dx, dw) = match fused_norm_backward(&Op::RmsNormBackward, &inputs, &[x, w])? {
+    // `added`: whether dx already holds dsum (the backend's pass took it).
+    let (dx, dw, added) = match fused_norm_backward(&Op::RmsNormBackward, &inputs, &[x, w])? {
         Some(grads) => {
-            let [dx, dw]: [Option<Tensor>; 2] =
-                grads.try_into().map_err(|_| Error::invalid("rms_norm_backward: expected two gradients"))?;
-            let (dx, dw) = dx.zip(dw).ok_or_else(|| Error::invalid("rms_norm_backward: expected two gradients"))?;
-            if fused_dsum.is_some() {
-                return Ok((dx, dw));
-            }
-            (dx, dw)
+            let missing = || Error::invalid("rms_norm_backward: expected two gradients");
+            let [dx, dw]: [Option<Tensor>; 2] = grads.try_into().map_err(|_| missing())?;
+            (dx.ok_or_else(missing)?, dw.ok_or_else(missing)?, fused_dsum.is_some())
         }
         None => {
             let r = x.square()?.mean_dims(&[-1], true)?.add_scalar(eps)?.rsqrt()?;
             let xhat = x.mul(&r)?;
             let gw = g.mul(w)?;
             let dx = r.mul(&gw.sub(&xhat.mul(&gw.mul(&xhat)?.mean_dims(&[-1], true)?)?)?)?;
-            (dx, sum_rows(&g.mul(&xhat)?)?)
+            (dx, sum_rows(&g.mul(&xhat)?)?, false)
         }
     };
-    match dsum {
+    match dsum.filter(|_| !added) {
         Some(s) => Ok((dx.add(s)?, dw)),
         None => Ok((dx, dw)),
     }

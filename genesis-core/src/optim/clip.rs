@@ -65,26 +65,26 @@ fn adjacent_runs(grads: &[Tensor]) -> Vec<Tensor> {
         bucket.sort_by_key(|g| g.layout().offset);
         let mut run: Vec<Tensor> = Vec::new();
         for g in bucket {
-            run.push(g);
-            if run.len() > 1 && Tensor::adjacent_rows(&run).is_none() {
-                let last = run.pop().expect("pushed above");
-                units.extend(flush(std::mem::replace(&mut run, vec![last])));
+            // Each gradient adjacent to the one before it makes the whole run adjacent.
+            if let Some(last) = run.last() {
+                if Tensor::adjacent_rows(&[last.clone(), g.clone()]).is_none() {
+                    units.extend(joined(std::mem::take(&mut run)));
+                }
             }
+            run.push(g);
         }
-        units.extend(flush(run));
+        units.extend(joined(run));
     }
     units
 }
 
-/// One run of [`adjacent_runs`] as the tensor that covers it (the run itself when it cannot).
-fn flush(run: Vec<Tensor>) -> Vec<Tensor> {
-    match run.len() {
-        0 | 1 => run,
-        _ => match Tensor::adjacent_rows(&run) {
-            Some(joined) => vec![joined],
-            None => run,
-        },
+/// One run of [`adjacent_runs`] as the tensor that covers it (the run itself when it is one
+/// gradient, or cannot be joined).
+fn joined(run: Vec<Tensor>) -> Vec<Tensor> {
+    if run.len() < 2 {
+        return run;
     }
+    Tensor::adjacent_rows(&run).map_or(run, |t| vec![t])
 }
 
 fn check_max_norm(what: &str, max_norm: f64) -> Result<()> {
