@@ -111,11 +111,11 @@ impl Compiler {
         Err(BackendError::internal(format!("cuda: {call} failed: {text}")))
     }
 
-    /// The CUBIN of `source` for `sm_{arch}`, from the disk cache or compiled now.
+    /// The CUBIN of `source` for `sm_{arch}` (`target`), from the disk cache or compiled now.
     /// `name` is used for messages and file names; `defines` become `-D` options.
     pub fn cubin(&self, name: &str, source: &str, defines: &[String], arch: u32, driver: i32) -> Result<Vec<u8>> {
         let mut options: Vec<String> =
-            vec![format!("--gpu-architecture=sm_{arch}"), "--std=c++17".into(), "-default-device".into()];
+            vec![format!("--gpu-architecture={}", target(arch)), "--std=c++17".into(), "-default-device".into()];
         options.extend(defines.iter().map(|d| format!("-D{d}")));
         let option_text = options.join(" ");
         let nvrtc = format!("{}.{}", self.version.0, self.version.1);
@@ -194,6 +194,17 @@ impl Compiler {
     }
 }
 
+/// NVRTC's name for the architecture a module is compiled for: sm_90 compiles as sm_90a, whose
+/// warpgroup products (wgmma) the Hopper attention forward uses; the code runs on sm_90 alone,
+/// which is the device it is compiled for.
+fn target(arch: u32) -> String {
+    if arch == 90 {
+        "sm_90a".into()
+    } else {
+        format!("sm_{arch}")
+    }
+}
+
 fn store(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
@@ -205,7 +216,14 @@ fn store(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{fnv1a, Compiler};
+    use super::{fnv1a, target, Compiler};
+
+    #[test]
+    fn hopper_compiles_for_its_arch_specific_target() {
+        assert_eq!(target(90), "sm_90a");
+        assert_eq!(target(80), "sm_80");
+        assert_eq!(target(100), "sm_100");
+    }
 
     /// Every kernel module compiles for each element type it serves (Hopper, Ampere, and Turing,
     /// which takes the `__CUDA_ARCH__ < 800` paths no GPU of ours runs), where NVRTC can be found

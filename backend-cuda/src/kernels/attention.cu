@@ -1284,6 +1284,319 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dq_tc_128(cons
     ASMEM;
     attn_bwd_dq_tc<128, 2>(a, (T*)smem_raw);
 }
+
+// ---- Hopper forward (f16 / bf16, sm_90a) ------------------------------------------------------
+// The tensor-core forward on Hopper's warpgroup products (wgmma), which read their operands
+// from shared memory without ldmatrix and run asynchronously to the threads that issue them.
+// A block of two warpgroups takes WG_BM = 128 query rows of one (batch, head), warpgroup w
+// rows 64w.. (its warp x rows 16x.. of those, as the accumulator layout has it); K and V
+// stream through shared memory in tiles of WG_BN = 64 keys, S stages deep with cp.async and
+// one barrier per tile, as in `attn_fwd_tc`. S = Q·Kᵀ takes Q and K from shared memory;
+// O += P·V takes P from registers (the f32 accumulator layout of S, converted pairwise, is
+// the A-register layout) and V from shared memory, read transposed. A warp's accumulator
+// fragments are those of mma.m16n8 n-tiles side by side, so the softmax is `tc_softmax`'s
+// arithmetic. Step j issues S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} together, waits for S_j
+// alone and runs its softmax while the P·V product still runs; O's rescale waits for it.
+// Shared tiles (rows of 64 elements, 128 bytes) are in the 128-byte swizzled layout that the
+// descriptors name: row r at byte 128·r of the tile, its 16-byte chunk c at chunk c ^ (r % 8),
+// so that the eight rows of a core matrix lie in different banks; eight threads copy a row.
+// Measured against the unswizzled (interleaved) layout, without the overlap, with 128-key
+// tiles and with three warpgroups: RESULTS.md, "Kernel design notes" (the variants live in
+// scripts/attention_dev.cu).
+#define WG_THREADS 256
+#define WG_BM 128
+#define WG_BN 64
+#if TC_CAT(TC_IS_, ELEM) == 1
+#define WG_TYPES ".f32.f16.f16"
+#else
+#define WG_TYPES ".f32.bf16.bf16"
+#endif
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Descriptor of a 128-byte swizzled operand at `addr` (1024-byte aligned pattern): 8-row
+// groups 1024 bytes apart (SBO); LBO is unused for a 64-element extent.
+__device__ __forceinline__ u64 wg_desc(u32 addr) {
+    return (u64)((addr & 0x3ffffu) >> 4) | (u64)1 << 16 | (u64)(1024 >> 4) << 32 | (u64)1 << 62;
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Shared memory written by the threads (cp.async, stores) is seen by wgmma, which reads it
+// through the async proxy, after this fence and a barrier.
+__device__ __forceinline__ void wg_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// The registers of an asynchronous product are its own from issue to wait: these empty
+// statements keep the compiler from moving other accesses of them across the fence or wait.
+template <int N> __device__ __forceinline__ void wg_pin(float (&x)[N][4]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) asm volatile("" : "+f"(x[n][0]), "+f"(x[n][1]), "+f"(x[n][2]), "+f"(x[n][3])::"memory");
+}
+template <int N> __device__ __forceinline__ void wg_pin(u32 (&x)[N][4]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) asm volatile("" : "+r"(x[n][0]), "+r"(x[n][1]), "+r"(x[n][2]), "+r"(x[n][3])::"memory");
+}
+
+// x (64 × 64, this thread's 32 values) = A·B (+ x when `acc`), A (64 × 16) and B (16 × 64,
+// K-major: transposed, as K is stored) from shared memory.
+__device__ __forceinline__ void wg_mma_ss(float (&x)[8][4], u64 da, u64 db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16" WG_TYPES " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(x[0][0]), "+f"(x[0][1]), "+f"(x[0][2]), "+f"(x[0][3]), "+f"(x[1][0]), "+f"(x[1][1]), "+f"(x[1][2]), "+f"(x[1][3]), "+f"(x[2][0]), "+f"(x[2][1]), "+f"(x[2][2]), "+f"(x[2][3]), "+f"(x[3][0]), "+f"(x[3][1]), "+f"(x[3][2]), "+f"(x[3][3]), "+f"(x[4][0]), "+f"(x[4][1]), "+f"(x[4][2]), "+f"(x[4][3]), "+f"(x[5][0]), "+f"(x[5][1]), "+f"(x[5][2]), "+f"(x[5][3]), "+f"(x[6][0]), "+f"(x[6][1]), "+f"(x[6][2]), "+f"(x[6][3]), "+f"(x[7][0]), "+f"(x[7][1]), "+f"(x[7][2]), "+f"(x[7][3])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+// x += A·B, A (64 × 16) from registers (this thread's 4 pairs), B (16 × 64, MN-major: rows of
+// V as stored) from shared memory.
+__device__ __forceinline__ void wg_mma_rs(float (&x)[8][4], const u32 (&a)[4], u64 db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16" WG_TYPES " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(x[0][0]), "+f"(x[0][1]), "+f"(x[0][2]), "+f"(x[0][3]), "+f"(x[1][0]), "+f"(x[1][1]), "+f"(x[1][2]), "+f"(x[1][3]), "+f"(x[2][0]), "+f"(x[2][1]), "+f"(x[2][2]), "+f"(x[2][3]), "+f"(x[3][0]), "+f"(x[3][1]), "+f"(x[3][2]), "+f"(x[3][3]), "+f"(x[4][0]), "+f"(x[4][1]), "+f"(x[4][2]), "+f"(x[4][3]), "+f"(x[5][0]), "+f"(x[5][1]), "+f"(x[5][2]), "+f"(x[5][3]), "+f"(x[6][0]), "+f"(x[6][1]), "+f"(x[6][2]), "+f"(x[6][3]), "+f"(x[7][0]), "+f"(x[7][1]), "+f"(x[7][2]), "+f"(x[7][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+// This thread's share of copying NROWS rows of 64 elements of one head with cp.async into a
+// swizzled tile at `dst`. Rows at or past `limit` and columns at or past d are zeros (not read).
+template <int NROWS>
+__device__ __forceinline__ void wg_copy_rows(u32 dst, const T* src, i64 srow, int r0, int limit, int d) {
+    static_assert(NROWS * 8 % WG_THREADS == 0, "whole rounds of chunks");
+#pragma unroll
+    for (int k = 0; k < NROWS * 8 / WG_THREADS; ++k) {
+        const int i = threadIdx.x + k * WG_THREADS, r = i >> 3, c = i & 7;
+        const bool in = 8 * c < d && r0 + r < limit;
+        tc_cp16(dst + (u32)(128 * r + ((c ^ (r & 7)) << 4)), in ? src + (i64)(r0 + r) * srow + 8 * c : src, in ? 16 : 0);
+    }
+}
+
+// Online softmax of one key tile for a warp's 16 rows, split around the P·V product that owns
+// O's registers: `wg_softmax` turns the products into weights, moves m and l, and says whether
+// O must be rescaled by `corr`; `wg_rescale` applies it. Same arithmetic as `tc_softmax` (MT = 1).
+template <bool MASK, int NT>
+__device__ __forceinline__ bool wg_softmax(float (&sacc)[1][NT][4], float (&m)[1][2], float (&l)[1][2],
+                                           float (&corr)[2], const int (&vis)[1][2], int jc, float sl2) {
+    if (MASK) {
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                if (jc + 8 * n + (e & 1) >= vis[0][e >> 1]) sacc[0][n][e] = NEG_INF;
+            }
+        }
+    }
+    float mx[2];
+    bool grow = false;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float x = tc_row_max<NT>(sacc[0], r);
+        x = fmaxf(x, __shfl_xor_sync(FULL, x, 1));
+        x = fmaxf(x, __shfl_xor_sync(FULL, x, 2));
+        mx[r] = x * sl2;
+        grow |= mx[r] > m[0][r] + TC_RESCALE;  // false while both are -inf
+    }
+    grow = __any_sync(FULL, grow);  // warp-uniform
+    if (grow) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float mn = fmaxf(m[0][r], mx[r]);
+            corr[r] = mn == NEG_INF ? 1.f : tc_exp2(m[0][r] - mn);
+            m[0][r] = mn;
+            l[0][r] *= corr[r];
+        }
+    }
+    const float mu0 = m[0][0] == NEG_INF ? 0.f : m[0][0];
+    const float mu1 = m[0][1] == NEG_INF ? 0.f : m[0][1];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sacc[0][n][e] = tc_exp2(fmaf(sacc[0][n][e], sl2, -(e < 2 ? mu0 : mu1)));
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[0][r] += tc_row_sum<NT>(sacc[0], r);
+    return grow;
+}
+template <int OT> __device__ __forceinline__ void wg_rescale(float (&oacc)[1][OT][4], const float (&corr)[2]) {
+#pragma unroll
+    for (int n = 0; n < OT; ++n) {
+        oacc[0][n][0] *= corr[0];
+        oacc[0][n][1] *= corr[0];
+        oacc[0][n][2] *= corr[1];
+        oacc[0][n][3] *= corr[1];
+    }
+}
+
+template <int S> __device__ void attn_fwd_wg(const AttnArgs& a, T* sm) {
+    constexpr int D = 64;            // one swizzle atom per row
+    constexpr int TILE = WG_BN * D;  // elements of one K or V tile
+    constexpr int NT = WG_BN / 8;    // score n-tiles per key tile
+    constexpr int OT = D / 8;        // output n-tiles
+    constexpr int AHEAD = S - 2;     // tiles in flight besides the two a step reads
+    static_assert(AHEAD >= 1, "stages");
+    const int d = (int)a.d, t = (int)a.t;
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
+              c4 = lane & 3;
+    // Shared, from the first 1024-byte boundary (the swizzle pattern repeats every 1024
+    // bytes; the launcher adds the slack): Q (WG_BM rows), then S stages of a K and a V tile.
+    const u32 qaddr = (tc_smem_addr(sm) + 1023u) & ~1023u, kvaddr = qaddr + (u32)(WG_BM * D * 2);
+    sm += (qaddr - tc_smem_addr(sm)) / 2;
+    const T* q = (const T*)a.p[0];
+    T* o = (T*)a.p[3];
+    float* lse = (float*)a.p[4];
+    const i64 bhn = a.b * a.hq, qtiles = (a.s + WG_BM - 1) / WG_BM;
+    // The heaviest (last, under a causal mask) query tiles first.
+    const i64 w = blockIdx.x, qt = qtiles - 1 - w / bhn, bh = w % bhn, h = bh % a.hq, bi = bh / a.hq;
+    const i64 kh = h / (a.hq / a.hk);
+    const i64 i0 = qt * WG_BM;
+    const T* kg = (const T*)a.p[1] + bi * a.st[1][0] + kh * a.st[1][1];
+    const T* vg = (const T*)a.p[2] + bi * a.st[2][0] + kh * a.st[2][1];
+    const i64 last = (i0 + WG_BM < a.s ? i0 + WG_BM : a.s) - 1;
+    const int ntiles = (int)((visible(a, last) + WG_BN - 1) / WG_BN);
+    // Row indices fit in 32 bits (the launcher checks s and t).
+    const int wi0 = (int)i0 + 64 * wg + 16 * warp;
+    // Keys every row of the warp sees: tiles below need no mask.
+    const int vmin = (int)visible(a, wi0);
+    auto stage = [&](int j) { return kvaddr + (u32)((j % S) * 2 * TILE * 2); };
+    auto load_kv = [&](int j) {
+        wg_copy_rows<WG_BN>(stage(j), kg, a.st[1][2], j * WG_BN, t, d);
+        wg_copy_rows<WG_BN>(stage(j) + TILE * 2, vg, a.st[2][2], j * WG_BN, t, d);
+    };
+
+    wg_copy_rows<WG_BM>(qaddr, q + bi * a.st[0][0] + h * a.st[0][1], a.st[0][2], (int)i0, (int)a.s, d);
+#pragma unroll
+    for (int p = 0; p < AHEAD; ++p) {
+        if (p < ntiles) load_kv(p);
+        tc_commit();
+    }
+    // Scores are formed with |scale|, as in `attn_fwd_tc`: for a negative scale Q is negated
+    // in shared memory (each thread its own chunks, once they have landed).
+    const float sl2 = fmaxf(fabsf((float)(a.scale * 1.4426950408889634)), 1.17549435e-38f);
+    if (a.scale < 0) {
+        tc_wait<AHEAD - 1>();
+        for (int i = threadIdx.x; i < WG_BM * D / 8; i += WG_THREADS) {
+            uint4* c = (uint4*)(sm + 8 * i);
+            uint4 x = *c;
+            x.x ^= 0x80008000u, x.y ^= 0x80008000u, x.z ^= 0x80008000u, x.w ^= 0x80008000u;
+            *c = x;
+        }
+    }
+
+    // Row of accumulator half r (0: g, 1: g + 8): wi0 + 8r + g.
+    int vis[1][2];
+    vis[0][0] = (int)visible(a, wi0 + g);  // rows past s: not stored
+    vis[0][1] = (int)visible(a, wi0 + g + 8);
+    float m[1][2] = {{NEG_INF, NEG_INF}}, l[1][2] = {{0.f, 0.f}};
+    float oacc[1][OT][4], sacc[1][NT][4];
+    u32 pa[WG_BN / 16][4];
+#pragma unroll
+    for (int n = 0; n < OT; ++n) oacc[0][n][0] = oacc[0][n][1] = oacc[0][n][2] = oacc[0][n][3] = 0.f;
+    const u32 qrows = qaddr + (u32)(wg * 64 * 128);  // this warpgroup's 64 rows
+    // K-steps of 16 elements: 32 bytes along a row of Q and K, 16 rows (2048 bytes) of V.
+    auto scores = [&](int j) {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) wg_mma_ss(sacc[0], wg_desc(qrows + kk * 32), wg_desc(stage(j) + kk * 32), kk);
+    };
+    auto values = [&](int j) {
+#pragma unroll
+        for (int kk = 0; kk < WG_BN / 16; ++kk) wg_mma_rs(oacc[0], pa[kk], wg_desc(stage(j) + TILE * 2 + kk * 2048));
+    };
+    auto to_weights = [&](int j, float (&corr)[2]) {
+        const int j0 = j * WG_BN;
+        return j0 + WG_BN > vmin ? wg_softmax<true, NT>(sacc, m, l, corr, vis, j0 + 2 * c4, sl2)
+                                 : wg_softmax<false, NT>(sacc, m, l, corr, vis, j0 + 2 * c4, sl2);
+    };
+    auto weights_to_a = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < WG_BN / 16; ++kk) tc_acc_to_a(pa[kk], sacc[0][2 * kk], sacc[0][2 * kk + 1]);
+    };
+    // Step j reads tile j; the barrier at its start says that tile j has landed and that every
+    // warpgroup is done with tile j - 2, whose P·V step j - 1 waited for, so its stage takes
+    // the next request.
+    auto arrive = [&](int j) {
+        tc_wait<AHEAD - 1>();
+        wg_proxy_fence();
+        __syncthreads();
+        if (j + AHEAD < ntiles) load_kv(j + AHEAD);
+        tc_commit();
+    };
+    // Both warpgroups take every tile of the block (a tile past a warpgroup's rows is masked
+    // whole) so that no product sits on a branch: ptxas serializes the products of a function
+    // where it cannot prove that the whole warpgroup issues them.
+    if (ntiles > 0) {
+        float corr[2] = {1.f, 1.f};
+        arrive(0);
+        wg_pin<NT>(sacc[0]);
+        wg_fence();
+        scores(0);
+        wg_commit();
+        wg_wait<0>();
+        wg_pin<NT>(sacc[0]);
+        to_weights(0, corr);  // O is still zero: nothing to rescale
+        weights_to_a();
+        for (int j = 1; j < ntiles; ++j) {
+            arrive(j);
+            wg_pin<NT>(sacc[0]);
+            wg_pin<OT>(oacc[0]);
+            wg_pin<WG_BN / 16>(pa);
+            wg_fence();
+            scores(j);
+            wg_commit();
+            values(j - 1);
+            wg_commit();
+            wg_wait<1>();
+            wg_pin<NT>(sacc[0]);
+            const bool grow = to_weights(j, corr);
+            wg_wait<0>();
+            wg_pin<OT>(oacc[0]);
+            wg_pin<WG_BN / 16>(pa);
+            if (grow) wg_rescale<OT>(oacc, corr);
+            weights_to_a();
+        }
+        wg_pin<OT>(oacc[0]);
+        wg_pin<WG_BN / 16>(pa);
+        wg_fence();
+        values(ntiles - 1);
+        wg_commit();
+        wg_wait<0>();
+        wg_pin<OT>(oacc[0]);
+    }
+    tc_wait<0>();  // no copy may be in flight at exit
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float lr = l[0][r];
+        lr += __shfl_xor_sync(FULL, lr, 1);
+        lr += __shfl_xor_sync(FULL, lr, 2);
+        const int i = wi0 + 8 * r + g;
+        if (i >= a.s) continue;
+        const bool dead = vis[0][r] == 0;
+        const float inv = 1.f / lr;
+        T* orow = o + bi * a.st[3][0] + h * a.st[3][1] + (i64)i * a.st[3][2];
+#pragma unroll
+        for (int n = 0; n < OT; ++n) {
+            const int col = 8 * n + 2 * c4;
+            if (col < d) {
+                const T x0 = TT::store(dead ? QNAN : oacc[0][n][2 * r] * inv);
+                const T x1 = TT::store(dead ? QNAN : oacc[0][n][2 * r + 1] * inv);
+                *(u32*)(orow + col) = (u32)x0.x | ((u32)x1.x << 16);
+            }
+        }
+        if (c4 == 0) {
+            // m is in base 2: lse = m·ln 2 + ln l.
+            lse[bi * a.st[4][0] + h * a.st[4][1] + (i64)i * a.st[4][2]] =
+                dead ? QNAN : m[0][r] * 0.6931471805599453f + logf(lr);
+        }
+    }
+}
+#endif
+
+// Head dims up to 64. Five stages (three tiles in flight); two blocks per SM (128 registers a
+// thread, 2 · 97 KiB of shared memory: `wg_smem` in ops/attention.rs). Compiled empty where
+// wgmma is absent: the launcher takes it on sm_90 only, where modules are compiled for sm_90a.
+#define WG_STAGES 5
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attn_fwd_wg_64(const AttnArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    ASMEM;
+    attn_fwd_wg<WG_STAGES>(a, (T*)smem_raw);
+#endif
+}
 #endif
 
 // ---- masked attention (inference) ---------------------------------------------------------

@@ -184,6 +184,25 @@ fn tc_smem(dpad: usize) -> u32 {
     (tc_stages(dpad) * 2 * 64 * (dpad + 8) * 2) as u32
 }
 
+/// The Hopper forward `attn_fwd_wg_64` (wgmma, sm_90 only: the products are sm_90a
+/// instructions, absent from Ampere and from Blackwell): threads per block (two warpgroups)
+/// and query rows per block (`WG_THREADS`, `WG_BM` in attention.cu).
+const WG_THREADS: u32 = 256;
+const WG_ROWS: usize = 128;
+
+/// Whether the forward takes `attn_fwd_wg_64`: on sm_90, where the tensor-core path applies at
+/// the padded head dim 64.
+fn hopper_forward(arch: u32, dpad: usize) -> bool {
+    arch == 90 && dpad == 64
+}
+
+/// Shared memory of `attn_fwd_wg_64`: Q (128 rows of 64 elements) and `WG_STAGES` = 5 stages
+/// of a K and a V tile of 64 rows, plus 1 KiB to start on a 1024-byte boundary (the period of
+/// the swizzled layout).
+fn wg_smem() -> u32 {
+    ((WG_ROWS * 64 + 5 * 2 * 64 * 64) * 2 + 1024) as u32
+}
+
 /// Queries per step of `attn_bwd_dkv_tc_{dpad}` (`BM` in attention.cu).
 fn tc_dkv_rows(dpad: usize) -> usize {
     if dpad <= 64 {
@@ -242,6 +261,13 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
                 a.set(slot, x);
             }
             if let Some(tc) = tensor_core_dim(device.facts.arch, &dm, &[q, k, v], &[o]) {
+                if hopper_forward(device.facts.arch, tc) {
+                    let work = (dm.b * dm.hq * dm.s.div_ceil(WG_ROWS)) as u64;
+                    if work <= i32::MAX as u64 {
+                        let shape = (work as u32, WG_THREADS, wg_smem());
+                        return launch_1d(device, op.name(), &MODULE, q.dtype, "attn_fwd_wg_64", &mut a, shape);
+                    }
+                }
                 let rows = tc_fwd_rows(tc);
                 let work = (dm.b * dm.hq * dm.s.div_ceil(rows)) as u64;
                 if work <= i32::MAX as u64 {
@@ -487,5 +513,18 @@ mod tests {
         assert_eq!(tc_dq_smem(64), (128 + 3 * 128) * 72 * 2);
         assert_eq!(tc_dkv_smem(64), (128 + 256) * 72 * 2 + 64 * 16);
         assert_eq!(tc_dq_smem(128), 384 * 136 * 2);
+        // The Hopper forward: two blocks per SM within sm_90's 228 KiB (1 KiB of it reserved
+        // per block).
+        assert_eq!(wg_smem(), 97 * 1024);
+        assert!(2 * (wg_smem() + 1024) <= 228 * 1024);
+    }
+
+    #[test]
+    fn only_hopper_takes_the_wgmma_forward() {
+        assert!(hopper_forward(90, 64));
+        assert!(!hopper_forward(90, 128));
+        assert!(!hopper_forward(80, 64));
+        assert!(!hopper_forward(89, 64));
+        assert!(!hopper_forward(100, 64));
     }
 }
