@@ -664,6 +664,61 @@ __device__ __forceinline__ void tc_softmax(float (&sacc)[MT][NT][4], float (&oac
     }
 }
 
+// The (batch, head, query tile of BM rows) of this block, the heaviest (last, under a causal
+// mask) query tiles first, and what the tile reads: its key head's K and V rows and the keys
+// its last row sees.
+struct TcTile {
+    i64 bi, h, i0, nkeys;
+    const T* k;
+    const T* v;
+};
+__device__ __forceinline__ TcTile tc_tile(const AttnArgs& a, int bm) {
+    const i64 bhn = a.b * a.hq, qtiles = (a.s + bm - 1) / bm;
+    const i64 w = blockIdx.x, qt = qtiles - 1 - w / bhn, bh = w % bhn, h = bh % a.hq, bi = bh / a.hq;
+    const i64 kh = h / (a.hq / a.hk), i0 = qt * bm;
+    const i64 last = (i0 + bm < a.s ? i0 + bm : a.s) - 1;
+    return {bi, h, i0, visible(a, last), (const T*)a.p[1] + bi * a.st[1][0] + kh * a.st[1][1],
+            (const T*)a.p[2] + bi * a.st[2][0] + kh * a.st[2][1]};
+}
+
+// The forward's outputs for a warp's MT m-tiles of 16 rows from its accumulators (row of half
+// r of m-tile mt: wi0 + 16·mt + 8·r + g): o = O / l and lse = m·ln 2 + ln l (m is in base 2),
+// l summed over the quad; NaN for a row that sees no key; rows past s are not stored.
+template <int MT, int OT>
+__device__ __forceinline__ void tc_store_rows(const AttnArgs& a, const TcTile& tl, int wi0, const float (&oacc)[MT][OT][4],
+                                              const float (&m)[MT][2], const float (&l)[MT][2], const int (&vis)[MT][2]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, c4 = lane & 3, d = (int)a.d;
+    T* o = (T*)a.p[3];
+    float* lse = (float*)a.p[4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float lr = l[mt][r];
+            lr += __shfl_xor_sync(FULL, lr, 1);
+            lr += __shfl_xor_sync(FULL, lr, 2);
+            const int i = wi0 + 16 * mt + 8 * r + g;
+            if (i >= a.s) continue;
+            const bool dead = vis[mt][r] == 0;
+            const float inv = 1.f / lr;
+            T* orow = o + tl.bi * a.st[3][0] + tl.h * a.st[3][1] + (i64)i * a.st[3][2];
+#pragma unroll
+            for (int n = 0; n < OT; ++n) {
+                const int col = 8 * n + 2 * c4;
+                if (col < d) {
+                    const T x0 = TT::store(dead ? QNAN : oacc[mt][n][2 * r] * inv);
+                    const T x1 = TT::store(dead ? QNAN : oacc[mt][n][2 * r + 1] * inv);
+                    *(u32*)(orow + col) = (u32)x0.x | ((u32)x1.x << 16);
+                }
+            }
+            if (c4 == 0) {
+                lse[tl.bi * a.st[4][0] + tl.h * a.st[4][1] + (i64)i * a.st[4][2]] =
+                    dead ? QNAN : m[mt][r] * 0.6931471805599453f + logf(lr);
+            }
+        }
+    }
+}
+
 template <int D, int MT, int S> __device__ void attn_fwd_tc(const AttnArgs& a, T* sm) {
 #if __CUDA_ARCH__ >= 800
     constexpr int LD = D + 8;         // shared row stride (elements): conflict-free fragments
@@ -681,18 +736,9 @@ template <int D, int MT, int S> __device__ void attn_fwd_tc(const AttnArgs& a, T
     // into registers before that stage's first K/V tile is requested.
     T* qsm = sm + 2 * (S - 1) * TILE;
     const T* q = (const T*)a.p[0];
-    T* o = (T*)a.p[3];
-    float* lse = (float*)a.p[4];
-    const i64 bhn = a.b * a.hq, qtiles = (a.s + BM - 1) / BM;
-    // The heaviest (last, under a causal mask) query tiles first.
-    const i64 w = blockIdx.x, qt = qtiles - 1 - w / bhn, bh = w % bhn, h = bh % a.hq, bi = bh / a.hq;
-    const i64 kh = h / (a.hq / a.hk);
-    const i64 i0 = qt * BM;
-    const T* kg = (const T*)a.p[1] + bi * a.st[1][0] + kh * a.st[1][1];
-    const T* vg = (const T*)a.p[2] + bi * a.st[2][0] + kh * a.st[2][1];
-    const i64 last = (i0 + BM < a.s ? i0 + BM : a.s) - 1;
-    const i64 nkeys = visible(a, last);
-    const int ntiles = (int)((nkeys + TC_BN - 1) / TC_BN);
+    const TcTile tl = tc_tile(a, BM);
+    const i64 bi = tl.bi, h = tl.h, i0 = tl.i0;
+    const int ntiles = (int)((tl.nkeys + TC_BN - 1) / TC_BN);
     // Row indices fit in 32 bits (the launcher checks s and t).
     const int wi0 = (int)i0 + warp * 16 * MT;
     // Keys every row of the warp sees: tiles below this need no mask.
@@ -700,8 +746,8 @@ template <int D, int MT, int S> __device__ void attn_fwd_tc(const AttnArgs& a, T
     const u32 sbase = tc_smem_addr(sm);
     auto load_kv = [&](int tile) {
         const u32 st = sbase + (u32)((tile % S) * 2 * TILE * 2);
-        tc_copy_rows<D, TC_BN>(st, kg, a.st[1][2], tile * TC_BN, t, d);
-        tc_copy_rows<D, TC_BN>(st + TILE * 2, vg, a.st[2][2], tile * TC_BN, t, d);
+        tc_copy_rows<D, TC_BN>(st, tl.k, a.st[1][2], tile * TC_BN, t, d);
+        tc_copy_rows<D, TC_BN>(st + TILE * 2, tl.v, a.st[2][2], tile * TC_BN, t, d);
     };
 
     tc_copy_rows<D, BM>(tc_smem_addr(qsm), q + bi * a.st[0][0] + h * a.st[0][1], a.st[0][2], (int)i0, (int)a.s, d);
@@ -810,35 +856,7 @@ template <int D, int MT, int S> __device__ void attn_fwd_tc(const AttnArgs& a, T
         }
     }
     tc_wait<0>();  // no copy may be in flight at exit
-
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float lr = l[mt][r];
-            lr += __shfl_xor_sync(FULL, lr, 1);
-            lr += __shfl_xor_sync(FULL, lr, 2);
-            const int i = wi0 + 16 * mt + 8 * r + g;
-            if (i >= a.s) continue;
-            const bool dead = vis[mt][r] == 0;
-            const float inv = 1.f / lr;
-            T* orow = o + bi * a.st[3][0] + h * a.st[3][1] + (i64)i * a.st[3][2];
-#pragma unroll
-            for (int n = 0; n < OT; ++n) {
-                const int col = 8 * n + 2 * c4;
-                if (col < d) {
-                    const T x0 = TT::store(dead ? QNAN : oacc[mt][n][2 * r] * inv);
-                    const T x1 = TT::store(dead ? QNAN : oacc[mt][n][2 * r + 1] * inv);
-                    *(u32*)(orow + col) = (u32)x0.x | ((u32)x1.x << 16);
-                }
-            }
-            if (c4 == 0) {
-                // m is in base 2: lse = m·ln 2 + ln l.
-                lse[bi * a.st[4][0] + h * a.st[4][1] + (i64)i * a.st[4][2]] =
-                    dead ? QNAN : m[mt][r] * 0.6931471805599453f + logf(lr);
-            }
-        }
-    }
+    tc_store_rows<MT, OT>(a, tl, wi0, oacc, m, l, vis);
 #endif
 }
 
@@ -1438,25 +1456,17 @@ template <int S> __device__ void attn_fwd_wg(const AttnArgs& a, T* sm) {
     const u32 qaddr = (tc_smem_addr(sm) + 1023u) & ~1023u, kvaddr = qaddr + (u32)(WG_BM * D * 2);
     sm += (qaddr - tc_smem_addr(sm)) / 2;
     const T* q = (const T*)a.p[0];
-    T* o = (T*)a.p[3];
-    float* lse = (float*)a.p[4];
-    const i64 bhn = a.b * a.hq, qtiles = (a.s + WG_BM - 1) / WG_BM;
-    // The heaviest (last, under a causal mask) query tiles first.
-    const i64 w = blockIdx.x, qt = qtiles - 1 - w / bhn, bh = w % bhn, h = bh % a.hq, bi = bh / a.hq;
-    const i64 kh = h / (a.hq / a.hk);
-    const i64 i0 = qt * WG_BM;
-    const T* kg = (const T*)a.p[1] + bi * a.st[1][0] + kh * a.st[1][1];
-    const T* vg = (const T*)a.p[2] + bi * a.st[2][0] + kh * a.st[2][1];
-    const i64 last = (i0 + WG_BM < a.s ? i0 + WG_BM : a.s) - 1;
-    const int ntiles = (int)((visible(a, last) + WG_BN - 1) / WG_BN);
+    const TcTile tl = tc_tile(a, WG_BM);
+    const i64 bi = tl.bi, h = tl.h, i0 = tl.i0;
+    const int ntiles = (int)((tl.nkeys + WG_BN - 1) / WG_BN);
     // Row indices fit in 32 bits (the launcher checks s and t).
     const int wi0 = (int)i0 + 64 * wg + 16 * warp;
     // Keys every row of the warp sees: tiles below need no mask.
     const int vmin = (int)visible(a, wi0);
     auto stage = [&](int j) { return kvaddr + (u32)((j % S) * 2 * TILE * 2); };
     auto load_kv = [&](int j) {
-        wg_copy_rows<WG_BN>(stage(j), kg, a.st[1][2], j * WG_BN, t, d);
-        wg_copy_rows<WG_BN>(stage(j) + TILE * 2, vg, a.st[2][2], j * WG_BN, t, d);
+        wg_copy_rows<WG_BN>(stage(j), tl.k, a.st[1][2], j * WG_BN, t, d);
+        wg_copy_rows<WG_BN>(stage(j) + TILE * 2, tl.v, a.st[2][2], j * WG_BN, t, d);
     };
 
     wg_copy_rows<WG_BM>(qaddr, q + bi * a.st[0][0] + h * a.st[0][1], a.st[0][2], (int)i0, (int)a.s, d);
@@ -1558,32 +1568,7 @@ template <int S> __device__ void attn_fwd_wg(const AttnArgs& a, T* sm) {
         wg_pin<OT>(oacc[0]);
     }
     tc_wait<0>();  // no copy may be in flight at exit
-
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        float lr = l[0][r];
-        lr += __shfl_xor_sync(FULL, lr, 1);
-        lr += __shfl_xor_sync(FULL, lr, 2);
-        const int i = wi0 + 8 * r + g;
-        if (i >= a.s) continue;
-        const bool dead = vis[0][r] == 0;
-        const float inv = 1.f / lr;
-        T* orow = o + bi * a.st[3][0] + h * a.st[3][1] + (i64)i * a.st[3][2];
-#pragma unroll
-        for (int n = 0; n < OT; ++n) {
-            const int col = 8 * n + 2 * c4;
-            if (col < d) {
-                const T x0 = TT::store(dead ? QNAN : oacc[0][n][2 * r] * inv);
-                const T x1 = TT::store(dead ? QNAN : oacc[0][n][2 * r + 1] * inv);
-                *(u32*)(orow + col) = (u32)x0.x | ((u32)x1.x << 16);
-            }
-        }
-        if (c4 == 0) {
-            // m is in base 2: lse = m·ln 2 + ln l.
-            lse[bi * a.st[4][0] + h * a.st[4][1] + (i64)i * a.st[4][2]] =
-                dead ? QNAN : m[0][r] * 0.6931471805599453f + logf(lr);
-        }
-    }
+    tc_store_rows<1, OT>(a, tl, wi0, oacc, m, l, vis);
 }
 #endif
 
