@@ -567,28 +567,31 @@ __device__ __forceinline__ float tc_exp2(float x) {
 }
 
 // Max and sum of the 2·NT values of one accumulator row half (elements 2r, 2r + 1 of each
-// n-tile) as a tree: log-depth dependency chains instead of one 2·NT long.
+// n-tile) as a tree: log-depth dependency chains instead of one 2·NT long. The levels are
+// unrolled by template recursion: a loop bounded by an outer loop's variable is not always
+// unrolled (at NT = 16 it was not), and an array indexed by a variable lives in local memory.
+template <int W> struct TcTree {
+    template <class F> static __device__ __forceinline__ float fold(float (&t)[2 * W], F f) {
+        float u[W];
+#pragma unroll
+        for (int n = 0; n < W; ++n) u[n] = f(t[n], t[n + W]);
+        return TcTree<W / 2>::fold(u, f);
+    }
+};
+template <> struct TcTree<1> {
+    template <class F> static __device__ __forceinline__ float fold(float (&t)[2], F f) { return f(t[0], t[1]); }
+};
 template <int NT> __device__ __forceinline__ float tc_row_max(const float (&x)[NT][4], int r) {
     float t[NT];
 #pragma unroll
     for (int n = 0; n < NT; ++n) t[n] = fmaxf(x[n][2 * r], x[n][2 * r + 1]);
-#pragma unroll
-    for (int w = NT / 2; w > 0; w >>= 1) {
-#pragma unroll
-        for (int n = 0; n < w; ++n) t[n] = fmaxf(t[n], t[n + w]);
-    }
-    return t[0];
+    return TcTree<NT / 2>::fold(t, [](float a, float b) { return fmaxf(a, b); });
 }
 template <int NT> __device__ __forceinline__ float tc_row_sum(const float (&x)[NT][4], int r) {
     float t[NT];
 #pragma unroll
     for (int n = 0; n < NT; ++n) t[n] = x[n][2 * r] + x[n][2 * r + 1];
-#pragma unroll
-    for (int w = NT / 2; w > 0; w >>= 1) {
-#pragma unroll
-        for (int n = 0; n < w; ++n) t[n] += t[n + w];
-    }
-    return t[0];
+    return TcTree<NT / 2>::fold(t, [](float a, float b) { return a + b; });
 }
 
 // Above this many powers of two over the running row max, a tile's scores force a rescale of
