@@ -486,7 +486,7 @@ fn add_rms_norm_fused_matches_the_addition_then_the_norm() {
 /// older plugins.
 #[test]
 fn add_rms_norm_backward_adds_the_sum_gradient_in_the_norm_pass() {
-    use genesis::profiler::{profile, ProfilerOptions};
+    use genesis::profiler::{profile, record_function, ProfilerOptions};
     let f32 = |t: Tensor| t.to_dtype(DType::F32).unwrap().detach().requires_grad_(true).unwrap();
     let (x, r, w) = (f32(rand(&[4, 6], 70)), f32(rand(&[4, 6], 71)), f32(rand(&[6], 72)));
     let run = || -> Result<(Vec<String>, Vec<Vec<f32>>)> {
@@ -496,8 +496,15 @@ fn add_rms_norm_backward_adds_the_sum_gradient_in_the_norm_pass() {
         let (y, sum) = F::add_rms_norm(&x, &r, &[6], Some(&w), Some(1e-6))?;
         let loss = y.mul(&y)?.sum()?.add(&sum.mul_scalar(0.5)?.sum()?)?;
         let options = ProfilerOptions { device_time: false, ..Default::default() };
-        let ((), prof) = profile(options, || loss.backward())?;
-        let node = prof.events().iter().find(|e| e.name == "AddRmsNormBackward").map(|e| e.id);
+        // The profiler records every thread, and other tests of this binary run norms
+        // meanwhile: take the node on this test's thread (the one that records the span).
+        let ((), prof) = profile(options, || {
+            let _span = record_function("add_rms_norm_backward_test");
+            loss.backward()
+        })?;
+        let thread = prof.events().iter().find(|e| e.name == "add_rms_norm_backward_test").map(|e| e.thread);
+        let node =
+            prof.events().iter().find(|e| e.name == "AddRmsNormBackward" && Some(e.thread) == thread).map(|e| e.id);
         let ops = prof.events().iter().filter(|e| node.is_some() && e.parent == node).map(|e| e.name.clone()).collect();
         let grads = [&x, &r, &w].iter().map(|t| t.grad().unwrap().to_vec::<f32>()).collect::<Result<Vec<_>>>()?;
         Ok((ops, grads))
