@@ -111,11 +111,20 @@ impl Compiler {
         Err(BackendError::internal(format!("cuda: {call} failed: {text}")))
     }
 
+    /// Whether modules for `sm_{arch}` are compiled for its arch-specific target (`sm_90a`),
+    /// so that kernels using its instructions (wgmma) are not compiled empty.
+    pub fn arch_specific(&self, arch: u32) -> bool {
+        arch_specific(arch, self.version.0)
+    }
+
     /// The CUBIN of `source` for `sm_{arch}` (`target`), from the disk cache or compiled now.
     /// `name` is used for messages and file names; `defines` become `-D` options.
     pub fn cubin(&self, name: &str, source: &str, defines: &[String], arch: u32, driver: i32) -> Result<Vec<u8>> {
-        let mut options: Vec<String> =
-            vec![format!("--gpu-architecture={}", target(arch)), "--std=c++17".into(), "-default-device".into()];
+        let mut options: Vec<String> = vec![
+            format!("--gpu-architecture={}", target(arch, self.version.0)),
+            "--std=c++17".into(),
+            "-default-device".into(),
+        ];
         options.extend(defines.iter().map(|d| format!("-D{d}")));
         let option_text = options.join(" ");
         let nvrtc = format!("{}.{}", self.version.0, self.version.1);
@@ -194,15 +203,19 @@ impl Compiler {
     }
 }
 
-/// NVRTC's name for the architecture a module is compiled for: sm_90 compiles as sm_90a, whose
-/// warpgroup products (wgmma) the Hopper attention forward uses; the code runs on sm_90 alone,
-/// which is the device it is compiled for.
-fn target(arch: u32) -> String {
-    if arch == 90 {
-        "sm_90a".into()
+/// NVRTC's name for the architecture a module is compiled for: sm_90 compiles as sm_90a (with
+/// NVRTC 12 or newer, which knows it), whose warpgroup products (wgmma) the Hopper attention
+/// forward uses; the code runs on sm_90 alone, which is the device it is compiled for.
+fn target(arch: u32, nvrtc_major: i32) -> String {
+    if arch_specific(arch, nvrtc_major) {
+        format!("sm_{arch}a")
     } else {
         format!("sm_{arch}")
     }
+}
+
+fn arch_specific(arch: u32, nvrtc_major: i32) -> bool {
+    arch == 90 && nvrtc_major >= 12
 }
 
 fn store(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -220,9 +233,12 @@ mod tests {
 
     #[test]
     fn hopper_compiles_for_its_arch_specific_target() {
-        assert_eq!(target(90), "sm_90a");
-        assert_eq!(target(80), "sm_80");
-        assert_eq!(target(100), "sm_100");
+        assert_eq!(target(90, 13), "sm_90a");
+        assert_eq!(target(90, 12), "sm_90a");
+        // NVRTC 11 does not know sm_90a: the module compiles for sm_90, without wgmma.
+        assert_eq!(target(90, 11), "sm_90");
+        assert_eq!(target(80, 13), "sm_80");
+        assert_eq!(target(100, 13), "sm_100");
     }
 
     /// Every kernel module compiles for each element type it serves (Hopper, Ampere, and Turing,

@@ -25,6 +25,12 @@ fn compiler() -> Result<&'static Compiler> {
 }
 
 impl CudaDevice {
+    /// Whether this device's modules are compiled for its arch-specific target (sm_90a), where
+    /// the kernels that use Hopper's warpgroup products are built (see `nvrtc::target`).
+    pub(crate) fn arch_specific(&self) -> bool {
+        compiler().is_ok_and(|c| c.arch_specific(self.facts.arch))
+    }
+
     /// The loaded module `module` for `dtype`, loading it on first use (the caller holds the
     /// module lock).
     fn loaded<'m>(

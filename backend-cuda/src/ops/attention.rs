@@ -190,10 +190,11 @@ fn tc_smem(dpad: usize) -> u32 {
 const WG_THREADS: u32 = 256;
 const WG_ROWS: usize = 128;
 
-/// Whether the forward takes `attn_fwd_wg_64`: on sm_90, where the tensor-core path applies at
-/// the padded head dim 64.
-fn hopper_forward(arch: u32, dpad: usize) -> bool {
-    arch == 90 && dpad == 64
+/// Whether the forward takes `attn_fwd_wg_64`: on sm_90 with its modules compiled for sm_90a
+/// (`arch_specific`; otherwise the kernel is compiled empty), where the tensor-core path
+/// applies at the padded head dim 64.
+fn hopper_forward(arch: u32, arch_specific: bool, dpad: usize) -> bool {
+    arch == 90 && arch_specific && dpad == 64
 }
 
 /// Shared memory of `attn_fwd_wg_64`: Q (128 rows of 64 elements) and `WG_STAGES` = 5 stages
@@ -261,7 +262,7 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
                 a.set(slot, x);
             }
             if let Some(tc) = tensor_core_dim(device.facts.arch, &dm, &[q, k, v], &[o]) {
-                if hopper_forward(device.facts.arch, tc) {
+                if hopper_forward(device.facts.arch, device.arch_specific(), tc) {
                     let work = (dm.b * dm.hq * dm.s.div_ceil(WG_ROWS)) as u64;
                     if work <= i32::MAX as u64 {
                         let shape = (work as u32, WG_THREADS, wg_smem());
@@ -521,10 +522,11 @@ mod tests {
 
     #[test]
     fn only_hopper_takes_the_wgmma_forward() {
-        assert!(hopper_forward(90, 64));
-        assert!(!hopper_forward(90, 128));
-        assert!(!hopper_forward(80, 64));
-        assert!(!hopper_forward(89, 64));
-        assert!(!hopper_forward(100, 64));
+        assert!(hopper_forward(90, true, 64));
+        assert!(!hopper_forward(90, false, 64));
+        assert!(!hopper_forward(90, true, 128));
+        assert!(!hopper_forward(80, false, 64));
+        assert!(!hopper_forward(89, false, 64));
+        assert!(!hopper_forward(100, false, 64));
     }
 }
