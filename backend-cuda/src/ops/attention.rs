@@ -197,11 +197,14 @@ fn hopper_forward(arch: u32, arch_specific: bool, dpad: usize) -> bool {
     arch == 90 && arch_specific && dpad == 64
 }
 
-/// Shared memory of `attn_fwd_wg_64`: Q (128 rows of 64 elements) and `WG_STAGES` = 5 stages
-/// of a K and a V tile of 64 rows, plus 1 KiB to start on a 1024-byte boundary (the period of
-/// the swizzled layout).
+/// K/V pipeline stages of `attn_fwd_wg_64` (`WG_STAGES` in attention.cu).
+const WG_STAGES: usize = 5;
+
+/// Shared memory of `attn_fwd_wg_64`: Q (128 rows of 64 elements) and `WG_STAGES` stages of a
+/// K and a V tile of 64 rows, plus 1 KiB to start on a 1024-byte boundary (the period of the
+/// swizzled layout).
 fn wg_smem() -> u32 {
-    ((WG_ROWS * 64 + 5 * 2 * 64 * 64) * 2 + 1024) as u32
+    ((WG_ROWS * 64 + WG_STAGES * 2 * 64 * 64) * 2 + 1024) as u32
 }
 
 /// Queries per step of `attn_bwd_dkv_tc_{dpad}` (`BM` in attention.cu).
