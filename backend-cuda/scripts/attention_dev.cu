@@ -1,15 +1,19 @@
-// Kernel dev harness for the tensor-core attention forwards: checks `attn_fwd_wg_64` (Hopper,
-// wgmma) and `attn_fwd_tc_64` (mma.sync) against a plain f32 reference on a few shapes and
-// masks, then times them on the benchmark shape (B8 H16 S1024 D64 causal). The kernels are
-// the plugin's own sources, compiled here with nvcc instead of NVRTC (on the GPU machine):
+// Kernel dev harness for the tensor-core attention kernels: checks the forwards
+// `attn_fwd_wg_64` (Hopper, wgmma) and `attn_fwd_tc_64` (mma.sync), and the backward passes
+// `attn_bwd_{dq,dkv}_{wg,tc}_64`, against a plain f32 reference on a few shapes and masks,
+// then times them on the benchmark shape (B8 H16 S1024 D64 causal), and the backward also on
+// the grouped-query shape of the SFT step (B8, 14 query and 2 kv heads, S1024 D64 causal).
+// The kernels are the plugin's own sources, compiled here with nvcc instead of NVRTC (on the
+// GPU machine):
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a -DELEM=b16 -DIS_FLOAT=1 -o attention_dev \
-//        backend-cuda/scripts/attention_dev.cu && ./attention_dev
+//        backend-cuda/scripts/attention_dev.cu && ./attention_dev [fwd|bwd|profile|bwdprofile]
 //
 #include <cstdio>
 #include <cstdlib>
 #include <cmath>
 #include <vector>
+#include <cstring>
 #include "../src/kernels/common.cuh"
 #include "../src/kernels/attention.cu"
 
@@ -170,7 +174,268 @@ static void run_case(const Case& c, bool time_it) {
     cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(lse), cudaFree(ro), cudaFree(rl);
 }
 
-// `attention_dev profile`: the timing case alone, each variant launched once (for ncu).
+// ---- backward ----------------------------------------------------------------------------
+
+// One thread per query row: D = rowsum(dO ∘ o) and dq in f32 from the reference o and lse.
+__global__ void reference_dq(const AttnArgs a, const float* ro, const float* rl, float* dq, float* dd) {
+    const i64 row = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= a.b * a.hq * a.s) return;
+    const i64 i = row % a.s, h = (row / a.s) % a.hq, bi = row / (a.s * a.hq), kh = h / (a.hq / a.hk);
+    const b16* q = (const b16*)a.p[0] + bi * a.st[0][0] + h * a.st[0][1] + i * a.st[0][2];
+    const b16* k = (const b16*)a.p[1] + bi * a.st[1][0] + kh * a.st[1][1];
+    const b16* v = (const b16*)a.p[2] + bi * a.st[2][0] + kh * a.st[2][1];
+    const b16* g = (const b16*)a.p[5] + bi * a.st[5][0] + h * a.st[5][1] + i * a.st[5][2];
+    const i64 n = visible(a, i);
+    float dsum = 0;
+    for (int c = 0; c < a.d; ++c) dsum += bf2f(g[c].x) * ro[row * a.d + c];
+    if (n == 0) dsum = 0;
+    float acc[128] = {0};
+    for (i64 j = 0; j < n; ++j) {
+        float s = 0, dp = 0;
+        for (int c = 0; c < a.d; ++c) {
+            s += bf2f(q[c].x) * bf2f(k[j * a.st[1][2] + c].x);
+            dp += bf2f(g[c].x) * bf2f(v[j * a.st[2][2] + c].x);
+        }
+        const float p = expf(s * (float)a.scale - rl[row]), ds = p * (dp - dsum);
+        for (int c = 0; c < a.d; ++c) acc[c] += ds * bf2f(k[j * a.st[1][2] + c].x);
+    }
+    for (int c = 0; c < a.d; ++c) dq[row * a.d + c] = acc[c] * (float)a.scale;
+    dd[row] = dsum;
+}
+
+// One thread per key row: dk and dv in f32 over every query of the group that sees the key.
+__global__ void reference_dkv(const AttnArgs a, const float* rl, const float* dd, float* dk, float* dv) {
+    const i64 row = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= a.b * a.hk * a.t) return;
+    const i64 j = row % a.t, kh = (row / a.t) % a.hk, bi = row / (a.t * a.hk), group = a.hq / a.hk;
+    const b16* k = (const b16*)a.p[1] + bi * a.st[1][0] + kh * a.st[1][1] + j * a.st[1][2];
+    const b16* v = (const b16*)a.p[2] + bi * a.st[2][0] + kh * a.st[2][1] + j * a.st[2][2];
+    float ak[128] = {0}, av[128] = {0};
+    for (i64 h = kh * group; h < (kh + 1) * group; ++h) {
+        for (i64 i = 0; i < a.s; ++i) {
+            if (j >= visible(a, i)) continue;
+            const b16* q = (const b16*)a.p[0] + bi * a.st[0][0] + h * a.st[0][1] + i * a.st[0][2];
+            const b16* g = (const b16*)a.p[5] + bi * a.st[5][0] + h * a.st[5][1] + i * a.st[5][2];
+            const i64 qrow = (bi * a.hq + h) * a.s + i;
+            float s = 0, dp = 0;
+            for (int c = 0; c < a.d; ++c) {
+                s += bf2f(q[c].x) * bf2f(k[c].x);
+                dp += bf2f(g[c].x) * bf2f(v[c].x);
+            }
+            const float p = expf(s * (float)a.scale - rl[qrow]), ds = p * (dp - dd[qrow]);
+            for (int c = 0; c < a.d; ++c) {
+                ak[c] += ds * bf2f(q[c].x);
+                av[c] += p * bf2f(g[c].x);
+            }
+        }
+    }
+    for (int c = 0; c < a.d; ++c) dk[row * a.d + c] = ak[c] * (float)a.scale, dv[row * a.d + c] = av[c];
+}
+
+template <int S, int WGS, int BLOCKS> __global__ void __launch_bounds__(128 * WGS, BLOCKS) dkv_wg_var(const AttnArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    ASMEM;
+    attn_bwd_dkv_wg<S, WGS>(a, (T*)smem_raw);
+#endif
+}
+template <int S, int WGS, int BLOCKS> __global__ void __launch_bounds__(128 * WGS, BLOCKS) dq_wg_var(const AttnArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    ASMEM;
+    attn_bwd_dq_wg<S, WGS>(a, (T*)smem_raw);
+#endif
+}
+#define DQ_WG_SMEM(S, W) (1024 + 2 * 64 * (W) * 64 * 2 + (S) * 2 * WG_BN * 64 * 2 + 2 * 64 * (W) * 4)
+#define DKV_WG_SMEM(S, W) (1024 + 2 * 64 * (W) * 64 * 2 + (S) * (2 * WG_BN * 64 * 2 + 2 * WG_BN * 4))
+// rows: queries (dq) or keys (dkv) per block.
+static const Variant dq_variants[] = {
+    {"attn_bwd_dq_tc_64 (mma.sync)", attn_bwd_dq_tc_64, TC_THREADS, 64, (2 * 64 + 3 * 2 * 64) * 72 * 2},
+    {"dq_wg, 2 WGs, 1 block/SM, S4", dq_wg_var<4, 2, 1>, 256, 128, DQ_WG_SMEM(4, 2)},
+    {"attn_bwd_dq_wg_64 (wgmma)", attn_bwd_dq_wg_64, WG_BWD_THREADS, 64, DQ_WG_SMEM(WG_DQ_STAGES, 1)},
+};
+static const Variant dkv_variants[] = {
+    {"attn_bwd_dkv_tc_64 (mma.sync)", attn_bwd_dkv_tc_64, TC_THREADS, 64, (2 * 64 + 2 * 2 * 64) * 72 * 2 + 2 * 2 * 64 * 4},
+    {"dkv_wg, 2 WGs, 1 block/SM, S5", dkv_wg_var<5, 2, 1>, 256, 128, DKV_WG_SMEM(5, 2)},
+    {"dkv_wg, 1 WG, 2 blocks/SM, S5", dkv_wg_var<5, 1, 2>, 128, 64, DKV_WG_SMEM(5, 1)},
+    {"attn_bwd_dkv_wg_64 (wgmma)", attn_bwd_dkv_wg_64, WG_BWD_THREADS, 64, DKV_WG_SMEM(WG_DKV_STAGES, 1)},
+};
+
+static float time_kernel(const Variant& var, int blocks, const AttnArgs& a) {
+    cudaEvent_t x, y;
+    CK(cudaEventCreate(&x));
+    CK(cudaEventCreate(&y));
+    float best = 1e9;
+    for (int round = 0; round < 5; ++round) {
+        for (int i = 0; i < 3; ++i) var.fn<<<blocks, var.threads, var.smem>>>(a);
+        const int n = 30;
+        CK(cudaEventRecord(x));
+        for (int i = 0; i < n; ++i) var.fn<<<blocks, var.threads, var.smem>>>(a);
+        CK(cudaEventRecord(y));
+        CK(cudaEventSynchronize(y));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, x, y));
+        best = fminf(best, ms / n);
+    }
+    return best;
+}
+
+// Worst |x - ref| over the finite reference values, relative to the largest |ref|; NaN in x
+// where the reference is finite counts as a mismatch.
+static double rel_err(const std::vector<unsigned short>& x, const std::vector<float>& ref, long* bad) {
+    double e = 0, top = 1e-30;
+    for (size_t i = 0; i < ref.size(); ++i) top = fmax(top, fabs(ref[i]));
+    for (size_t i = 0; i < ref.size(); ++i) {
+        const float v = from_bf(x[i]);
+        if (std::isnan(v)) ++*bad;
+        else e = fmax(e, fabs(v - ref[i]));
+    }
+    return e / top;
+}
+
+static void run_backward(const Case& c, bool time_it, bool once) {
+    const size_t nq = (size_t)c.b * c.hq * c.s * c.d, nk = (size_t)c.b * c.hk * c.t * c.d;
+    const size_t rows = (size_t)c.b * c.hq * c.s, krows = (size_t)c.b * c.hk * c.t;
+    std::vector<unsigned short> hq(nq), hk(nk), hv(nk), hg(nq), out(nq > nk ? nq : nk);
+    srand(2);
+    auto rnd = [] { return (float)rand() / RAND_MAX * 2.f - 1.f; };
+    for (auto& x : hq) x = to_bf(rnd() * 2.f);
+    for (auto& x : hk) x = to_bf(rnd() * 2.f);
+    for (auto& x : hv) x = to_bf(rnd());
+    for (auto& x : hg) x = to_bf(rnd());
+    b16 *q, *k, *v, *o, *g, *dq, *dk, *dv;
+    float *lse, *ro, *rl, *rdq, *rdk, *rdv, *rdd, *delta;
+    CK(cudaMalloc(&q, nq * 2));
+    CK(cudaMalloc(&k, nk * 2));
+    CK(cudaMalloc(&v, nk * 2));
+    CK(cudaMalloc(&o, nq * 2));
+    CK(cudaMalloc(&g, nq * 2));
+    CK(cudaMalloc(&dq, nq * 2));
+    CK(cudaMalloc(&dk, nk * 2));
+    CK(cudaMalloc(&dv, nk * 2));
+    CK(cudaMalloc(&lse, rows * 4));
+    CK(cudaMalloc(&ro, nq * 4));
+    CK(cudaMalloc(&rl, rows * 4));
+    CK(cudaMalloc(&rdq, nq * 4));
+    CK(cudaMalloc(&rdk, nk * 4));
+    CK(cudaMalloc(&rdv, nk * 4));
+    CK(cudaMalloc(&rdd, rows * 4));
+    CK(cudaMalloc(&delta, rows * 8));
+    CK(cudaMemcpy(q, hq.data(), nq * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(k, hk.data(), nk * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(v, hv.data(), nk * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(g, hg.data(), nq * 2, cudaMemcpyHostToDevice));
+    AttnArgs a;
+    memset(&a, 0, sizeof a);
+    char* ptrs[9] = {(char*)q, (char*)k, (char*)v, (char*)o, (char*)lse, (char*)g, (char*)dq, (char*)dk, (char*)dv};
+    for (int i = 0; i < 9; ++i) a.p[i] = ptrs[i];
+    a.delta = (char*)delta;
+    const i64 qs[4] = {(i64)c.hq * c.s * c.d, (i64)c.s * c.d, c.d, 1}, ks[4] = {(i64)c.hk * c.t * c.d, (i64)c.t * c.d, c.d, 1};
+    for (int e = 0; e < 4; ++e) {
+        a.st[0][e] = a.st[3][e] = a.st[5][e] = a.st[6][e] = qs[e];
+        a.st[1][e] = a.st[2][e] = a.st[7][e] = a.st[8][e] = ks[e];
+    }
+    a.st[4][0] = (i64)c.hq * c.s, a.st[4][1] = c.s, a.st[4][2] = 1;
+    a.b = c.b, a.hq = c.hq, a.hk = c.hk, a.s = c.s, a.t = c.t, a.d = c.d, a.scale = c.scale, a.causal = c.causal;
+    // The kernels' o and lse from the mma.sync forward; the reference's from the reference.
+    const int fsmem = 3 * 2 * 64 * 72 * 2;
+    CK(cudaFuncSetAttribute(attn_fwd_tc_64, cudaFuncAttributeMaxDynamicSharedMemorySize, fsmem));
+    attn_fwd_tc_64<<<c.b * c.hq * ((c.s + 127) / 128), TC_THREADS, fsmem>>>(a);
+    reference<<<(rows + 127) / 128, 128>>>(a, ro, rl);
+    if (!once) {
+        reference_dq<<<(rows + 127) / 128, 128>>>(a, ro, rl, rdq, rdd);
+        reference_dkv<<<(krows + 127) / 128, 128>>>(a, rl, rdd, rdk, rdv);
+    }
+    CK(cudaDeviceSynchronize());
+    std::vector<float> rq(nq), rk(nk), rv(nk), rd(rows), rlh(rows), hd(2 * rows);
+    CK(cudaMemcpy(rq.data(), rdq, nq * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(rk.data(), rdk, nk * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(rv.data(), rdv, nk * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(rd.data(), rdd, rows * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(rlh.data(), rl, rows * 4, cudaMemcpyDeviceToHost));
+    printf("backward b%d hq%d hk%d s%d t%d d%d causal%d scale%+.3f\n", c.b, c.hq, c.hk, c.s, c.t, c.d, c.causal, c.scale);
+    std::vector<unsigned short> ho(nq), hk2(nk);
+    for (const Variant& var : dq_variants) {
+        CK(cudaFuncSetAttribute(var.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, var.smem));
+        const int blocks = c.b * c.hq * ((c.s + var.rows - 1) / var.rows);
+        CK(cudaMemset(dq, 0xff, nq * 2));
+        CK(cudaMemset(delta, 0xff, rows * 8));
+        var.fn<<<blocks, var.threads, var.smem>>>(a);
+        CK(cudaDeviceSynchronize());
+        if (once) continue;
+        CK(cudaMemcpy(ho.data(), dq, nq * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(hd.data(), delta, rows * 8, cudaMemcpyDeviceToHost));
+        long bad = 0;
+        const double e = rel_err(ho, rq, &bad);
+        // D against the reference's (o in bf16 against f32: 1e-2 of D's scale), lse·log2 e.
+        double ed = 0, el = 0;
+        for (size_t r = 0; r < rows; ++r) {
+            ed = fmax(ed, fabs(hd[r] - rd[r]));
+            const float l2 = std::isnan(rlh[r]) ? 0.f : rlh[r] * 1.4426950408889634f;
+            el = fmax(el, fabs(hd[rows + r] - l2));
+        }
+        const bool ok = e < 1e-2 && bad == 0 && ed < 2e-2 && el < 1e-3;
+        printf("  %-30s dq rel err %.2e  D err %.2e  lse2 err %.2e  NaN %ld  %s", var.name, e, ed, el, bad, ok ? "ok" : "MISMATCH");
+        if (time_it) printf("  %.4f ms", time_kernel(var, blocks, a));
+        printf("\n");
+    }
+    // The dK/dV passes read D and lse·log2 e as the last dq pass (the wgmma one) wrote them.
+    for (const Variant& var : dkv_variants) {
+        CK(cudaFuncSetAttribute(var.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, var.smem));
+        const int blocks = c.b * c.hk * ((c.t + var.rows - 1) / var.rows);
+        CK(cudaMemset(dk, 0xff, nk * 2));
+        CK(cudaMemset(dv, 0xff, nk * 2));
+        var.fn<<<blocks, var.threads, var.smem>>>(a);
+        CK(cudaDeviceSynchronize());
+        if (once) continue;
+        long bad = 0;
+        CK(cudaMemcpy(hk2.data(), dk, nk * 2, cudaMemcpyDeviceToHost));
+        const double ek = rel_err(hk2, rk, &bad);
+        CK(cudaMemcpy(hk2.data(), dv, nk * 2, cudaMemcpyDeviceToHost));
+        const double ev = rel_err(hk2, rv, &bad);
+        const bool ok = ek < 1e-2 && ev < 1e-2 && bad == 0;
+        printf("  %-30s dk rel err %.2e  dv rel err %.2e  NaN %ld  %s", var.name, ek, ev, bad, ok ? "ok" : "MISMATCH");
+        if (time_it) printf("  %.4f ms", time_kernel(var, blocks, a));
+        printf("\n");
+    }
+    // Grouped queries: the dK/dV pass with the query heads shared out among `split` blocks per
+    // key tile (2, 4, ... and the group size, where that many parts are not empty), then the
+    // sum of the parts.
+    for (int split = 2; c.hq != c.hk && split <= c.hq / c.hk; split = split == c.hq / c.hk ? split + 1 : min(2 * split, c.hq / c.hk)) {
+        const int group = c.hq / c.hk, per = (group + split - 1) / split, parts = (group + per - 1) / per;
+        if (parts != split) continue;
+        float* part;
+        CK(cudaMalloc(&part, (size_t)split * 2 * krows * 64 * 4));
+        AttnArgs sa = a;
+        sa.split = split, sa.partial = (char*)part;
+        const Variant pass = {"attn_bwd_dkv_wg_64 + sum", attn_bwd_dkv_wg_64, WG_BWD_THREADS, 64,
+                              DKV_WG_SMEM(WG_DKV_STAGES, 1)};
+        const Variant sum = {"attn_bwd_dkv_sum", attn_bwd_dkv_sum, 256, 0, 0};
+        const int blocks = c.b * c.hk * ((c.t + 63) / 64) * split, sblocks = (int)((krows * 32 + 255) / 256);
+        CK(cudaMemset(dk, 0xff, nk * 2));
+        CK(cudaMemset(dv, 0xff, nk * 2));
+        pass.fn<<<blocks, pass.threads, pass.smem>>>(sa);
+        sum.fn<<<sblocks, 256>>>(sa);
+        CK(cudaDeviceSynchronize());
+        if (!once) {
+            long bad = 0;
+            CK(cudaMemcpy(hk2.data(), dk, nk * 2, cudaMemcpyDeviceToHost));
+            const double ek = rel_err(hk2, rk, &bad);
+            CK(cudaMemcpy(hk2.data(), dv, nk * 2, cudaMemcpyDeviceToHost));
+            const double ev = rel_err(hk2, rv, &bad);
+            const bool ok = ek < 1e-2 && ev < 1e-2 && bad == 0;
+            printf("  %-24s in %d parts dk rel err %.2e  dv rel err %.2e  NaN %ld  %s", pass.name, split, ek, ev, bad,
+                   ok ? "ok" : "MISMATCH");
+            if (time_it) printf("  %.4f + %.4f ms", time_kernel(pass, blocks, sa), time_kernel(sum, sblocks, sa));
+            printf("\n");
+        }
+        cudaFree(part);
+    }
+    for (void* p : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)g, (void*)dq, (void*)dk, (void*)dv, (void*)lse,
+                    (void*)ro, (void*)rl, (void*)rdq, (void*)rdk, (void*)rdv, (void*)rdd, (void*)delta})
+        cudaFree(p);
+}
+
+// `profile` / `bwdprofile`: the timing case alone, each variant launched once (for ncu);
+// `fwd` / `bwd`: the checks of one direction.
 int main(int argc, char** argv) {
     const Case cases[] = {
         {1, 2, 2, 128, 128, 64, false, 0.125},
@@ -183,10 +448,17 @@ int main(int argc, char** argv) {
         {8, 16, 16, 1024, 1024, 64, true, 0.125},
     };
     const size_t n = sizeof cases / sizeof cases[0];
-    if (argc > 1) {
-        run_case(cases[n - 1], false);
-        return 0;
+    // The grouped-query shape of the SFT step (Qwen2.5-0.5B at batch 8 × 1024), backward only.
+    const Case step = {8, 14, 2, 1024, 1024, 64, true, 0.125};
+    const char* mode = argc > 1 ? argv[1] : "";
+    if (!strcmp(mode, "profile")) run_case(cases[n - 1], false);
+    if (!strcmp(mode, "bwdprofile")) run_backward(cases[n - 1], false, true);
+    if (!*mode || !strcmp(mode, "fwd")) {
+        for (size_t i = 0; i < n; ++i) run_case(cases[i], i + 1 == n);
     }
-    for (size_t i = 0; i < n; ++i) run_case(cases[i], i + 1 == n);
+    if (!*mode || !strcmp(mode, "bwd")) {
+        for (size_t i = 0; i < n; ++i) run_backward(cases[i], i + 1 == n, false);
+        run_backward(step, true, false);
+    }
     return 0;
 }

@@ -28,9 +28,11 @@ struct AttnArgs {
     i64 b, hq, hk, s, t, d;
     double scale;
     i64 causal;
-    i64 split;      // masked attention: keys per block
+    i64 split;      // masked attention: keys per block; the Hopper dK/dV pass: blocks that
+                    // share out the query heads of a group (1: none)
     char* partial;  // masked attention over several splits: per (row, split) the output sums,
-                    // max and sum of weights, (d + 2) values of type C
+                    // max and sum of weights, (d + 2) values of type C; the Hopper dK/dV pass
+                    // with split > 1: per part, dK then dV rows of 64 f32
 };
 
 #define WARPS 8
@@ -1377,12 +1379,12 @@ __device__ __forceinline__ void wg_mma_rs(float (&x)[8][4], const u32 (&a)[4], u
 
 // This thread's share of copying NROWS rows of 64 elements of one head with cp.async into a
 // swizzled tile at `dst`. Rows at or past `limit` and columns at or past d are zeros (not read).
-template <int NROWS>
+template <int NROWS, int THREADS = WG_THREADS>
 __device__ __forceinline__ void wg_copy_rows(u32 dst, const T* src, i64 srow, int r0, int limit, int d) {
-    static_assert(NROWS * 8 % WG_THREADS == 0, "whole rounds of chunks");
+    static_assert(NROWS * 8 % THREADS == 0, "whole rounds of chunks");
 #pragma unroll
-    for (int k = 0; k < NROWS * 8 / WG_THREADS; ++k) {
-        const int i = threadIdx.x + k * WG_THREADS, r = i >> 3, c = i & 7;
+    for (int k = 0; k < NROWS * 8 / THREADS; ++k) {
+        const int i = threadIdx.x + k * THREADS, r = i >> 3, c = i & 7;
         const bool in = 8 * c < d && r0 + r < limit;
         tc_cp16(dst + (u32)(128 * r + ((c ^ (r & 7)) << 4)), in ? src + (i64)(r0 + r) * srow + 8 * c : src, in ? 16 : 0);
     }
@@ -1583,6 +1585,454 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attn_fwd_wg_64(const
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     ASMEM;
     attn_fwd_wg<WG_STAGES>(a, (T*)smem_raw);
+#endif
+}
+
+// ---- Hopper backward (f16 / bf16, sm_90a) -----------------------------------------------------
+// The two passes of the tensor-core backward (same split, same arithmetic, same outputs,
+// including the D and lse·log2 e rows the dQ pass writes for the dK/dV pass) on wgmma, with
+// the forward's machinery: swizzled tiles copied S stages deep, one barrier per tile. A block
+// is WGS warpgroups, warpgroup w taking rows 64w.. of the block's 64·WGS rows.
+// - dQ (`attn_bwd_dq_wg_64`): a block takes 64·WGS queries of one (batch, head) and streams
+//   its key head's K and V in 64-key tiles: S = Q·Kᵀ and dP = dO·Vᵀ (both operands in shared
+//   memory), dS = P ∘ (dP - D) in registers, dQ += dS·K (dS from registers, K read MN-major
+//   as the forward reads V). As in the forward, tile j's S and dP are issued together with
+//   tile j-1's dS·K, whose registers the weights of tile j then wait for.
+// - dK/dV (`attn_bwd_dkv_wg_64`): a block takes 64·WGS keys of one (batch, kv head) and
+//   streams 64-query tiles of every query head of the group with their lse·log2 e and D. It
+//   forms Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ so that keys are accumulator rows: Pᵀ and dSᵀ are then
+//   the register A operands of dV += Pᵀ·dO and dK += dSᵀ·Q (dO and Q read MN-major), and the
+//   per-query lse and D are per-column values read from shared memory. For a grouped-query
+//   model the group's heads may be shared out among `a.split` blocks per key tile, whose f32
+//   partial sums `attn_bwd_dkv_sum` adds.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// dS = P ∘ (dP - D) with P = 2^(s·sl2 - l2), in place (s becomes P); `ok(n, e)` says whether
+// element e of n-tile n is a pair some query sees (masked pairs are selected to zero, never
+// multiplied: a dead row's D is 0 but its products may be anything). l2 and D per element.
+template <bool MASK, class Ok, class Row>
+__device__ __forceinline__ void wg_grad_weights(float (&sacc)[8][4], float (&pacc)[8][4], float sl2, Ok ok, Row row) {
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float2 ld = row(n, e);  // (lse·log2 e, D)
+            const float p = tc_exp2(fmaf(sacc[n][e], sl2, -ld.x));
+            const float ds = p * (pacc[n][e] - ld.y);
+            const bool keep = !MASK || ok(n, e);
+            sacc[n][e] = keep ? p : 0.f;
+            pacc[n][e] = keep ? ds : 0.f;
+        }
+    }
+}
+
+template <int S, int WGS> __device__ void attn_bwd_dq_wg(const AttnArgs& a, T* sm) {
+    constexpr int D = 64;
+    constexpr int TILE = WG_BN * D;  // elements of one K or V tile
+    constexpr int AHEAD = S - 2;
+    constexpr int BM = 64 * WGS, THREADS = 128 * WGS;  // queries and threads of a block
+    static_assert(AHEAD >= 1, "stages");
+    const int d = (int)a.d, s = (int)a.s, t = (int)a.t;
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
+              c4 = lane & 3;
+    // Shared, from the first 1024-byte boundary: Q and dO (BM rows each), S stages of a K and
+    // a V tile, then the rows' D and lse·log2 e (f32).
+    const u32 qaddr = (tc_smem_addr(sm) + 1023u) & ~1023u, doaddr = qaddr + (u32)(BM * D * 2),
+              kvaddr = doaddr + (u32)(BM * D * 2);
+    float* rowf = (float*)((char*)sm + (kvaddr + (u32)(S * 2 * TILE * 2) - tc_smem_addr(sm)));
+    const T* q = (const T*)a.p[0];
+    const T* o = (const T*)a.p[3];
+    const float* lse = (const float*)a.p[4];
+    const T* dout = (const T*)a.p[5];
+    T* dq = (T*)a.p[6];
+    float* delta = (float*)a.delta;
+    const TcTile tl = tc_tile(a, BM);
+    const i64 bi = tl.bi, h = tl.h, bh = bi * a.hq + h, rows = a.b * a.hq * a.s;
+    const int i0 = (int)tl.i0, ntiles = (int)((tl.nkeys + WG_BN - 1) / WG_BN);
+    const int wi0 = i0 + 64 * wg + 16 * warp;
+    const int vmin = (int)visible(a, wi0);
+    auto stage = [&](int j) { return kvaddr + (u32)((j % S) * 2 * TILE * 2); };
+    auto load_kv = [&](int j) {
+        wg_copy_rows<WG_BN, THREADS>(stage(j), tl.k, a.st[1][2], j * WG_BN, t, d);
+        wg_copy_rows<WG_BN, THREADS>(stage(j) + TILE * 2, tl.v, a.st[2][2], j * WG_BN, t, d);
+    };
+    wg_copy_rows<BM, THREADS>(qaddr, q + bi * a.st[0][0] + h * a.st[0][1], a.st[0][2], i0, s, d);
+    wg_copy_rows<BM, THREADS>(doaddr, dout + bi * a.st[5][0] + h * a.st[5][1], a.st[5][2], i0, s, d);
+#pragma unroll
+    for (int p = 0; p < AHEAD; ++p) {
+        if (p < ntiles) load_kv(p);
+        tc_commit();
+    }
+    {
+        // D = rowsum(dO ∘ O), two threads a row, from global memory while the tiles load;
+        // with lse·log2 e written out for the dK/dV pass and kept in shared memory for the
+        // accumulator rows. Both are 0 for rows that see no key (their D is NaN: O is).
+        // Every load of a thread is issued before the first is used (16-byte packs where O's
+        // rows allow; dO's always do), so that a warp waits on global memory once.
+        const int rr = threadIdx.x >> 1, c0 = (threadIdx.x & 1) * (D / 2), i = i0 + rr;
+        float acc = 0.f;
+        if (i < s) {
+            const T* orow = o + bi * a.st[3][0] + h * a.st[3][1] + (i64)i * a.st[3][2];
+            const T* drow = dout + bi * a.st[5][0] + h * a.st[5][1] + (i64)i * a.st[5][2];
+            const bool opack = a.st[3][3] == 1 && ((size_t)orow & 15) == 0;
+            u32 dw[D / 4], ow[D / 4];  // pairs of elements, the lower index in the low half
+#pragma unroll
+            for (int c = 0; c < D / 16; ++c) {
+                const int col = c0 + 8 * c;
+                const uint4 z = {0u, 0u, 0u, 0u};
+                const uint4 x = col < d ? *(const uint4*)(drow + col) : z;
+                const uint4 y = opack && col < d ? *(const uint4*)(orow + col) : z;
+                dw[4 * c] = x.x, dw[4 * c + 1] = x.y, dw[4 * c + 2] = x.z, dw[4 * c + 3] = x.w;
+                ow[4 * c] = y.x, ow[4 * c + 1] = y.y, ow[4 * c + 2] = y.z, ow[4 * c + 3] = y.w;
+            }
+            if (!opack) {
+#pragma unroll
+                for (int e = 0; e < D / 2; e += 2) {
+                    const int col = c0 + e;
+                    const unsigned short lo = col < d ? orow[(i64)col * a.st[3][3]].x : 0;
+                    const unsigned short hi = col + 1 < d ? orow[(i64)(col + 1) * a.st[3][3]].x : 0;
+                    ow[e / 2] = (u32)lo | (u32)hi << 16;
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < D / 2; ++e) {
+                T x, y;
+                x.x = (unsigned short)(dw[e / 2] >> (16 * (e & 1)));
+                y.x = (unsigned short)(ow[e / 2] >> (16 * (e & 1)));
+                acc += TT::load(x) * TT::load(y);
+            }
+        }
+        acc += __shfl_xor_sync(FULL, acc, 1);
+        const bool live = i < s && visible(a, i) > 0;
+        const float l2 = live ? lse[bi * a.st[4][0] + h * a.st[4][1] + (i64)i * a.st[4][2]] * TC_LOG2E : 0.f;
+        const float dd = live ? acc : 0.f;
+        if ((threadIdx.x & 1) == 0) {
+            rowf[rr] = dd;
+            rowf[BM + rr] = l2;
+            if (i < s) delta[bh * a.s + i] = dd, delta[rows + bh * a.s + i] = l2;
+        }
+    }
+    __syncthreads();
+    // Row of accumulator half r: wi0 + g + 8r.
+    const int rl = 64 * wg + 16 * warp + g;
+    const float2 ld[2] = {{rowf[BM + rl], rowf[rl]}, {rowf[BM + rl + 8], rowf[rl + 8]}};
+    const int vis[2] = {(int)visible(a, wi0 + g), (int)visible(a, wi0 + g + 8)};
+    const float sl2 = (float)(a.scale * 1.4426950408889634);
+
+    float sacc[8][4], pacc[8][4], dqa[8][4];
+    u32 da[WG_BN / 16][4];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) dqa[n][0] = dqa[n][1] = dqa[n][2] = dqa[n][3] = 0.f;
+    const u32 qrows = qaddr + (u32)(wg * 64 * 128), dorows = doaddr + (u32)(wg * 64 * 128);
+    auto products = [&](int j) {  // S = Q·Kᵀ, dP = dO·Vᵀ
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) wg_mma_ss(sacc, wg_desc(qrows + kk * 32), wg_desc(stage(j) + kk * 32), kk);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            wg_mma_ss(pacc, wg_desc(dorows + kk * 32), wg_desc(stage(j) + TILE * 2 + kk * 32), kk);
+    };
+    auto gradient = [&](int j) {  // dQ += dS·K
+#pragma unroll
+        for (int kk = 0; kk < WG_BN / 16; ++kk) wg_mma_rs(dqa, da[kk], wg_desc(stage(j) + kk * 2048));
+    };
+    // Element e of n-tile n: row half e/2, key j0 + 8n + 2c4 + e%2.
+    auto weights = [&](int j) {
+        const int jc = j * WG_BN + 2 * c4;
+        auto row = [&](int, int e) { return ld[e >> 1]; };
+        auto ok = [&](int n, int e) { return jc + 8 * n + (e & 1) < vis[e >> 1]; };
+        if (j * WG_BN + WG_BN > vmin) wg_grad_weights<true>(sacc, pacc, sl2, ok, row);
+        else wg_grad_weights<false>(sacc, pacc, sl2, ok, row);
+    };
+    auto to_a = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < WG_BN / 16; ++kk) tc_acc_to_a(da[kk], pacc[2 * kk], pacc[2 * kk + 1]);
+    };
+    auto arrive = [&](int j) {
+        tc_wait<AHEAD - 1>();
+        wg_proxy_fence();
+        __syncthreads();
+        if (j + AHEAD < ntiles) load_kv(j + AHEAD);
+        tc_commit();
+    };
+    // As in the forward, both warpgroups take every tile, so that no product is on a branch.
+    if (ntiles > 0) {
+        arrive(0);
+        wg_pin<8>(sacc);
+        wg_pin<8>(pacc);
+        wg_fence();
+        products(0);
+        wg_commit();
+        wg_wait<0>();
+        wg_pin<8>(sacc);
+        wg_pin<8>(pacc);
+        weights(0);
+        to_a();
+        for (int j = 1; j < ntiles; ++j) {
+            arrive(j);
+            wg_pin<8>(sacc);
+            wg_pin<8>(pacc);
+            wg_pin<8>(dqa);
+            wg_pin<WG_BN / 16>(da);
+            wg_fence();
+            products(j);
+            wg_commit();
+            gradient(j - 1);
+            wg_commit();
+            wg_wait<1>();
+            wg_pin<8>(sacc);
+            wg_pin<8>(pacc);
+            weights(j);
+            // dS of tile j goes to `da` once the product reading tile j - 1's is done.
+            wg_wait<0>();
+            wg_pin<8>(dqa);
+            wg_pin<WG_BN / 16>(da);
+            to_a();
+        }
+        wg_pin<8>(dqa);
+        wg_pin<WG_BN / 16>(da);
+        wg_fence();
+        gradient(ntiles - 1);
+        wg_commit();
+        wg_wait<0>();
+        wg_pin<8>(dqa);
+    }
+    tc_wait<0>();  // no copy may be in flight at exit
+
+    const float scale = (float)a.scale;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int i = wi0 + g + 8 * r;
+        if (i >= s) continue;
+        T* row = dq + bi * a.st[6][0] + h * a.st[6][1] + (i64)i * a.st[6][2];
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            const int col = 8 * n + 2 * c4;
+            if (col < d) *(u32*)(row + col) = tc_pack(scale * dqa[n][2 * r], scale * dqa[n][2 * r + 1]);
+        }
+    }
+}
+
+template <int S, int WGS> __device__ void attn_bwd_dkv_wg(const AttnArgs& a, T* sm) {
+    constexpr int D = 64;
+    constexpr int TILE = WG_BN * D;  // elements of one Q or dO tile
+    constexpr int AHEAD = S - 2;
+    constexpr int BKV = 64 * WGS, THREADS = 128 * WGS;  // keys and threads of a block
+    static_assert(AHEAD >= 1, "stages");
+    const int d = (int)a.d, s = (int)a.s, t = (int)a.t, off = t + 1 - s;
+    const bool causal = a.causal != 0;
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
+              c4 = lane & 3;
+    // Shared, from the first 1024-byte boundary: K and V (BKV rows each), S stages of a Q
+    // and a dO tile, then S stages of the tile's lse·log2 e and D (f32).
+    const u32 kaddr = (tc_smem_addr(sm) + 1023u) & ~1023u, vaddr = kaddr + (u32)(BKV * D * 2),
+              qdaddr = vaddr + (u32)(BKV * D * 2), faddr = qdaddr + (u32)(S * 2 * TILE * 2);
+    const float* fbuf = (const float*)((char*)sm + (faddr - tc_smem_addr(sm)));
+    const T* q = (const T*)a.p[0];
+    const T* k = (const T*)a.p[1];
+    const T* v = (const T*)a.p[2];
+    const T* dout = (const T*)a.p[5];
+    T* dk = (T*)a.p[7];
+    T* dv = (T*)a.p[8];
+    const float* delta = (const float*)a.delta;
+    const float* lse2 = delta + a.b * a.hq * a.s;
+    // With `a.split` > 1 the query heads of a group are shared out among that many blocks
+    // per key tile (`per` heads each, the last block fewer), each writing its partial sums
+    // to `a.partial`, which `attn_bwd_dkv_sum` adds up: a grouped-query model has few
+    // (batch, kv head, key tile) blocks, each with a group's worth of steps.
+    const i64 split = a.split > 1 ? a.split : 1, bhk = a.b * a.hk * split, group = a.hq / a.hk;
+    const i64 per = (group + split - 1) / split;
+    // Under a causal mask the first key tiles are seen by the most queries: they go first.
+    const i64 w = blockIdx.x, kt = w / bhk, bk = w % bhk, part = bk % split, kh = (bk / split) % a.hk,
+              bi = bk / split / a.hk;
+    const i64 h0 = kh * group + part * per, nh = min(per, group - part * per);
+    const int j0 = (int)kt * BKV;
+    // Query i sees key j iff i < s, j < t and (causal) j < i + off.
+    const int first = causal ? max(0, j0 + 1 - off) : 0;
+    const int qt0 = first / WG_BN;
+    const int nq = first < s ? (s + WG_BN - 1) / WG_BN - qt0 : 0;
+    const int total = nh > 0 ? (int)nh * nq : 0;  // (query head, query tile) steps
+    auto stage = [&](int it) { return qdaddr + (u32)((it % S) * 2 * TILE * 2); };
+    auto load_q = [&](int it) {
+        const i64 h = h0 + it / nq;
+        const int i0 = (qt0 + it % nq) * WG_BN;
+        wg_copy_rows<WG_BN, THREADS>(stage(it), q + bi * a.st[0][0] + h * a.st[0][1], a.st[0][2], i0, s, d);
+        wg_copy_rows<WG_BN, THREADS>(stage(it) + TILE * 2, dout + bi * a.st[5][0] + h * a.st[5][1], a.st[5][2], i0, s, d);
+        const u32 fd = faddr + (u32)((it % S) * 2 * WG_BN * 4);
+        const i64 row0 = (bi * a.hq + h) * a.s;
+        if (threadIdx.x < 2 * WG_BN) {
+            const int r = threadIdx.x, i = i0 + r % WG_BN;
+            // Rows past s read as 0; all their pairs are masked.
+            const float* src = (r < WG_BN ? lse2 : delta) + row0 + i;
+            tc_cp4(fd + 4 * r, i < s ? src : delta, i < s ? 4 : 0);
+        }
+    };
+    if (total > 0) {
+        wg_copy_rows<BKV, THREADS>(kaddr, k + bi * a.st[1][0] + kh * a.st[1][1], a.st[1][2], j0, t, d);
+        wg_copy_rows<BKV, THREADS>(vaddr, v + bi * a.st[2][0] + kh * a.st[2][1], a.st[2][2], j0, t, d);
+    }
+#pragma unroll
+    for (int p = 0; p < AHEAD; ++p) {
+        if (p < total) load_q(p);
+        tc_commit();
+    }
+
+    const float sl2 = (float)(a.scale * 1.4426950408889634);
+    const int wj0 = j0 + 64 * wg;               // this warpgroup's first key
+    const int jlo = wj0 + 16 * warp + g;        // key of accumulator half 0 (half 1: + 8)
+    float sacc[8][4], pacc[8][4], dka[8][4], dva[8][4];
+    u32 pa[WG_BN / 16][4], da[WG_BN / 16][4];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dka[n][e] = dva[n][e] = 0.f;
+    }
+    const u32 krows = kaddr + (u32)(wg * 64 * 128), vrows = vaddr + (u32)(wg * 64 * 128);
+    auto products = [&](int it) {  // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) wg_mma_ss(sacc, wg_desc(krows + kk * 32), wg_desc(stage(it) + kk * 32), kk);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            wg_mma_ss(pacc, wg_desc(vrows + kk * 32), wg_desc(stage(it) + TILE * 2 + kk * 32), kk);
+    };
+    auto gradients = [&](int it) {  // dV += Pᵀ·dO, dK += dSᵀ·Q
+#pragma unroll
+        for (int kk = 0; kk < WG_BN / 16; ++kk) wg_mma_rs(dva, pa[kk], wg_desc(stage(it) + TILE * 2 + kk * 2048));
+#pragma unroll
+        for (int kk = 0; kk < WG_BN / 16; ++kk) wg_mma_rs(dka, da[kk], wg_desc(stage(it) + kk * 2048));
+    };
+    // Element e of n-tile n: key jlo + 8(e/2), query i0 + 8n + 2c4 + e%2.
+    auto weights = [&](int it) {
+        const int i0 = (qt0 + it % nq) * WG_BN;
+        const float* fl = fbuf + (it % S) * 2 * WG_BN;
+        auto row = [&](int n, int e) {  // pairs of columns as one 8-byte load each
+            const float2 l2 = *(const float2*)(fl + 8 * n + 2 * c4), dl = *(const float2*)(fl + WG_BN + 8 * n + 2 * c4);
+            float2 x;
+            x.x = (e & 1) ? l2.y : l2.x;
+            x.y = (e & 1) ? dl.y : dl.x;
+            return x;
+        };
+        auto ok = [&](int n, int e) {
+            const int i = i0 + 8 * n + 2 * c4 + (e & 1), j = jlo + 8 * (e >> 1);
+            return i < s && j < t && (!causal || j - i < off);
+        };
+        if (i0 + WG_BN > s || wj0 + 64 > t || (causal && i0 + off < wj0 + 64))
+            wg_grad_weights<true>(sacc, pacc, sl2, ok, row);
+        else
+            wg_grad_weights<false>(sacc, pacc, sl2, ok, row);
+    };
+    auto to_a = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < WG_BN / 16; ++kk) {
+            tc_acc_to_a(pa[kk], sacc[2 * kk], sacc[2 * kk + 1]);
+            tc_acc_to_a(da[kk], pacc[2 * kk], pacc[2 * kk + 1]);
+        }
+    };
+    auto arrive = [&](int it) {
+        tc_wait<AHEAD - 1>();
+        wg_proxy_fence();
+        __syncthreads();
+        if (it + AHEAD < total) load_q(it + AHEAD);
+        tc_commit();
+    };
+    // Step by step, each product waited for before its results are used: the blocks of an SM
+    // (three) overlap one another's products and weights. Step it - 1 waited for all of its
+    // products, so at step it's barrier the stage it reads last is free for the next request.
+    for (int it = 0; it < total; ++it) {
+        arrive(it);
+        wg_pin<8>(sacc);
+        wg_pin<8>(pacc);
+        wg_fence();
+        products(it);
+        wg_commit();
+        wg_wait<0>();
+        wg_pin<8>(sacc);
+        wg_pin<8>(pacc);
+        weights(it);
+        to_a();
+        wg_pin<8>(dka);
+        wg_pin<8>(dva);
+        wg_pin<WG_BN / 16>(pa);
+        wg_pin<WG_BN / 16>(da);
+        wg_fence();
+        gradients(it);
+        wg_commit();
+        wg_wait<0>();
+        wg_pin<8>(dka);
+        wg_pin<8>(dva);
+        wg_pin<WG_BN / 16>(pa);
+        wg_pin<WG_BN / 16>(da);
+    }
+    tc_wait<0>();
+
+    // Every key of the block is written, zeros where no query sees it: to dk and dv, or with
+    // a split to the block's part of `a.partial` (f32, dK unscaled, rows of 64).
+    const float scale = (float)a.scale;
+    const i64 krows_all = a.b * a.hk * a.t;
+    float* pk = (float*)a.partial + (part * 2 * krows_all + (bi * a.hk + kh) * a.t) * D;
+    float* pv = pk + krows_all * D;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int j = jlo + 8 * r;
+        if (j >= t) continue;
+        T* krow = dk + bi * a.st[7][0] + kh * a.st[7][1] + (i64)j * a.st[7][2];
+        T* vrow = dv + bi * a.st[8][0] + kh * a.st[8][1] + (i64)j * a.st[8][2];
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            const int col = 8 * n + 2 * c4;
+            if (split > 1) {
+                *(float2*)(pk + (i64)j * D + col) = float2{dka[n][2 * r], dka[n][2 * r + 1]};
+                *(float2*)(pv + (i64)j * D + col) = float2{dva[n][2 * r], dva[n][2 * r + 1]};
+            } else if (col < d) {
+                *(u32*)(krow + col) = tc_pack(scale * dka[n][2 * r], scale * dka[n][2 * r + 1]);
+                *(u32*)(vrow + col) = tc_pack(dva[n][2 * r], dva[n][2 * r + 1]);
+            }
+        }
+    }
+}
+#endif
+
+// One warpgroup per block (WGS = 1) and several blocks per SM: blocks that are not in step
+// keep the tensor cores busy while another block's threads work on the weights. Two
+// warpgroups in one block, in step at every tile's barrier, took 1.3× (dQ) and 1.1× (dK/dV)
+// as long (RESULTS.md, "Kernel design notes"). dQ: 3 blocks per SM (154 registers, 67 KiB of
+// shared memory each with WG_DQ_STAGES = 3). dK/dV: 3 blocks per SM (168 registers, 67 KiB
+// with WG_DKV_STAGES = 3). Mirrored in ops/attention.rs.
+#define WG_BWD_THREADS 128
+#define WG_DQ_STAGES 3
+#define WG_DKV_STAGES 3
+extern "C" __global__ void __launch_bounds__(WG_BWD_THREADS, 3) attn_bwd_dq_wg_64(const AttnArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    ASMEM;
+    attn_bwd_dq_wg<WG_DQ_STAGES, 1>(a, (T*)smem_raw);
+#endif
+}
+extern "C" __global__ void __launch_bounds__(WG_BWD_THREADS, 3) attn_bwd_dkv_wg_64(const AttnArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    ASMEM;
+    attn_bwd_dkv_wg<WG_DKV_STAGES, 1>(a, (T*)smem_raw);
+#endif
+}
+// dk and dv from the `a.split` partial sums of `attn_bwd_dkv_wg_64`: a thread per pair of
+// columns of a key row (dk scaled here), in the order of the partial rows.
+extern "C" __global__ void attn_bwd_dkv_sum(const AttnArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    const i64 rows = a.b * a.hk * a.t, pairs = rows * 32;
+    for (i64 x = (i64)blockIdx.x * blockDim.x + threadIdx.x; x < pairs; x += (i64)gridDim.x * blockDim.x) {
+        const i64 row = x / 32, j = row % a.t, kh = (row / a.t) % a.hk, bi = row / a.t / a.hk;
+        const int col = 2 * (int)(x % 32);
+        if (col >= a.d) continue;
+        float2 sk = {0.f, 0.f}, sv = {0.f, 0.f};
+        for (i64 part = 0; part < a.split; ++part) {
+            const float* pk = (const float*)a.partial + (part * 2 * rows + row) * 64 + col;
+            const float2 xk = *(const float2*)pk, xv = *(const float2*)(pk + rows * 64);
+            sk.x += xk.x, sk.y += xk.y, sv.x += xv.x, sv.y += xv.y;
+        }
+        const float scale = (float)a.scale;
+        T* krow = (T*)a.p[7] + bi * a.st[7][0] + kh * a.st[7][1] + j * a.st[7][2];
+        T* vrow = (T*)a.p[8] + bi * a.st[8][0] + kh * a.st[8][1] + j * a.st[8][2];
+        *(u32*)(krow + col) = tc_pack(scale * sk.x, scale * sk.y);
+        *(u32*)(vrow + col) = tc_pack(sv.x, sv.y);
+    }
 #endif
 }
 #endif

@@ -57,9 +57,11 @@ struct AttnArgs {
     d: i64,
     scale: f64,
     causal: i64,
-    /// Masked attention: keys per block.
+    /// Masked attention: keys per block. The Hopper dk/dv pass: blocks that share out the
+    /// query heads of a group (`head_split`).
     split: i64,
-    /// Masked attention over several splits: the partial results (scratch).
+    /// Masked attention over several splits, the Hopper dk/dv pass with a head split: the
+    /// partial results (scratch).
     partial: u64,
 }
 
@@ -190,10 +192,11 @@ fn tc_smem(dpad: usize) -> u32 {
 const WG_THREADS: u32 = 256;
 const WG_ROWS: usize = 128;
 
-/// Whether the forward takes `attn_fwd_wg_64`: on sm_90 with its modules compiled for sm_90a
-/// (`arch_specific`; otherwise the kernel is compiled empty), where the tensor-core path
+/// Whether the forward and the backward take the wgmma kernels (`attn_fwd_wg_64`,
+/// `attn_bwd_dq_wg_64`, `attn_bwd_dkv_wg_64`): on sm_90 with its modules compiled for sm_90a
+/// (`arch_specific`; otherwise the kernels are compiled empty), where the tensor-core path
 /// applies at the padded head dim 64.
-fn hopper_forward(arch: u32, arch_specific: bool, dpad: usize) -> bool {
+fn hopper_wgmma(arch: u32, arch_specific: bool, dpad: usize) -> bool {
     arch == 90 && arch_specific && dpad == 64
 }
 
@@ -205,6 +208,46 @@ const WG_STAGES: usize = 5;
 /// swizzled layout).
 fn wg_smem() -> u32 {
     ((WG_ROWS * 64 + WG_STAGES * 2 * 64 * 64) * 2 + 1024) as u32
+}
+
+/// The Hopper backward passes (`attn_bwd_dq_wg_64`, `attn_bwd_dkv_wg_64`): one warpgroup
+/// per block, which takes 64 query rows (dq) or 64 keys (dk/dv) (`WG_BWD_THREADS` in
+/// attention.cu).
+const WG_BWD_THREADS: u32 = 128;
+const WG_BWD_ROWS: usize = 64;
+/// K/V stages of `attn_bwd_dq_wg_64` and Q/dO stages of `attn_bwd_dkv_wg_64`
+/// (`WG_DQ_STAGES`, `WG_DKV_STAGES` in attention.cu).
+const WG_DQ_STAGES: usize = 3;
+const WG_DKV_STAGES: usize = 3;
+
+/// Blocks per SM of the Hopper backward passes (their `__launch_bounds__`).
+const WG_BWD_BLOCKS_PER_SM: u64 = 3;
+
+/// How many blocks share out the query heads of a group in `attn_bwd_dkv_wg_64`, which
+/// otherwise has one block per (batch, kv head, key tile) and a group's worth of steps in
+/// each: a grouped-query model then fills few of the GPU's block slots, the first key tiles'
+/// blocks running long after the rest. The fewest parts that give `blocks` two waves of the
+/// GPU, each part `ceil(group / split)` heads (so that no part is empty); 1 keeps the single
+/// pass, above 1 the parts' sums are added by `attn_bwd_dkv_sum`, whose f32 reads grow with
+/// the parts (SFT step shape on an H200, pass + sum: 0.140 ms unsplit, 0.117 / 0.097 /
+/// 0.112 ms in 2 / 4 / 7 parts; backend-cuda/RESULTS.md).
+fn head_split(blocks: u64, group: usize, sms: u64) -> usize {
+    let wanted = 2 * WG_BWD_BLOCKS_PER_SM * sms;
+    let split = (1..=group).find(|&parts| blocks * parts as u64 >= wanted).unwrap_or(group);
+    let per = group.div_ceil(split.max(1)).max(1);
+    group.div_ceil(per).max(1)
+}
+
+/// Shared memory of `attn_bwd_dq_wg_64`: 1 KiB of alignment slack, Q and dO (64 rows of 64
+/// elements each), the stages of a K and a V tile, and the rows' D and lse (f32).
+fn wg_dq_smem() -> u32 {
+    (1024 + 2 * WG_BWD_ROWS * 64 * 2 + WG_DQ_STAGES * 2 * 64 * 64 * 2 + 2 * WG_BWD_ROWS * 4) as u32
+}
+
+/// Shared memory of `attn_bwd_dkv_wg_64`: 1 KiB of alignment slack, K and V (64 rows of 64
+/// elements each), and per stage a Q and a dO tile of 64 rows with their lse and D (f32).
+fn wg_dkv_smem() -> u32 {
+    (1024 + 2 * WG_BWD_ROWS * 64 * 2 + WG_DKV_STAGES * (2 * 64 * 64 * 2 + 2 * 64 * 4)) as u32
 }
 
 /// Queries per step of `attn_bwd_dkv_tc_{dpad}` (`BM` in attention.cu).
@@ -265,7 +308,7 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
                 a.set(slot, x);
             }
             if let Some(tc) = tensor_core_dim(device.facts.arch, &dm, &[q, k, v], &[o]) {
-                if hopper_forward(device.facts.arch, device.arch_specific(), tc) {
+                if hopper_wgmma(device.facts.arch, device.arch_specific(), tc) {
                     let work = (dm.b * dm.hq * dm.s.div_ceil(WG_ROWS)) as u64;
                     if work <= i32::MAX as u64 {
                         let shape = (work as u32, WG_THREADS, wg_smem());
@@ -412,23 +455,47 @@ fn backward_tc(
     scratch: &mut Scratch,
 ) -> Result<()> {
     let name = op.name();
+    // Both generations take blocks of 64 rows (queries or keys).
     let q_work = (dm.b * dm.hq * dm.s.div_ceil(TC_ROWS)) as u64;
     let k_work = (dm.b * dm.hk * dm.t.div_ceil(TC_ROWS)) as u64;
     if q_work.max(k_work) > i32::MAX as u64 {
         return Err(BackendError::unsupported(format!("cuda: {name} has too many tiles for one launch")));
     }
+    let hopper = hopper_wgmma(device.facts.arch, device.arch_specific(), dpad);
+    let (dq_pass, dkv_pass) = if hopper {
+        let dq = ("attn_bwd_dq_wg_64".to_string(), WG_BWD_THREADS, wg_dq_smem());
+        (dq, ("attn_bwd_dkv_wg_64".to_string(), WG_BWD_THREADS, wg_dkv_smem()))
+    } else {
+        let dq = (format!("attn_bwd_dq_tc_{dpad}"), TC_THREADS, tc_dq_smem(dpad));
+        (dq, (format!("attn_bwd_dkv_tc_{dpad}"), TC_THREADS, tc_dkv_smem(dpad)))
+    };
     let rows = dm.b * dm.hq * dm.s;
     if rows > 0 {
-        // The dq pass computes D = rowsum(do ∘ o) itself (it has do in shared memory) and
-        // writes it here for the dk/dv pass, followed by lse·log2 e, so that the dk/dv pass
-        // fetches both per-query scalars with cp.async.
+        // The dq pass computes D = rowsum(do ∘ o) itself and writes it here for the dk/dv
+        // pass, followed by lse·log2 e, so that the dk/dv pass fetches both per-query scalars
+        // with cp.async.
         a.delta = scratch.dense(device, compute_dtype(dtype), &[2 * rows])?.ptr;
-        let shape = (q_work as u32, TC_THREADS, tc_dq_smem(dpad));
-        launch_1d(device, name, &MODULE, dtype, &format!("attn_bwd_dq_tc_{dpad}"), a, shape)?;
+        let (kernel, threads, smem) = dq_pass;
+        launch_1d(device, name, &MODULE, dtype, &kernel, a, (q_work as u32, threads, smem))?;
     }
     // dk and dv are written for every key (zeros where no query sees it), even when s = 0.
-    let shape = (k_work as u32, TC_THREADS, tc_dkv_smem(dpad));
-    launch_1d(device, name, &MODULE, dtype, &format!("attn_bwd_dkv_tc_{dpad}"), a, shape)
+    let split = if hopper { head_split(k_work, dm.hq / dm.hk.max(1), device.facts.sm_count as u64) } else { 1 };
+    let blocks = k_work * split as u64;
+    if blocks > i32::MAX as u64 {
+        return Err(BackendError::unsupported(format!("cuda: {name} has too many tiles for one launch")));
+    }
+    let key_rows = dm.b * dm.hk * dm.t;
+    if split > 1 {
+        a.split = split as i64;
+        a.partial = scratch.dense(device, DType::F32, &[split, 2, key_rows, 64])?.ptr;
+    }
+    let (kernel, threads, smem) = dkv_pass;
+    launch_1d(device, name, &MODULE, dtype, &kernel, a, (blocks as u32, threads, smem))?;
+    if split > 1 {
+        let shape = (grid(device, key_rows as u64 * 32 / 256 + 1, 16), 256, 0);
+        launch_1d(device, name, &MODULE, dtype, "attn_bwd_dkv_sum", a, shape)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -521,15 +588,35 @@ mod tests {
         // per block).
         assert_eq!(wg_smem(), 97 * 1024);
         assert!(2 * (wg_smem() + 1024) <= 228 * 1024);
+        // The Hopper backward passes: three blocks per SM each.
+        assert_eq!(wg_dq_smem(), 1024 + 16 * 1024 + 48 * 1024 + 512);
+        assert_eq!(wg_dkv_smem(), 1024 + 16 * 1024 + 3 * (16 * 1024 + 512));
+        for smem in [wg_dq_smem(), wg_dkv_smem()] {
+            assert!(3 * (smem + 1024) <= 228 * 1024, "{smem}");
+        }
     }
 
     #[test]
-    fn only_hopper_takes_the_wgmma_forward() {
-        assert!(hopper_forward(90, true, 64));
-        assert!(!hopper_forward(90, false, 64));
-        assert!(!hopper_forward(90, true, 128));
-        assert!(!hopper_forward(80, false, 64));
-        assert!(!hopper_forward(89, false, 64));
-        assert!(!hopper_forward(100, false, 64));
+    fn grouped_query_heads_are_shared_out_until_the_gpu_has_two_waves() {
+        // Qwen2.5-0.5B at batch 8 × 1024: 2 kv heads, 16 key tiles, groups of 7 query heads.
+        assert_eq!(head_split(8 * 2 * 16, 7, 132), 4);
+        assert_eq!(head_split(8 * 2 * 16, 7, 20), 1);
+        assert_eq!(head_split(8 * 2 * 16, 7, 60), 2);
+        assert_eq!(head_split(8 * 2 * 16, 7, 100), 3);
+        // Five parts would be wanted, but parts of ceil(7 / 5) = 2 heads make four.
+        assert_eq!(head_split(8 * 2 * 16, 7, 200), 4);
+        // Enough blocks already, or no group to share out.
+        assert_eq!(head_split(2048, 4, 132), 1);
+        assert_eq!(head_split(16, 1, 132), 1);
+    }
+
+    #[test]
+    fn only_hopper_takes_the_wgmma_kernels() {
+        assert!(hopper_wgmma(90, true, 64));
+        assert!(!hopper_wgmma(90, false, 64));
+        assert!(!hopper_wgmma(90, true, 128));
+        assert!(!hopper_wgmma(80, false, 64));
+        assert!(!hopper_wgmma(89, false, 64));
+        assert!(!hopper_wgmma(100, false, 64));
     }
 }
