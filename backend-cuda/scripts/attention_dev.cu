@@ -92,6 +92,26 @@ struct Case {
     double scale;
 };
 
+// Best ms per launch over 5 rounds of 30 (after 3 warm-up launches each).
+static float time_kernel(const Variant& var, int blocks, const AttnArgs& a) {
+    cudaEvent_t x, y;
+    CK(cudaEventCreate(&x));
+    CK(cudaEventCreate(&y));
+    float best = 1e9;
+    for (int round = 0; round < 5; ++round) {
+        for (int i = 0; i < 3; ++i) var.fn<<<blocks, var.threads, var.smem>>>(a);
+        const int n = 30;
+        CK(cudaEventRecord(x));
+        for (int i = 0; i < n; ++i) var.fn<<<blocks, var.threads, var.smem>>>(a);
+        CK(cudaEventRecord(y));
+        CK(cudaEventSynchronize(y));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, x, y));
+        best = fminf(best, ms / n);
+    }
+    return best;
+}
+
 // Dense (b, h, s, d) operands; each variant's worst |o - ref| and |lse - ref| (the reference
 // in f32 without rounding P), and on the timing case ms per launch.
 static void run_case(const Case& c, bool time_it) {
@@ -151,21 +171,7 @@ static void run_case(const Case& c, bool time_it) {
         const bool ok = eo < 8e-3 && el < 1e-4 && nan_bad == 0;
         printf("  %-28s o err %.2e  lse err %.2e  nan mismatches %ld  %s", var.name, eo, el, nan_bad, ok ? "ok" : "MISMATCH");
         if (time_it) {
-            cudaEvent_t x, y;
-            CK(cudaEventCreate(&x));
-            CK(cudaEventCreate(&y));
-            float best = 1e9;
-            for (int round = 0; round < 5; ++round) {
-                for (int i = 0; i < 5; ++i) var.fn<<<blocks, var.threads, var.smem>>>(a);
-                const int n = 50;
-                CK(cudaEventRecord(x));
-                for (int i = 0; i < n; ++i) var.fn<<<blocks, var.threads, var.smem>>>(a);
-                CK(cudaEventRecord(y));
-                CK(cudaEventSynchronize(y));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, x, y));
-                best = fminf(best, ms / n);
-            }
+            const float best = time_kernel(var, blocks, a);
             const double flops = 4.0 * c.b * c.hq * (double)c.s * c.t * c.d / (c.causal ? 2 : 1);
             printf("  %.4f ms  %.0f TFLOP/s", best, flops / (best * 1e-3) / 1e12);
         }
@@ -259,24 +265,6 @@ static const Variant dkv_variants[] = {
     {"attn_bwd_dkv_wg_64 (wgmma)", attn_bwd_dkv_wg_64, WG_BWD_THREADS, 64, DKV_WG_SMEM(WG_DKV_STAGES, 1)},
 };
 
-static float time_kernel(const Variant& var, int blocks, const AttnArgs& a) {
-    cudaEvent_t x, y;
-    CK(cudaEventCreate(&x));
-    CK(cudaEventCreate(&y));
-    float best = 1e9;
-    for (int round = 0; round < 5; ++round) {
-        for (int i = 0; i < 3; ++i) var.fn<<<blocks, var.threads, var.smem>>>(a);
-        const int n = 30;
-        CK(cudaEventRecord(x));
-        for (int i = 0; i < n; ++i) var.fn<<<blocks, var.threads, var.smem>>>(a);
-        CK(cudaEventRecord(y));
-        CK(cudaEventSynchronize(y));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, x, y));
-        best = fminf(best, ms / n);
-    }
-    return best;
-}
 
 // Worst |x - ref| over the finite reference values, relative to the largest |ref|; NaN in x
 // where the reference is finite counts as a mismatch.

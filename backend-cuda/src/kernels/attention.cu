@@ -1390,6 +1390,18 @@ __device__ __forceinline__ void wg_copy_rows(u32 dst, const T* src, i64 srow, in
     }
 }
 
+// The barrier that starts step j of a kernel streaming `n` tiles through S = AHEAD + 2 stages:
+// tile j has landed for every thread and is visible to wgmma (which reads shared memory
+// through the async proxy), and no warp still reads the stage that tile j + AHEAD takes,
+// whose request `load` then issues (an empty group past the last tile keeps the count).
+template <int AHEAD, class Load> __device__ __forceinline__ void wg_arrive(int j, int n, Load load) {
+    tc_wait<AHEAD - 1>();
+    wg_proxy_fence();
+    __syncthreads();
+    if (j + AHEAD < n) load(j + AHEAD);
+    tc_commit();
+}
+
 // Online softmax of one key tile for a warp's 16 rows, split around the P·V product that owns
 // O's registers: `wg_softmax` turns the products into weights, moves m and l, and says whether
 // O must be rescaled by `corr`; `wg_rescale` applies it. Same arithmetic as `tc_softmax` (MT = 1).
@@ -1524,13 +1536,7 @@ template <int S> __device__ void attn_fwd_wg(const AttnArgs& a, T* sm) {
     // Step j reads tile j; the barrier at its start says that tile j has landed and that every
     // warpgroup is done with tile j - 2, whose P·V step j - 1 waited for, so its stage takes
     // the next request.
-    auto arrive = [&](int j) {
-        tc_wait<AHEAD - 1>();
-        wg_proxy_fence();
-        __syncthreads();
-        if (j + AHEAD < ntiles) load_kv(j + AHEAD);
-        tc_commit();
-    };
+    auto arrive = [&](int j) { wg_arrive<AHEAD>(j, ntiles, load_kv); };
     // Both warpgroups take every tile of the block (a tile past a warpgroup's rows is masked
     // whole) so that no product sits on a branch: ptxas serializes the products of a function
     // where it cannot prove that the whole warpgroup issues them.
@@ -1747,13 +1753,7 @@ template <int S, int WGS> __device__ void attn_bwd_dq_wg(const AttnArgs& a, T* s
 #pragma unroll
         for (int kk = 0; kk < WG_BN / 16; ++kk) tc_acc_to_a(da[kk], pacc[2 * kk], pacc[2 * kk + 1]);
     };
-    auto arrive = [&](int j) {
-        tc_wait<AHEAD - 1>();
-        wg_proxy_fence();
-        __syncthreads();
-        if (j + AHEAD < ntiles) load_kv(j + AHEAD);
-        tc_commit();
-    };
+    auto arrive = [&](int j) { wg_arrive<AHEAD>(j, ntiles, load_kv); };
     // As in the forward, both warpgroups take every tile, so that no product is on a branch.
     if (ntiles > 0) {
         arrive(0);
@@ -1927,13 +1927,7 @@ template <int S, int WGS> __device__ void attn_bwd_dkv_wg(const AttnArgs& a, T* 
             tc_acc_to_a(da[kk], pacc[2 * kk], pacc[2 * kk + 1]);
         }
     };
-    auto arrive = [&](int it) {
-        tc_wait<AHEAD - 1>();
-        wg_proxy_fence();
-        __syncthreads();
-        if (it + AHEAD < total) load_q(it + AHEAD);
-        tc_commit();
-    };
+    auto arrive = [&](int it) { wg_arrive<AHEAD>(it, total, load_q); };
     // Step by step, each product waited for before its results are used: the blocks of an SM
     // (three) overlap one another's products and weights. Step it - 1 waited for all of its
     // products, so at step it's barrier the stage it reads last is free for the next request.
