@@ -455,13 +455,16 @@ fn backward_tc(
     scratch: &mut Scratch,
 ) -> Result<()> {
     let name = op.name();
-    // Both generations take blocks of 64 rows (queries or keys).
+    let hopper = hopper_wgmma(device.facts.arch, device.arch_specific(), dpad);
+    // Both generations take blocks of 64 rows (queries or keys); the Hopper dk/dv pass may
+    // share a group's query heads out among `split` blocks per key tile.
     let q_work = (dm.b * dm.hq * dm.s.div_ceil(TC_ROWS)) as u64;
     let k_work = (dm.b * dm.hk * dm.t.div_ceil(TC_ROWS)) as u64;
-    if q_work.max(k_work) > i32::MAX as u64 {
+    let split = if hopper { head_split(k_work, dm.hq / dm.hk.max(1), device.facts.sm_count as u64) } else { 1 };
+    let k_blocks = k_work * split as u64;
+    if q_work.max(k_blocks) > i32::MAX as u64 {
         return Err(BackendError::unsupported(format!("cuda: {name} has too many tiles for one launch")));
     }
-    let hopper = hopper_wgmma(device.facts.arch, device.arch_specific(), dpad);
     let (dq_pass, dkv_pass) = if hopper {
         let dq = ("attn_bwd_dq_wg_64".to_string(), WG_BWD_THREADS, wg_dq_smem());
         (dq, ("attn_bwd_dkv_wg_64".to_string(), WG_BWD_THREADS, wg_dkv_smem()))
@@ -479,20 +482,16 @@ fn backward_tc(
         launch_1d(device, name, &MODULE, dtype, &kernel, a, (q_work as u32, threads, smem))?;
     }
     // dk and dv are written for every key (zeros where no query sees it), even when s = 0.
-    let split = if hopper { head_split(k_work, dm.hq / dm.hk.max(1), device.facts.sm_count as u64) } else { 1 };
-    let blocks = k_work * split as u64;
-    if blocks > i32::MAX as u64 {
-        return Err(BackendError::unsupported(format!("cuda: {name} has too many tiles for one launch")));
-    }
     let key_rows = dm.b * dm.hk * dm.t;
     if split > 1 {
         a.split = split as i64;
         a.partial = scratch.dense(device, DType::F32, &[split, 2, key_rows, 64])?.ptr;
     }
     let (kernel, threads, smem) = dkv_pass;
-    launch_1d(device, name, &MODULE, dtype, &kernel, a, (blocks as u32, threads, smem))?;
+    launch_1d(device, name, &MODULE, dtype, &kernel, a, (k_blocks as u32, threads, smem))?;
     if split > 1 {
-        let shape = (grid(device, key_rows as u64 * 32 / 256 + 1, 16), 256, 0);
+        // A thread per pair of columns of a key row, grid-stride.
+        let shape = (grid(device, (key_rows as u64 * 32).div_ceil(256), 16), 256, 0);
         launch_1d(device, name, &MODULE, dtype, "attn_bwd_dkv_sum", a, shape)?;
     }
     Ok(())
