@@ -1,6 +1,7 @@
 // Kernel dev harness for the tensor-core attention kernels: checks the forwards
-// `attn_fwd_wg_64` (Hopper, wgmma) and `attn_fwd_tc_64` (mma.sync), and the backward passes
-// `attn_bwd_{dq,dkv}_{wg,tc}_64`, against a plain f32 reference on a few shapes and masks,
+// `attn_fwd_wg_64` (Hopper, wgmma) and `attn_fwd_tc_64` (mma.sync), a warp-specialized
+// forward of its own (`attn_fwd_ws`, measured slower, not in the plugin), and the backward
+// passes `attn_bwd_{dq,dkv}_{wg,tc}_64`, against a plain f32 reference on a few shapes and masks,
 // then times them on the benchmark shape (B8 H16 S1024 D64 causal), and the backward also on
 // the grouped-query shape of the SFT step (B8, 14 query and 2 kv heads, S1024 D64 causal).
 // The kernels are the plugin's own sources, compiled here with nvcc instead of NVRTC (on the
@@ -14,6 +15,7 @@
 #include <cmath>
 #include <vector>
 #include <cstring>
+#include <algorithm>
 #include "../src/kernels/common.cuh"
 #include "../src/kernels/attention.cu"
 
@@ -24,10 +26,214 @@ template <int S> __global__ void __launch_bounds__(WG_THREADS, 2) wg_stages(cons
     attn_fwd_wg<S>(a, (T*)smem_raw);
 #endif
 }
+// ---- a warp-specialized forward (measured, not in the plugin) ------------------------------
+// FlashAttention-3 / cuDNN's structure on the plugin's pieces: one copying warpgroup (cp.async
+// into the same swizzled tiles, completion signalled on mbarriers instead of a block-wide
+// barrier per tile), NC consuming warpgroups of 64 query rows each, 128-key tiles, one
+// persistent block per SM, optionally the consumers' products issued in turn (named barriers).
+// Slower than `attn_fwd_wg_64` on the bench shape (backend-cuda/RESULTS.md).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// mbarriers: a phase completes when `count` arrivals have come; try_wait.parity waits for
+// the phase of the given parity.
+__device__ __forceinline__ void mb_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mb_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// One arrival once every cp.async this thread issued so far has landed.
+__device__ __forceinline__ void mb_arrive_copies(u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mb_wait(u32 bar, u32 parity) {
+    asm volatile("{\n.reg .pred p;\nWS_WAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WS_WAIT;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+__device__ __forceinline__ void nb_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void nb_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+template <int R> __device__ __forceinline__ void reg_shrink() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R)); }
+template <int R> __device__ __forceinline__ void reg_grow() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R)); }
+
+// Persistent: a block per SM steps through the work items (query tiles, heaviest first)
+// blockIdx.x, + gridDim.x, ... Warpgroup 0 copies each item's Q (two buffers) and its K and V
+// tiles of BN keys (S stages deep, numbered across items) and signals each on an mbarrier;
+// warpgroups 1..NC each take 64 query rows of the item and consume the stages, releasing
+// each on a second mbarrier, so that the next item's copies run under this one's last tiles.
+// With PING the consumers issue their products in turn.
+template <int NC, int BN, int S, bool PING> __device__ void attn_fwd_ws(const AttnArgs& a, T* sm) {
+    constexpr int D = 64, BM = 64 * NC, TILE = BN * D, NT = BN / 8, OT = D / 8;
+    const int d = (int)a.d, t = (int)a.t;
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
+              c4 = lane & 3;
+    const u32 bars = tc_smem_addr(sm);
+    auto full = [&](int s) { return bars + 8u * (u32)s; };
+    auto empty = [&](int s) { return bars + 8u * (u32)(S + s); };
+    auto qfull = [&](int b) { return bars + 8u * (u32)(2 * S + b); };
+    auto qempty = [&](int b) { return bars + 8u * (u32)(2 * S + 2 + b); };
+    const u32 q0 = (bars + 8u * (2 * S + 4) + 1023u) & ~1023u, kvaddr = q0 + (u32)(2 * BM * D * 2);
+    auto qaddr = [&](int b) { return q0 + (u32)(b * BM * D * 2); };
+    auto stage = [&](int j) { return kvaddr + (u32)((j % S) * 2 * TILE * 2); };
+    const i64 nwork = a.b * a.hq * ((a.s + BM - 1) / BM);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; ++s) mb_init(full(s), 128), mb_init(empty(s), 128 * NC);
+        for (int b = 0; b < 2; ++b) mb_init(qfull(b), 128), mb_init(qempty(b), 128 * NC);
+    }
+    __syncthreads();
+    if (wg == 0) {
+        reg_shrink<NC == 2 ? 40 : 32>();
+        const T* q = (const T*)a.p[0];
+        int jj = 0, it = 0;
+        for (i64 w = blockIdx.x; w < nwork; w += gridDim.x, ++it) {
+            const TcTile tl = tc_tile(a, BM, w);
+            const int ntiles = (int)((tl.nkeys + BN - 1) / BN), qb = it & 1;
+            if (it >= 2) mb_wait(qempty(qb), ((it >> 1) - 1) & 1);
+            wg_copy_rows<BM, 128>(qaddr(qb), q + tl.bi * a.st[0][0] + tl.h * a.st[0][1], a.st[0][2], (int)tl.i0,
+                                  (int)a.s, d);
+            mb_arrive_copies(qfull(qb));
+            for (int j = 0; j < ntiles; ++j, ++jj) {
+                const int s = jj % S, f = jj / S;
+                if (f > 0) mb_wait(empty(s), (f - 1) & 1);
+                wg_copy_rows<BN, 128>(stage(jj), tl.k, a.st[1][2], j * BN, t, d);
+                wg_copy_rows<BN, 128>(stage(jj) + TILE * 2, tl.v, a.st[2][2], j * BN, t, d);
+                mb_arrive_copies(full(s));
+            }
+        }
+        asm volatile("cp.async.wait_all;" ::: "memory");
+        return;
+    }
+    reg_grow<NC == 2 ? 232 : 160>();
+    const int c = wg - 1;
+    const float sl2 = fmaxf(fabsf((float)(a.scale * 1.4426950408889634)), 1.17549435e-38f);
+    auto my_turn = [&]() {
+        if (PING) nb_sync(1 + c, 256);
+    };
+    auto next_turn = [&]() {
+        if (PING) nb_arrive(1 + (c + 1) % NC, 256);
+    };
+    if (PING && c == NC - 1) nb_arrive(1, 256);  // consumer 0 goes first
+    int jj = 0, it = 0;
+    for (i64 w = blockIdx.x; w < nwork; w += gridDim.x, ++it) {
+        const TcTile tl = tc_tile(a, BM, w);
+        const int ntiles = (int)((tl.nkeys + BN - 1) / BN), qb = it & 1;
+        const int wi0 = (int)tl.i0 + 64 * c + 16 * warp;
+        const int vmin = (int)visible(a, wi0);
+        const u32 qrows = qaddr(qb) + (u32)(c * 64 * 128);
+        mb_wait(qfull(qb), (it >> 1) & 1);
+        if (a.scale < 0) {
+            T* qs = sm + (qrows - bars) / 2;
+            for (int i = threadIdx.x & 127; i < 64 * D / 8; i += 128) {
+                uint4* p = (uint4*)(qs + 8 * i);
+                uint4 x = *p;
+                x.x ^= 0x80008000u, x.y ^= 0x80008000u, x.z ^= 0x80008000u, x.w ^= 0x80008000u;
+                *p = x;
+            }
+            wg_proxy_fence();
+            nb_sync(1 + NC + c, 128);
+        }
+        int vis[1][2];
+        vis[0][0] = (int)visible(a, wi0 + g);
+        vis[0][1] = (int)visible(a, wi0 + g + 8);
+        float m[1][2] = {{NEG_INF, NEG_INF}}, l[1][2] = {{0.f, 0.f}};
+        float oacc[1][OT][4], sacc[1][NT][4];
+        u32 pa[BN / 16][4];
+#pragma unroll
+        for (int n = 0; n < OT; ++n) oacc[0][n][0] = oacc[0][n][1] = oacc[0][n][2] = oacc[0][n][3] = 0.f;
+        auto scores = [&](int j) {
+#pragma unroll
+            for (int hh = 0; hh < BN / 64; ++hh) {
+                float(&x)[8][4] = *reinterpret_cast<float(*)[8][4]>(&sacc[0][8 * hh]);
+#pragma unroll
+                for (int kk = 0; kk < D / 16; ++kk)
+                    wg_mma_ss(x, wg_desc(qrows + kk * 32), wg_desc(stage(jj + j) + hh * 8192 + kk * 32), kk);
+            }
+        };
+        auto values = [&](int j) {
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) wg_mma_rs(oacc[0], pa[kk], wg_desc(stage(jj + j) + TILE * 2 + kk * 2048));
+        };
+        auto to_weights = [&](int j, float (&corr)[2]) {
+            const int j0 = j * BN;
+            return j0 + BN > vmin ? wg_softmax<true, NT>(sacc, m, l, corr, vis, j0 + 2 * c4, sl2)
+                                  : wg_softmax<false, NT>(sacc, m, l, corr, vis, j0 + 2 * c4, sl2);
+        };
+        auto weights_to_a = [&]() {
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) tc_acc_to_a(pa[kk], sacc[0][2 * kk], sacc[0][2 * kk + 1]);
+        };
+        auto landed = [&](int j) {
+            mb_wait(full((jj + j) % S), ((jj + j) / S) & 1);
+            wg_proxy_fence();
+        };
+        if (ntiles > 0) {
+            float corr[2] = {1.f, 1.f};
+            landed(0);
+            my_turn();
+            wg_pin<NT>(sacc[0]);
+            wg_fence();
+            scores(0);
+            wg_commit();
+            next_turn();
+            wg_wait<0>();
+            wg_pin<NT>(sacc[0]);
+            to_weights(0, corr);
+            weights_to_a();
+            for (int j = 1; j < ntiles; ++j) {
+                landed(j);
+                my_turn();
+                wg_pin<NT>(sacc[0]);
+                wg_pin<OT>(oacc[0]);
+                wg_pin<BN / 16>(pa);
+                wg_fence();
+                scores(j);
+                wg_commit();
+                values(j - 1);
+                wg_commit();
+                next_turn();
+                wg_wait<1>();
+                wg_pin<NT>(sacc[0]);
+                const bool grow = to_weights(j, corr);
+                wg_wait<0>();
+                wg_pin<OT>(oacc[0]);
+                wg_pin<BN / 16>(pa);
+                mb_arrive(empty((jj + j - 1) % S));
+                if (grow) wg_rescale<OT>(oacc, corr);
+                weights_to_a();
+            }
+            my_turn();
+            wg_pin<OT>(oacc[0]);
+            wg_pin<BN / 16>(pa);
+            wg_fence();
+            values(ntiles - 1);
+            wg_commit();
+            next_turn();
+            wg_wait<0>();
+            wg_pin<OT>(oacc[0]);
+            mb_arrive(empty((jj + ntiles - 1) % S));
+        } else if (PING) {
+            my_turn();  // every consumer takes one turn per item
+            next_turn();
+        }
+        mb_arrive(qempty(qb));
+        jj += ntiles;
+        tc_store_rows<1, OT>(a, tl, wi0, oacc, m, l, vis);
+    }
+    if (PING && c == 0) nb_sync(1, 256);  // the last consumer's final turn
+}
+#endif
+
+template <int NC, int BN, int S, bool PING> __global__ void __launch_bounds__(128 * (NC + 1), 1) ws_kernel(const AttnArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    ASMEM;
+    attn_fwd_ws<NC, BN, S, PING>(a, (T*)smem_raw);
+#endif
+}
+#define WS_SMEM(NC, BN, S) ((2 * 64 * NC * 64 + S * 2 * BN * 64) * 2 + 1024 + 256)
 struct Variant {
     const char* name;
     void (*fn)(const AttnArgs);
     int threads, rows, smem;
+    bool persistent;  // one block per SM, stepping through the work
 };
 #define WG_SMEM(S) ((WG_BM * 64 + S * 2 * WG_BN * 64) * 2 + 1024)
 static const Variant variants[] = {
@@ -35,6 +241,10 @@ static const Variant variants[] = {
     {"attn_fwd_wg_64 (wgmma)", attn_fwd_wg_64, WG_THREADS, WG_BM, WG_SMEM(WG_STAGES)},
     {"attn_fwd_wg, 4 stages", wg_stages<4>, WG_THREADS, WG_BM, WG_SMEM(4)},
     {"attn_fwd_wg, 3 stages", wg_stages<3>, WG_THREADS, WG_BM, WG_SMEM(3)},
+    {"ws 2x128 S4", ws_kernel<2, 128, 4, false>, 384, 128, WS_SMEM(2, 128, 4), true},
+    {"ws 2x128 S4 ping", ws_kernel<2, 128, 4, true>, 384, 128, WS_SMEM(2, 128, 4), true},
+    {"ws 2x64 S8 ping", ws_kernel<2, 64, 8, true>, 384, 128, WS_SMEM(2, 64, 8), true},
+    {"ws 3x128 S4 ping", ws_kernel<3, 128, 4, true>, 512, 192, WS_SMEM(3, 128, 4), true},
 };
 const int NV = sizeof variants / sizeof variants[0];
 
@@ -84,6 +294,12 @@ static float from_bf(unsigned short b) {
     float f;
     memcpy(&f, &u, 4);
     return f;
+}
+
+static int sm_count() {
+    int n;
+    CK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0));
+    return n;
 }
 
 struct Case {
@@ -151,7 +367,8 @@ static void run_case(const Case& c, bool time_it) {
     for (int vi = 0; vi < NV; ++vi) {
         const Variant& var = variants[vi];
         CK(cudaFuncSetAttribute(var.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, var.smem));
-        const int blocks = c.b * c.hq * ((c.s + var.rows - 1) / var.rows);
+        int blocks = c.b * c.hq * ((c.s + var.rows - 1) / var.rows);
+        if (var.persistent) blocks = std::min(blocks, sm_count());
         CK(cudaMemset(o, 0xff, nq * 2));
         var.fn<<<blocks, var.threads, var.smem>>>(a);
         CK(cudaDeviceSynchronize());

@@ -669,22 +669,23 @@ __device__ __forceinline__ void tc_softmax(float (&sacc)[MT][NT][4], float (&oac
     }
 }
 
-// The (batch, head, query tile of BM rows) of this block, the heaviest (last, under a causal
-// mask) query tiles first, and what the tile reads: its key head's K and V rows and the keys
-// its last row sees.
+// The (batch, head, query tile of BM rows) of work item w (this block's, blockIdx.x, unless
+// a block steps through several), the heaviest (last, under a causal mask) query tiles
+// first, and what the tile reads: its key head's K and V rows and the keys its last row sees.
 struct TcTile {
     i64 bi, h, i0, nkeys;
     const T* k;
     const T* v;
 };
-__device__ __forceinline__ TcTile tc_tile(const AttnArgs& a, int bm) {
+__device__ __forceinline__ TcTile tc_tile(const AttnArgs& a, int bm, i64 w) {
     const i64 bhn = a.b * a.hq, qtiles = (a.s + bm - 1) / bm;
-    const i64 w = blockIdx.x, qt = qtiles - 1 - w / bhn, bh = w % bhn, h = bh % a.hq, bi = bh / a.hq;
+    const i64 qt = qtiles - 1 - w / bhn, bh = w % bhn, h = bh % a.hq, bi = bh / a.hq;
     const i64 kh = h / (a.hq / a.hk), i0 = qt * bm;
     const i64 last = (i0 + bm < a.s ? i0 + bm : a.s) - 1;
-    return {bi, h, i0, visible(a, last), (const T*)a.p[1] + bi * a.st[1][0] + kh * a.st[1][1],
-            (const T*)a.p[2] + bi * a.st[2][0] + kh * a.st[2][1]};
+    return {bi, h, i0, visible(a, last), (const T*)a.p[1] + head_row(a, 1, bi, kh, 0),
+            (const T*)a.p[2] + head_row(a, 2, bi, kh, 0)};
 }
+__device__ __forceinline__ TcTile tc_tile(const AttnArgs& a, int bm) { return tc_tile(a, bm, blockIdx.x); }
 
 // The forward's outputs for a warp's MT m-tiles of 16 rows from its accumulators (row of half
 // r of m-tile mt: wi0 + 16·mt + 8·r + g): o = O / l and lse = m·ln 2 + ln l (m is in base 2),
@@ -755,7 +756,7 @@ template <int D, int MT, int S> __device__ void attn_fwd_tc(const AttnArgs& a, T
         tc_copy_rows<D, TC_BN>(st + TILE * 2, tl.v, a.st[2][2], tile * TC_BN, t, d);
     };
 
-    tc_copy_rows<D, BM>(tc_smem_addr(qsm), q + bi * a.st[0][0] + h * a.st[0][1], a.st[0][2], (int)i0, (int)a.s, d);
+    tc_copy_rows<D, BM>(tc_smem_addr(qsm), q + head_row(a, 0, bi, h, 0), a.st[0][2], (int)i0, (int)a.s, d);
 #pragma unroll
     for (int p = 0; p < S - 1; ++p) {
         if (p < ntiles) load_kv(p);
@@ -1128,7 +1129,7 @@ template <int D, int S> __device__ void attn_bwd_dq_tc(const AttnArgs& a, T* sm)
     const i64 w = blockIdx.x, qt = qtiles - 1 - w / bhn, bh = w % bhn, h = bh % a.hq, bi = bh / a.hq;
     const i64 kh = h / (a.hq / a.hk);
     const int i0 = (int)qt * TC_BM;
-    const i64 kbase = bi * a.st[1][0] + kh * a.st[1][1], vbase = bi * a.st[2][0] + kh * a.st[2][1];
+    const i64 kbase = head_row(a, 1, bi, kh, 0), vbase = head_row(a, 2, bi, kh, 0);
     const int last = min(i0 + TC_BM, s) - 1;
     const int nkeys = (int)visible(a, last);
     const int ntiles = (nkeys + TC_BN - 1) / TC_BN;
@@ -1149,8 +1150,8 @@ template <int D, int S> __device__ void attn_bwd_dq_tc(const AttnArgs& a, T* sm)
         tc_copy_rows<D, TC_BN>(tc_smem_addr(st), k + kbase, a.st[1][2], tile * TC_BN, (int)a.t, d);
         tc_copy_rows<D, TC_BN>(tc_smem_addr(st + TILE), v + vbase, a.st[2][2], tile * TC_BN, (int)a.t, d);
     };
-    tc_copy_rows<D, TC_BM>(tc_smem_addr(qs), q + bi * a.st[0][0] + h * a.st[0][1], a.st[0][2], i0, s, d);
-    tc_copy_rows<D, TC_BM>(tc_smem_addr(dos), dout + bi * a.st[5][0] + h * a.st[5][1], a.st[5][2], i0, s, d);
+    tc_copy_rows<D, TC_BM>(tc_smem_addr(qs), q + head_row(a, 0, bi, h, 0), a.st[0][2], i0, s, d);
+    tc_copy_rows<D, TC_BM>(tc_smem_addr(dos), dout + head_row(a, 5, bi, h, 0), a.st[5][2], i0, s, d);
 #pragma unroll
     for (int p = 0; p < S - 1; ++p) {
         if (p < ntiles) load_kv(p);
@@ -1165,7 +1166,7 @@ template <int D, int S> __device__ void attn_bwd_dq_tc(const AttnArgs& a, T* sm)
         const int i = r ? ihi : ilo;
         // Rows past s and rows that see no key (NaN lse and D): 0, and every pair masked.
         const bool live = i < s && (r ? vhi : vlo) > 0;
-        l2[r] = live ? lse[bi * a.st[4][0] + h * a.st[4][1] + (i64)i * a.st[4][2]] * TC_LOG2E : 0.f;
+        l2[r] = live ? lse[head_row(a, 4, bi, h, i)] * TC_LOG2E : 0.f;
     }
     const float sl2 = (float)(a.scale * 1.4426950408889634);
     float dqa[OT][4];
@@ -1191,7 +1192,7 @@ template <int D, int S> __device__ void attn_bwd_dq_tc(const AttnArgs& a, T* sm)
             const int rr = 16 * warp + (lane >> 1), i = i0 + rr, c0 = (lane & 1) * (D / 2);
             float acc = 0.f;
             if (i < s) {
-                const T* orow = o + bi * a.st[3][0] + h * a.st[3][1] + (i64)i * a.st[3][2];
+                const T* orow = o + head_row(a, 3, bi, h, i);
                 if (opair) {
                     u32 ov[D / 4];
 #pragma unroll
@@ -1274,7 +1275,7 @@ template <int D, int S> __device__ void attn_bwd_dq_tc(const AttnArgs& a, T* sm)
     for (int r = 0; r < 2; ++r) {
         const int i = r ? ihi : ilo;
         if (i >= s) continue;
-        T* row = dq + bi * a.st[6][0] + h * a.st[6][1] + (i64)i * a.st[6][2];
+        T* row = dq + head_row(a, 6, bi, h, i);
 #pragma unroll
         for (int n = 0; n < OT; ++n) {
             const int col = 8 * n + 2 * c4;
@@ -1486,7 +1487,7 @@ template <int S> __device__ void attn_fwd_wg(const AttnArgs& a, T* sm) {
         wg_copy_rows<WG_BN>(stage(j) + TILE * 2, tl.v, a.st[2][2], j * WG_BN, t, d);
     };
 
-    wg_copy_rows<WG_BM>(qaddr, q + bi * a.st[0][0] + h * a.st[0][1], a.st[0][2], (int)i0, (int)a.s, d);
+    wg_copy_rows<WG_BM>(qaddr, q + head_row(a, 0, bi, h, 0), a.st[0][2], (int)i0, (int)a.s, d);
 #pragma unroll
     for (int p = 0; p < AHEAD; ++p) {
         if (p < ntiles) load_kv(p);
@@ -1662,8 +1663,8 @@ template <int S, int WGS> __device__ void attn_bwd_dq_wg(const AttnArgs& a, T* s
         wg_copy_rows<WG_BN, THREADS>(stage(j), tl.k, a.st[1][2], j * WG_BN, t, d);
         wg_copy_rows<WG_BN, THREADS>(stage(j) + TILE * 2, tl.v, a.st[2][2], j * WG_BN, t, d);
     };
-    wg_copy_rows<BM, THREADS>(qaddr, q + bi * a.st[0][0] + h * a.st[0][1], a.st[0][2], i0, s, d);
-    wg_copy_rows<BM, THREADS>(doaddr, dout + bi * a.st[5][0] + h * a.st[5][1], a.st[5][2], i0, s, d);
+    wg_copy_rows<BM, THREADS>(qaddr, q + head_row(a, 0, bi, h, 0), a.st[0][2], i0, s, d);
+    wg_copy_rows<BM, THREADS>(doaddr, dout + head_row(a, 5, bi, h, 0), a.st[5][2], i0, s, d);
 #pragma unroll
     for (int p = 0; p < AHEAD; ++p) {
         if (p < ntiles) load_kv(p);
@@ -1678,8 +1679,8 @@ template <int S, int WGS> __device__ void attn_bwd_dq_wg(const AttnArgs& a, T* s
         const int rr = threadIdx.x >> 1, c0 = (threadIdx.x & 1) * (D / 2), i = i0 + rr;
         float acc = 0.f;
         if (i < s) {
-            const T* orow = o + bi * a.st[3][0] + h * a.st[3][1] + (i64)i * a.st[3][2];
-            const T* drow = dout + bi * a.st[5][0] + h * a.st[5][1] + (i64)i * a.st[5][2];
+            const T* orow = o + head_row(a, 3, bi, h, i);
+            const T* drow = dout + head_row(a, 5, bi, h, i);
             const bool opack = a.st[3][3] == 1 && ((size_t)orow & 15) == 0;
             u32 dw[D / 4], ow[D / 4];  // pairs of elements, the lower index in the low half
 #pragma unroll
@@ -1710,7 +1711,7 @@ template <int S, int WGS> __device__ void attn_bwd_dq_wg(const AttnArgs& a, T* s
         }
         acc += __shfl_xor_sync(FULL, acc, 1);
         const bool live = i < s && visible(a, i) > 0;
-        const float l2 = live ? lse[bi * a.st[4][0] + h * a.st[4][1] + (i64)i * a.st[4][2]] * TC_LOG2E : 0.f;
+        const float l2 = live ? lse[head_row(a, 4, bi, h, i)] * TC_LOG2E : 0.f;
         const float dd = live ? acc : 0.f;
         if ((threadIdx.x & 1) == 0) {
             rowf[rr] = dd;
@@ -1803,7 +1804,7 @@ template <int S, int WGS> __device__ void attn_bwd_dq_wg(const AttnArgs& a, T* s
     for (int r = 0; r < 2; ++r) {
         const int i = wi0 + g + 8 * r;
         if (i >= s) continue;
-        T* row = dq + bi * a.st[6][0] + h * a.st[6][1] + (i64)i * a.st[6][2];
+        T* row = dq + head_row(a, 6, bi, h, i);
 #pragma unroll
         for (int n = 0; n < 8; ++n) {
             const int col = 8 * n + 2 * c4;
@@ -1841,6 +1842,9 @@ template <int S, int WGS> __device__ void attn_bwd_dkv_wg(const AttnArgs& a, T* 
     // (batch, kv head, key tile) blocks, each with a group's worth of steps.
     const i64 split = a.split > 1 ? a.split : 1, bhk = a.b * a.hk * split, group = a.hq / a.hk;
     const i64 per = (group + split - 1) / split;
+    // The block placement is written out here as in `attn_bwd_dkv_tc`, not shared: a shared
+    // helper (with `head_row` for this kernel's row offsets) made ptxas spill 24 bytes at the
+    // 168 registers of three blocks per SM, and this pass 10% slower (H200, 2026-11-29).
     // Under a causal mask the first key tiles are seen by the most queries: they go first.
     const i64 w = blockIdx.x, kt = w / bhk, bk = w % bhk, part = bk % split, kh = (bk / split) % a.hk,
               bi = bk / split / a.hk;
@@ -2022,8 +2026,8 @@ extern "C" __global__ void attn_bwd_dkv_sum(const AttnArgs a) {
             sk.x += xk.x, sk.y += xk.y, sv.x += xv.x, sv.y += xv.y;
         }
         const float scale = (float)a.scale;
-        T* krow = (T*)a.p[7] + bi * a.st[7][0] + kh * a.st[7][1] + j * a.st[7][2];
-        T* vrow = (T*)a.p[8] + bi * a.st[8][0] + kh * a.st[8][1] + j * a.st[8][2];
+        T* krow = (T*)a.p[7] + head_row(a, 7, bi, kh, j);
+        T* vrow = (T*)a.p[8] + head_row(a, 8, bi, kh, j);
         *(u32*)(krow + col) = tc_pack(scale * sk.x, scale * sk.y);
         *(u32*)(vrow + col) = tc_pack(sv.x, sv.y);
     }
@@ -2101,8 +2105,8 @@ __device__ __forceinline__ void attn_masked(const AttnArgs& a) {
         const i64 row = work / splits, k_lo = (work % splits) * a.split;
         const i64 k_hi = k_lo + a.split < a.t ? k_lo + a.split : a.t;
         const i64 i = row % a.s, h = (row / a.s) % a.hq, b = row / (a.s * a.hq), kh = h / group;
-        const i64 qb = b * a.st[0][0] + h * a.st[0][1] + i * a.st[0][2];
-        const i64 kb = b * a.st[1][0] + kh * a.st[1][1], vb = b * a.st[2][0] + kh * a.st[2][1];
+        const i64 qb = head_row(a, 0, b, h, i);
+        const i64 kb = head_row(a, 1, b, kh, 0), vb = head_row(a, 2, b, kh, 0);
         const i64 keepb = b * a.st[4][0] + i * a.st[4][1];
         C qr[MA_NR];
 #pragma unroll
@@ -2179,7 +2183,7 @@ __device__ __forceinline__ void attn_masked(const AttnArgs& a) {
             if (lane < 8 && c < d) accs[warp * d + c] = acc[r];
         }
         __syncthreads();
-        const i64 ob = b * a.st[3][0] + h * a.st[3][1] + i * a.st[3][2];
+        const i64 ob = head_row(a, 3, b, h, i);
         C* part = (C*)a.partial + work * (d + 2);
         for (int c = threadIdx.x; c < d; c += MA_THREADS) {
             C x = 0;
@@ -2232,7 +2236,7 @@ extern "C" __global__ void attn_masked_combine(const AttnArgs a) {
         C l = 0;
         for (i64 sp = 0; sp < splits; ++sp) l += parts[sp * (d + 2) + d + 1] * scale[sp];
         const i64 i = row % a.s, h = (row / a.s) % a.hq, b = row / (a.s * a.hq);
-        const i64 ob = b * a.st[3][0] + h * a.st[3][1] + i * a.st[3][2];
+        const i64 ob = head_row(a, 3, b, h, i);
         for (int c = threadIdx.x; c < d; c += blockDim.x) {
             C x = 0;
             for (i64 sp = 0; sp < splits; ++sp) x += parts[sp * (d + 2) + c] * scale[sp];
@@ -2302,7 +2306,7 @@ __device__ __forceinline__ void md_merge(const AttnArgs& a, i64 b, i64 h, i64 sp
             for (int u = 0; u < D / 32; ++u) x[u] += __ldcg(chunk + i * (D + 2) + u * 32 + lane) * scale;
         }
     }
-    T* o = (T*)a.p[3] + b * a.st[3][0] + h * a.st[3][1];
+    T* o = (T*)a.p[3] + head_row(a, 3, b, h, 0);
 #pragma unroll
     for (int u = 0; u < D / 32; ++u) o[(u * 32 + lane) * a.st[3][3]] = TT::store(x[u] / l);  // no kept key: NaN
 }
@@ -2350,8 +2354,8 @@ __device__ __forceinline__ void attn_decode(const AttnArgs& a) {
             st_m[threadIdx.x] = NEG_INF;
             st_l[threadIdx.x] = 0;
         }
-        const T* kb = k + b * a.st[1][0] + kh * a.st[1][1] + dp * EV;
-        const T* vb = v + b * a.st[2][0] + kh * a.st[2][1] + dp * EV;
+        const T* kb = k + head_row(a, 1, b, kh, 0) + dp * EV;
+        const T* vb = v + head_row(a, 2, b, kh, 0) + dp * EV;
         const unsigned char* keepb = keep + b * a.st[4][0];
         for (i64 c0 = k_lo; c0 < k_hi; c0 += KPP) {
             const i64 j = c0 + slot;
@@ -2434,7 +2438,7 @@ __device__ __forceinline__ void attn_decode(const AttnArgs& a) {
             for (int w = 0; w < MD_WARPS; ++w) x += accs[(w * group + g) * D + c];
             const i64 h = kh * group + g, row = b * a.hq + h;
             if (splits == 1) {
-                o[b * a.st[3][0] + h * a.st[3][1] + c * a.st[3][3]] = TT::store(x / st_l[g]);  // no kept key: NaN
+                o[head_row(a, 3, b, h, 0) + c * a.st[3][3]] = TT::store(x / st_l[g]);  // no kept key: NaN
             } else {
                 C* part = (C*)a.partial + (row * splits + sp) * (D + 2);
                 part[c] = x;
