@@ -558,7 +558,9 @@ declare_ops! {
     /// interface 1.11) whose `dx` is the norm's gradient rounded to the dtype plus `dsum`,
     /// rounded again (what an `add` op stores): the gradient of a pre-norm residual stream,
     /// which reaches the normalized sum through the norm and directly (`AddRmsNorm`'s
-    /// backward), in one pass.
+    /// backward), in one pass. Mixed precision (interface 1.12): `dy` may be f16 or bf16 (the
+    /// claimed dtype) while `x` and everything else is f32, the gradient of `AddRmsNorm`'s
+    /// mixed form; `dy` is widened to f32 as it is read.
     RmsNormBackward = 22 => "rms_norm_backward" in Floats,
     /// `[x (b, h, s, d), cos (s, d/2), sin (s, d/2)] -> [y]`, rotating pairs `(i, i+d/2)`
     /// (the Hugging Face "rotate half" layout): `y_i = x_i cos - x_{i+d/2} sin`,
@@ -702,7 +704,11 @@ declare_ops! {
     /// the dtype (what an `add` op stores), then `RmsNorm` of `sum`: `y = sum · rstd · weight`
     /// with `rstd = 1/sqrt(mean(sum²) + eps)` over the last dim, in the compute type. The
     /// backward is `RmsNormBackward` on `sum` with the gradient of `sum` as its `dsum`, for
-    /// both inputs.
+    /// both inputs. Mixed precision (interface 1.12): `x` f32 (a residual stream kept in f32)
+    /// while `residual` is f16 or bf16 (the claimed dtype); then `weight`, `sum` and `rstd` are
+    /// f32, `sum` is the f32 sum of `x` and the widened `residual`, and `y` is in `residual`'s
+    /// dtype, the norm computed in f32 and rounded once (what a half-precision layer reading
+    /// the norm casts it to under autocast).
     AddRmsNorm {
         /// Added to the mean square.
         eps: f64 => float[0],

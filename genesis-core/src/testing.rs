@@ -12,9 +12,10 @@ pub use crate::ops::fused::composites_only;
 /// Run `f` on this thread as if every backend reported interface `1.minor` where that decides
 /// what the core sends to an op it claims: from 1.9 interleaved outputs (`swiglu_backward`'s
 /// two halves in one buffer), from 1.10 `adamw`'s gradient `scale` input, from 1.11
-/// `rms_norm_backward`'s `dsum` input. Below those minors the core does that work with
-/// other ops first, as it does for an older plugin. For tests of those paths; claims are not
-/// changed.
+/// `rms_norm_backward`'s `dsum` input, from 1.12 the mixed-precision `add_rms_norm` and
+/// `rms_norm_backward` (an f32 stream with a half-precision residual, y or dy). Below those
+/// minors the core does that work with other ops first, as it does for an older plugin. For
+/// tests of those paths; claims are not changed.
 pub fn as_interface<T>(minor: u32, f: impl FnOnce() -> T) -> T {
     scoped(&crate::backend::INTERFACE_CAP, Some(minor), f)
 }

@@ -522,6 +522,53 @@ fn add_rms_norm_backward_adds_the_sum_gradient_in_the_norm_pass() {
     assert_eq!(older, fused);
 }
 
+/// Under autocast, an f32 stream plus a half-precision branch takes the backend's
+/// mixed-precision `add_rms_norm` (interface 1.12): y comes out in the autocast dtype, the
+/// sum in f32, and y, the sum and every gradient equal bit for bit what the f32 op with the
+/// casts around it gives (the path of older plugins), with the branch's cast gone.
+#[test]
+fn add_rms_norm_mixed_precision_under_autocast() {
+    use genesis::amp::autocast;
+    for low in [DType::BF16, DType::F16] {
+        let leaf = |t: Tensor| t.detach().requires_grad_(true).unwrap();
+        let x = leaf(rand(&[3, 2, 8], 80).to_dtype(DType::F32).unwrap());
+        let branch = leaf(rand(&[3, 2, 8], 81).to_dtype(low).unwrap());
+        let w = leaf(rand(&[8], 82).to_dtype(DType::F32).unwrap());
+        let proj = rand(&[5, 8], 83).to_dtype(DType::F32).unwrap().detach();
+        // Both orders of the operands (the sum commutes), read by an autocast layer as in a
+        // transformer block, and the sum read on.
+        let run = |branch_first: bool| -> Result<(DType, Vec<Vec<f32>>)> {
+            for t in [&x, &branch, &w] {
+                t.zero_grad();
+            }
+            autocast(low, || -> Result<(DType, Vec<Vec<f32>>)> {
+                let (y, sum) = if branch_first {
+                    F::add_rms_norm(&branch, &x, &[8], Some(&w), Some(1e-6))?
+                } else {
+                    F::add_rms_norm(&x, &branch, &[8], Some(&w), Some(1e-6))?
+                };
+                assert_eq!(sum.dtype(), DType::F32);
+                let h = F::linear(&y, &proj, None)?;
+                let loss = h.mul(&h)?.sum()?.add(&sum.mul(&sum)?.sum()?)?;
+                loss.backward()?;
+                let mut out = vec![y.to_dtype(low)?.to_dtype(DType::F32)?.to_vec::<f32>()?, sum.to_vec::<f32>()?];
+                for t in [&x, &branch, &w] {
+                    out.push(t.grad().unwrap().to_dtype(DType::F32)?.to_vec::<f32>()?);
+                }
+                Ok((y.dtype(), out))
+            })?
+        };
+        for branch_first in [false, true] {
+            let (y_dtype, mixed) = run(branch_first).unwrap();
+            assert_eq!(y_dtype, low, "the mixed form's y is in the autocast dtype");
+            let (old_dtype, cast) = genesis::testing::as_interface(11, || run(branch_first)).unwrap();
+            assert_eq!(old_dtype, DType::F32, "an older plugin's path gives the composition's f32 y");
+            assert_eq!(mixed, cast, "{low} branch_first={branch_first}");
+        }
+        assert_eq!(branch.grad().unwrap().dtype(), low);
+    }
+}
+
 #[test]
 fn add_rms_norm_gradcheck_and_errors() {
     let (x, r, w) = (rand(&[2, 4], 63), rand(&[2, 4], 64), rand(&[4], 65));

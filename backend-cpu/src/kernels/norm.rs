@@ -5,7 +5,7 @@
 //! f32, as the interface asks. The weight gradients are summed over rows in fixed blocks so
 //! that they are reproducible bit for bit (see `rows_per_block`).
 
-use super::fused::{dense, min_rows, rows_of, rows_per_block, split_mut, with_float, Dense, Float, Real, C};
+use super::fused::{cvt, dense, min_rows, rows_of, rows_per_block, split_mut, with_float, Dense, Float, Real, C};
 use super::{unsupported, Kernel, View};
 use crate::element::Arith;
 use genesis_backend_api::sdk::checks;
@@ -39,16 +39,28 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
             with_float!(op, x.dtype, T => rms_norm::<T>(op, eps, [x, w], [y, rstd]))
         }
         Op::AddRmsNorm { eps } => {
-            let ([x, residual, w], [y, sum, rstd]) = checks::add_rms_norm(op, eps, inputs, outputs)?;
-            with_float!(op, x.dtype, T => add_rms_norm::<T>(op, eps, [x, residual, w], [y, sum, rstd]))
+            let ([x, residual, w], [y, sum, rstd]) = checks::add_rms_norm_mixed(op, eps, inputs, outputs)?;
+            let (ins, outs) = ([x, residual, w], [y, sum, rstd]);
+            match residual.dtype {
+                // The mixed form: x f32 (checked), the residual and y in a half dtype.
+                DType::F16 if x.dtype == DType::F32 => add_rms_norm::<f32, half::f16>(op, eps, ins, outs),
+                DType::BF16 if x.dtype == DType::F32 => add_rms_norm::<f32, half::bf16>(op, eps, ins, outs),
+                _ => with_float!(op, x.dtype, T => add_rms_norm::<T, T>(op, eps, ins, outs)),
+            }
         }
         Op::AddRmsNormLinear { eps, gated } => {
             let ([x, r, g, w], bias, [y, sum]) = checks::add_rms_norm_linear(op, eps, gated, inputs, outputs)?;
             with_float!(op, x.dtype, T => add_rms_norm_linear::<T>(op, eps, gated, [x, r, g, w], bias, [y, sum]))
         }
         Op::RmsNormBackward => {
-            let ([dy, x, w, rstd], dsum, [dx, dw]) = checks::rms_norm_backward_dsum(op, inputs, outputs)?;
-            with_float!(op, x.dtype, T => rms_norm_backward::<T>(op, [dy, x, w, rstd], dsum, [dx, dw]))
+            let ([dy, x, w, rstd], dsum, [dx, dw]) = checks::rms_norm_backward_mixed(op, inputs, outputs)?;
+            let (ins, outs) = ([dy, x, w, rstd], [dx, dw]);
+            match dy.dtype {
+                // The mixed form: dy in a half dtype, x and the rest f32 (checked).
+                DType::F16 if x.dtype == DType::F32 => rms_norm_backward::<f32, half::f16>(op, ins, dsum, outs),
+                DType::BF16 if x.dtype == DType::F32 => rms_norm_backward::<f32, half::bf16>(op, ins, dsum, outs),
+                _ => with_float!(op, x.dtype, T => rms_norm_backward::<T, T>(op, ins, dsum, outs)),
+            }
         }
         _ => Err(unsupported(op, inputs.first().map_or(DType::F32, |v| v.dtype))),
     }
@@ -178,19 +190,26 @@ fn layer_norm_backward<T: Float>(op: &Op, [dy, x, w, mean, rstd]: [&View; 5], [d
 
 fn rms_norm<T: Float>(op: &Op, eps: f64, [x, w]: [&View; 2], [y, rstd]: [&View; 2]) -> Result<()> {
     let xs = dense::<T>(op, x)?;
-    rms_rows::<T>(op, eps, &xs, w, [y, rstd])
+    rms_rows::<T, T>(op, eps, &xs, w, [y, rstd])
 }
 
 /// `sum = x + residual` rounded to `T` (as the `add` op stores it), then [`rms_norm`] of `sum`.
-fn add_rms_norm<T: Float>(op: &Op, eps: f64, [x, r, w]: [&View; 3], [y, sum, rstd]: [&View; 3]) -> Result<()> {
-    let (xs, rs) = (dense::<T>(op, x)?, dense::<T>(op, r)?);
+/// In the mixed form `T` is f32 and `H` (residual's and y's type) f16 or bf16: the residual
+/// is widened as it is read and y rounded once to `H`; otherwise `H` is `T`.
+fn add_rms_norm<T: Float, H: Float>(
+    op: &Op,
+    eps: f64,
+    [x, r, w]: [&View; 3],
+    [y, sum, rstd]: [&View; 3],
+) -> Result<()> {
+    let (xs, rs) = (dense::<T>(op, x)?, dense::<H>(op, r)?);
     let mut sums = Dense::<T>::output(op, sum)?;
     sums.slice()
         .par_iter_mut()
         .zip(xs.par_iter().zip(rs.par_iter()))
         .with_min_len(4096)
-        .for_each(|(o, (a, b))| *o = T::store(a.compute() + b.compute()));
-    rms_rows::<T>(op, eps, sums.slice(), w, [y, rstd])?;
+        .for_each(|(o, (a, b))| *o = T::store(a.compute() + cvt::<C<H>, C<T>>(b.compute())));
+    rms_rows::<T, H>(op, eps, sums.slice(), w, [y, rstd])?;
     sums.finish();
     Ok(())
 }
@@ -219,7 +238,7 @@ fn add_rms_norm_linear<T: Float>(
     let mut rstd = vec![0f32; rows];
     let lead = x.shape[..x.shape.len() - 1].to_vec();
     let h_view = staged(h.as_mut_ptr().cast(), x.dtype, x.shape.clone());
-    add_rms_norm::<T>(op, eps, [x, r, g], [&h_view, sum, &staged(rstd.as_mut_ptr().cast(), DType::F32, lead)])?;
+    add_rms_norm::<T, T>(op, eps, [x, r, g], [&h_view, sum, &staged(rstd.as_mut_ptr().cast(), DType::F32, lead)])?;
     let mut ys = Dense::<T>::output(op, y)?;
     // The product goes straight to y, or first to its own rows when the gate halves them.
     let mut gated_product = if gated { vec![T::from_f64(0.0); rows * n] } else { Vec::new() };
@@ -249,10 +268,11 @@ fn add_rms_norm_linear<T: Float>(
     Ok(())
 }
 
-/// The RMS norm of the dense rows `xs` (the shape of `y`) with weight `w`.
-fn rms_rows<T: Float>(op: &Op, eps: f64, xs: &[T], w: &View, [y, rstd]: [&View; 2]) -> Result<()> {
+/// The RMS norm of the dense rows `xs` (the shape of `y`) with weight `w`, computed in `T`'s
+/// compute type and stored as `Y`.
+fn rms_rows<T: Float, Y: Float>(op: &Op, eps: f64, xs: &[T], w: &View, [y, rstd]: [&View; 2]) -> Result<()> {
     let ws = dense::<T>(op, w)?;
-    let (mut ys, mut rstds) = (Dense::<T>::output(op, y)?, Dense::<f32>::output(op, rstd)?);
+    let (mut ys, mut rstds) = (Dense::<Y>::output(op, y)?, Dense::<f32>::output(op, rstd)?);
     let (_, d) = rows_of(&y.shape);
     let eps = C::<T>::from_f64(eps);
     let n = C::<T>::from_f64(d as f64);
@@ -275,7 +295,7 @@ fn rms_rows<T: Float>(op: &Op, eps: f64, xs: &[T], w: &View, [y, rstd]: [&View; 
                     / n;
                 let r = C::<T>::ONE / (ms + eps).sqrt();
                 for ((o, v), wv) in yr.iter_mut().zip(xr).zip(ws.iter()) {
-                    *o = T::store(v.compute() * r * wv.compute());
+                    *o = Y::store(cvt(v.compute() * r * wv.compute()));
                 }
                 *r_out = r.to_f32();
             });
@@ -286,14 +306,16 @@ fn rms_rows<T: Float>(op: &Op, eps: f64, xs: &[T], w: &View, [y, rstd]: [&View; 
 }
 
 /// With `dsum`, each element of dx is the norm's gradient rounded to `T`, plus dsum, rounded
-/// again: what `rms_norm_backward` and then `add` store.
-fn rms_norm_backward<T: Float>(
+/// again: what `rms_norm_backward` and then `add` store. `G` is dy's type: `T`, or in the
+/// mixed form f16 or bf16 with `T` f32 (dy widened as it is read).
+fn rms_norm_backward<T: Float, G: Float>(
     op: &Op,
     [dy, x, w, rstd]: [&View; 4],
     dsum: Option<&View>,
     [dx, dw]: [&View; 2],
 ) -> Result<()> {
-    let (dys, xs, ws) = (dense::<T>(op, dy)?, dense::<T>(op, x)?, dense::<T>(op, w)?);
+    let (dys, xs, ws) = (dense::<G>(op, dy)?, dense::<T>(op, x)?, dense::<T>(op, w)?);
+    let dyc = |v: &G| cvt::<C<G>, C<T>>(v.compute());
     let dsums = dsum.map(|v| dense::<T>(op, v)).transpose()?;
     let rstds = dense::<f32>(op, rstd)?;
     let mut dxs = Dense::<T>::output(op, dx)?;
@@ -306,13 +328,13 @@ fn rms_norm_backward<T: Float>(
         let mut sum_gx = C::<T>::ZERO;
         for j in 0..d {
             let xhat = xr[j].compute() * r;
-            sum_gx += dyr[j].compute() * ws[j].compute() * xhat;
-            sums[0][j] += dyr[j].compute() * xhat;
+            sum_gx += dyc(&dyr[j]) * ws[j].compute() * xhat;
+            sums[0][j] += dyc(&dyr[j]) * xhat;
         }
         let mean_gx = sum_gx / n;
         for j in 0..d {
             let xhat = xr[j].compute() * r;
-            dxr[j] = T::store(r * (dyr[j].compute() * ws[j].compute() - xhat * mean_gx));
+            dxr[j] = T::store(r * (dyc(&dyr[j]) * ws[j].compute() - xhat * mean_gx));
         }
         if let Some(ds) = &dsums {
             for (o, s) in dxr.iter_mut().zip(&ds[row * d..][..d]) {

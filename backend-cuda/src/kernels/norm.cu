@@ -87,17 +87,20 @@ __device__ __forceinline__ i64 col_of(bool vec, int G, int t, int k, int i) {
     return vec ? (i64)(k * G + t) * NV + i : (i64)(k * NV + i) * G + t;
 }
 
-// Load this thread's share of a row (zeros past its end).
+// Load this thread's share of a row (zeros past its end), of element type U: T, or f32 for
+// the stream operands of a mixed-precision kernel. Packs hold NV elements whatever U is (T's
+// 16 bytes; 32 of f32, which ops/norm.rs aligns for), so every operand has the same layout.
+template <class U = T>
 __device__ __forceinline__ void load_row(const RowArgs& a, int slot, i64 off, bool vec, int G, int t, C* r) {
-    const T* base = (const T*)a.p[slot] + off;
+    const U* base = (const U*)a.p[slot] + off;
     if (vec) {
 #pragma unroll
         for (int k = 0; k < NK; ++k) {
             i64 c = (i64)(k * G + t) * NV;
             if (c < a.d) {
-                Pack<T, NV> pk = *(const Pack<T, NV>*)(base + c);
+                Pack<U, NV> pk = *(const Pack<U, NV>*)(base + c);
 #pragma unroll
-                for (int i = 0; i < NV; ++i) r[k * NV + i] = TT::load(pk.v[i]);
+                for (int i = 0; i < NV; ++i) r[k * NV + i] = Ty<U>::load(pk.v[i]);
             } else {
 #pragma unroll
                 for (int i = 0; i < NV; ++i) r[k * NV + i] = (C)0;
@@ -110,23 +113,24 @@ __device__ __forceinline__ void load_row(const RowArgs& a, int slot, i64 off, bo
 #pragma unroll
             for (int i = 0; i < NV; ++i) {
                 i64 c = col_of(false, G, t, k, i);
-                r[k * NV + i] = c < a.d ? TT::load(base[c * cs]) : (C)0;
+                r[k * NV + i] = c < a.d ? Ty<U>::load(base[c * cs]) : (C)0;
             }
     }
 }
 
-// Store this thread's share of a row.
+// Store this thread's share of a row, of element type U (as `load_row`).
+template <class U = T>
 __device__ __forceinline__ void store_row(const RowArgs& a, int slot, i64 off, bool vec, int G, int t, const C* r) {
-    T* base = (T*)a.p[slot] + off;
+    U* base = (U*)a.p[slot] + off;
     if (vec) {
 #pragma unroll
         for (int k = 0; k < NK; ++k) {
             i64 c = (i64)(k * G + t) * NV;
             if (c < a.d) {
-                Pack<T, NV> pk;
+                Pack<U, NV> pk;
 #pragma unroll
-                for (int i = 0; i < NV; ++i) pk.v[i] = TT::store(r[k * NV + i]);
-                *(Pack<T, NV>*)(base + c) = pk;
+                for (int i = 0; i < NV; ++i) pk.v[i] = Ty<U>::store(r[k * NV + i]);
+                *(Pack<U, NV>*)(base + c) = pk;
             }
         }
     } else {
@@ -136,29 +140,30 @@ __device__ __forceinline__ void store_row(const RowArgs& a, int slot, i64 off, b
 #pragma unroll
             for (int i = 0; i < NV; ++i) {
                 i64 c = col_of(false, G, t, k, i);
-                if (c < a.d) base[c * cs] = TT::store(r[k * NV + i]);
+                if (c < a.d) base[c * cs] = Ty<U>::store(r[k * NV + i]);
             }
     }
 }
 
-// r += dsum over this thread's share of a row, each r rounded to T first: the backward's dx
-// plus the gradient that reaches the norm's input directly (flag bit NORM_DSUM).
-__device__ __forceinline__ void add_dsum_row(const RowArgs& a, i64 off, bool vec, int G, int t, C* r) {
-    const T* base = (const T*)a.p[S_DSUM] + off;
+// r += dsum over this thread's share of a row, each r rounded to U (dx's type) first: the
+// backward's dx plus the gradient that reaches the norm's input directly (flag bit NORM_DSUM).
+template <class U = T> __device__ __forceinline__ void add_dsum_row(const RowArgs& a, i64 off, bool vec, int G, int t, C* r) {
+    typedef Ty<U> UT;
+    const U* base = (const U*)a.p[S_DSUM] + off;
 #pragma unroll
     for (int k = 0; k < NK; ++k) {
         if (vec) {
             const i64 c = (i64)(k * G + t) * NV;
             if (c < a.d) {
-                const Pack<T, NV> pk = *(const Pack<T, NV>*)(base + c);
+                const Pack<U, NV> pk = *(const Pack<U, NV>*)(base + c);
 #pragma unroll
-                for (int i = 0; i < NV; ++i) r[k * NV + i] = TT::load(TT::store(r[k * NV + i])) + TT::load(pk.v[i]);
+                for (int i = 0; i < NV; ++i) r[k * NV + i] = UT::load(UT::store(r[k * NV + i])) + UT::load(pk.v[i]);
             }
         } else {
 #pragma unroll
             for (int i = 0; i < NV; ++i) {
                 const i64 c = col_of(false, G, t, k, i);
-                if (c < a.d) r[k * NV + i] = TT::load(TT::store(r[k * NV + i])) + TT::load(base[c * a.cs[S_DSUM]]);
+                if (c < a.d) r[k * NV + i] = UT::load(UT::store(r[k * NV + i])) + UT::load(base[c * a.cs[S_DSUM]]);
             }
         }
     }
@@ -184,9 +189,14 @@ __device__ __forceinline__ C group_sum(C v, int G, C (*red)[32], int& phase) {
     return s;
 }
 
-__device__ __forceinline__ C load_el(const RowArgs& a, int slot, i64 off, i64 c) {
-    return TT::load(((const T*)a.p[slot])[off + c * a.cs[slot]]);
+template <class U = T> __device__ __forceinline__ C load_el(const RowArgs& a, int slot, i64 off, i64 c) {
+    return Ty<U>::load(((const U*)a.p[slot])[off + c * a.cs[slot]]);
 }
+
+// The type of a norm's stream operands (x, the sum, the weight, dx and dsum): T, or f32 in the
+// mixed-precision kernels (interface 1.12), whose residual, y and dy stay in T (f16 / bf16).
+template <bool MIXED> struct Stream { typedef T type; };
+template <> struct Stream<true> { typedef float type; };
 
 // Groups and blocks are at most MAXG threads (ops/norm.rs keeps to it); the bound lets the
 // compiler budget registers for it (a 1024-thread block would not fit the register file).
@@ -199,8 +209,11 @@ __device__ __forceinline__ C load_el(const RowArgs& a, int slot, i64 off, i64 c)
 // An empty row (d = 0) gives 0/0 = NaN statistics, as PyTorch and the CPU reference do.
 // MODE (flag bits): 0 registers, element by element; 1 registers, packs; 2 big rows. A
 // compile-time MODE keeps each path's register demand apart. ADD (RMS only): x is first
-// replaced by sum = x + residual, rounded to T and stored.
-template <bool LN, int MODE, bool ADD = false> __device__ void norm_fwd(const RowArgs& a) {
+// replaced by sum = x + residual, rounded to T and stored. MIXED (with ADD): x, the sum and
+// the weight are f32, the residual and y T.
+template <bool LN, int MODE, bool ADD = false, bool MIXED = false> __device__ void norm_fwd(const RowArgs& a) {
+    typedef typename Stream<MIXED>::type X;
+    static_assert(!MIXED || ADD, "the mixed form is add_rms_norm's");
     __shared__ C red[2][32];
     int phase = 0;
     const int G = a.group, t = threadIdx.x % G, rpb = blockDim.x / G;
@@ -221,13 +234,13 @@ template <bool LN, int MODE, bool ADD = false> __device__ void norm_fwd(const Ro
         const int src = ADD ? S_SUM : S_X;
         if (!big) {
             if (active) {
-                load_row(a, S_X, off[S_X], vec, G, t, x);
+                load_row<X>(a, S_X, off[S_X], vec, G, t, x);
                 if (ADD) {
                     C r[NE];
                     load_row(a, S_RES, off[S_RES], vec, G, t, r);
 #pragma unroll
-                    for (int e = 0; e < NE; ++e) x[e] = TT::load(TT::store(x[e] + r[e]));
-                    store_row(a, S_SUM, off[S_SUM], vec, G, t, x);
+                    for (int e = 0; e < NE; ++e) x[e] = Ty<X>::load(Ty<X>::store(x[e] + r[e]));
+                    store_row<X>(a, S_SUM, off[S_SUM], vec, G, t, x);
                 }
             } else
 #pragma unroll
@@ -247,19 +260,20 @@ template <bool LN, int MODE, bool ADD = false> __device__ void norm_fwd(const Ro
                 }
         } else {
             if (ADD && active) {
-                T* sum = (T*)a.p[S_SUM] + off[S_SUM];
+                X* sum = (X*)a.p[S_SUM] + off[S_SUM];
                 for (i64 c = t; c < d; c += G)
-                    sum[c * a.cs[S_SUM]] = TT::store(load_el(a, S_X, off[S_X], c) + load_el(a, S_RES, off[S_RES], c));
+                    sum[c * a.cs[S_SUM]] =
+                        Ty<X>::store(load_el<X>(a, S_X, off[S_X], c) + load_el(a, S_RES, off[S_RES], c));
             }
             if (LN) {
                 C s = (C)0;
                 if (active)
-                    for (i64 c = t; c < d; c += G) s += load_el(a, src, off[src], c);
+                    for (i64 c = t; c < d; c += G) s += load_el<X>(a, src, off[src], c);
                 mu = group_sum(s, G, red, phase) / n;
             }
             if (active)
                 for (i64 c = t; c < d; c += G) {
-                    C v = load_el(a, src, off[src], c) - mu;
+                    C v = load_el<X>(a, src, off[src], c) - mu;
                     q += v * v;
                 }
         }
@@ -267,10 +281,10 @@ template <bool LN, int MODE, bool ADD = false> __device__ void norm_fwd(const Ro
         if (!active) continue;
         if (!big) {
             C w[NE];
-            load_row(a, S_W, 0, vec, G, t, w);
+            load_row<X>(a, S_W, 0, vec, G, t, w);
             if (LN) {
                 C b[NE];
-                load_row(a, S_B, 0, vec, G, t, b);
+                load_row<X>(a, S_B, 0, vec, G, t, b);
 #pragma unroll
                 for (int e = 0; e < NE; ++e) x[e] = (x[e] - mu) * r * w[e] + b[e];
             } else {
@@ -281,8 +295,8 @@ template <bool LN, int MODE, bool ADD = false> __device__ void norm_fwd(const Ro
         } else {
             T* y = (T*)a.p[S_Y] + off[S_Y];
             for (i64 c = t; c < d; c += G) {
-                C v = load_el(a, src, off[src], c), wv = load_el(a, S_W, 0, c);
-                C o = LN ? (v - mu) * r * wv + load_el(a, S_B, 0, c) : v * r * wv;
+                C v = load_el<X>(a, src, off[src], c), wv = load_el<X>(a, S_W, 0, c);
+                C o = LN ? (v - mu) * r * wv + load_el<X>(a, S_B, 0, c) : v * r * wv;
                 y[c * a.cs[S_Y]] = TT::store(o);
             }
         }
@@ -395,7 +409,10 @@ template <bool LN, int PK, bool ADD = false> __device__ void norm_fwd_vec(const 
 //   RMS: dx = rstd * (g - xhat * mean(g * xhat)),           dw += dy * xhat
 // Group p (of `parts`, numbered blockIdx.x * rpb + group) writes its column sums to partial
 // row p; `norm_colsum` adds the partial rows.
-template <bool LN, int MODE> __device__ void norm_bwd(const RowArgs& a) {
+// MIXED (RMS): dy is T, x, the weight, dsum and dx f32.
+template <bool LN, int MODE, bool MIXED = false> __device__ void norm_bwd(const RowArgs& a) {
+    typedef typename Stream<MIXED>::type X;
+    static_assert(!MIXED || !LN, "the mixed form is rms_norm_backward's");
     __shared__ C red[2][32];
     int phase = 0;
     const int G = a.group, t = threadIdx.x % G, rpb = blockDim.x / G;
@@ -409,7 +426,7 @@ template <bool LN, int MODE> __device__ void norm_bwd(const RowArgs& a) {
 #pragma unroll
     for (int e = 0; e < NE; ++e) gw[e] = gb[e] = (C)0;
     if (!big) {
-        load_row(a, S_W, 0, vec, G, t, w);
+        load_row<X>(a, S_W, 0, vec, G, t, w);
     } else {
         // Big rows keep their column sums in the partial row itself (this thread owns the
         // same columns on every row, so no other thread touches them).
@@ -430,7 +447,7 @@ template <bool LN, int MODE> __device__ void norm_bwd(const RowArgs& a) {
         C sg = (C)0, sgx = (C)0;
         if (!big) {
             if (active) {
-                load_row(a, S_X, off[S_X], vec, G, t, x);
+                load_row<X>(a, S_X, off[S_X], vec, G, t, x);
                 load_row(a, S_DY, off[S_DY], vec, G, t, dy);
             } else {
 #pragma unroll
@@ -452,8 +469,8 @@ template <bool LN, int MODE> __device__ void norm_bwd(const RowArgs& a) {
                 }
         } else if (active) {
             for (i64 c = t; c < d; c += G) {
-                C xh = (load_el(a, S_X, off[S_X], c) - mu) * r, dv = load_el(a, S_DY, off[S_DY], c);
-                C g = dv * load_el(a, S_W, 0, c);
+                C xh = (load_el<X>(a, S_X, off[S_X], c) - mu) * r, dv = load_el(a, S_DY, off[S_DY], c);
+                C g = dv * load_el<X>(a, S_W, 0, c);
                 sg += g;
                 sgx += g * xh;
                 part[c] += dv * xh;
@@ -466,16 +483,16 @@ template <bool LN, int MODE> __device__ void norm_bwd(const RowArgs& a) {
         if (!big) {
 #pragma unroll
             for (int e = 0; e < NE; ++e) dy[e] = r * (dy[e] * w[e] - mean_g - x[e] * mean_gx);
-            if (a.flag & NORM_DSUM) add_dsum_row(a, off[S_DSUM], vec, G, t, dy);
-            store_row(a, S_Y, off[S_Y], vec, G, t, dy);
+            if (a.flag & NORM_DSUM) add_dsum_row<X>(a, off[S_DSUM], vec, G, t, dy);
+            store_row<X>(a, S_Y, off[S_Y], vec, G, t, dy);
         } else {
-            T* dx = (T*)a.p[S_Y] + off[S_Y];
+            X* dx = (X*)a.p[S_Y] + off[S_Y];
             for (i64 c = t; c < d; c += G) {
-                C xh = (load_el(a, S_X, off[S_X], c) - mu) * r;
-                C g = load_el(a, S_DY, off[S_DY], c) * load_el(a, S_W, 0, c);
+                C xh = (load_el<X>(a, S_X, off[S_X], c) - mu) * r;
+                C g = load_el(a, S_DY, off[S_DY], c) * load_el<X>(a, S_W, 0, c);
                 C v = r * (g - mean_g - xh * mean_gx);
-                if (a.flag & NORM_DSUM) v = TT::load(TT::store(v)) + load_el(a, S_DSUM, off[S_DSUM], c);
-                dx[c * a.cs[S_Y]] = TT::store(v);
+                if (a.flag & NORM_DSUM) v = Ty<X>::load(Ty<X>::store(v)) + load_el<X>(a, S_DSUM, off[S_DSUM], c);
+                dx[c * a.cs[S_Y]] = Ty<X>::store(v);
             }
         }
     }
@@ -771,6 +788,27 @@ extern "C" __global__ void __launch_bounds__(MAXG, VMinBlocks<T>::value) norm_fw
 }
 KERNELS(norm_bwd_ln, norm_bwd, true)
 KERNELS(norm_bwd_rms, norm_bwd, false)
+// The mixed-precision forms (interface 1.12) in the f16 and bf16 modules: add_rms_norm of an
+// f32 x and a T residual into an f32 sum and a T y, rms_norm_backward of a T dy against f32
+// rows; modes 0, 1 and 2 (not the fast paths of mode 3).
+#define NORM_HALF_h16 1
+#define NORM_HALF_b16 1
+#define NORM_CAT_(a, b) a##b
+#define NORM_CAT(a, b) NORM_CAT_(a, b)
+#if NORM_CAT(NORM_HALF_, ELEM) == 1
+extern "C" __global__ void __launch_bounds__(MAXG) norm_fwd_add_rms_mixed_0(const RowArgs a) {
+    norm_fwd<false, 0, true, true>(a);
+}
+extern "C" __global__ void __launch_bounds__(MAXG) norm_fwd_add_rms_mixed_1(const RowArgs a) {
+    norm_fwd<false, 1, true, true>(a);
+}
+extern "C" __global__ void __launch_bounds__(MAXG) norm_fwd_add_rms_mixed_2(const RowArgs a) {
+    norm_fwd<false, 2, true, true>(a);
+}
+extern "C" __global__ void __launch_bounds__(MAXG) norm_bwd_rms_mixed_0(const RowArgs a) { norm_bwd<false, 0, true>(a); }
+extern "C" __global__ void __launch_bounds__(MAXG) norm_bwd_rms_mixed_1(const RowArgs a) { norm_bwd<false, 1, true>(a); }
+extern "C" __global__ void __launch_bounds__(MAXG) norm_bwd_rms_mixed_2(const RowArgs a) { norm_bwd<false, 2, true>(a); }
+#endif
 // The backward's fast path (sm_80+), by packs per thread: ops/norm.rs gives each thread 8
 // columns (1 pack of f16/bf16, 2 of f32); f16/bf16 fit two 512-thread blocks per SM, f32 one.
 // Stages: two, measured fastest (RESULTS.md, "Kernel design notes"); PIPE_STAGES in

@@ -5,7 +5,10 @@
 //!
 //! Every operand may be strided: the kernels take per-operand strides (leading dims merged
 //! across operands, plus the stride along the row), so no copies are made; the vectorized
-//! path applies when the rows are dense and 16-byte aligned. The weight gradients go through
+//! path applies when the rows are dense and 16-byte aligned. The mixed-precision forms of
+//! `AddRmsNorm` and `RmsNormBackward` (interface 1.12: an f32 stream with an f16/bf16
+//! residual, y or dy) run modes 0 to 2 of their own kernels in the half dtype's module, whose
+//! packs hold the half type's 8 elements in every operand (32 bytes of f32). The weight gradients go through
 //! per-group partial sums in a scratch buffer and a column-sum kernel, which makes them
 //! deterministic (no float atomics).
 
@@ -90,8 +93,10 @@ fn claims() -> Vec<(OpKind, DType)> {
 
 /// The argument block for rows of `x`: `rows` operands (x's shape) and `stats` (its leading
 /// dims) in their slots, `params` (shape `[d]`) in theirs. Also picks the thread group per
-/// row and the vectorized and big-row paths. Returns the block and threads per block.
-fn row_args(x: &Operand, rows_ops: &[Slot], stats: &[Slot], params: &[Slot]) -> (RowArgs, u32) {
+/// row and the vectorized and big-row paths; `pack_dtype` is the kernel module's (x's, or the
+/// half dtype of a mixed form), whose 16-byte pack sets the elements per pack of every
+/// operand. Returns the block and threads per block.
+fn row_args(x: &Operand, pack_dtype: DType, rows_ops: &[Slot], stats: &[Slot], params: &[Slot]) -> (RowArgs, u32) {
     let r = x.shape.len();
     let lead = &x.shape[..r - 1];
     let d = x.shape[r - 1];
@@ -119,15 +124,16 @@ fn row_args(x: &Operand, rows_ops: &[Slot], stats: &[Slot], params: &[Slot]) -> 
             a.st[slot][dd] = st[dd] as i64;
         }
     }
-    // Packs of 16 bytes when every row and parameter is dense along the row and every row
-    // starts 16-byte aligned.
+    // Packs of `pack` elements when every row and parameter is dense along the row and every
+    // row starts aligned for its pack (16 bytes, 32 for the f32 operands of a mixed form).
     let size = x.dtype.size_in_bytes();
-    let pack = 16 / size;
+    let pack = 16 / pack_dtype.size_in_bytes();
+    let align = (pack * size).max(16) as u64;
     let vec = d % pack == 0
         && rows_ops.iter().all(|&(slot, o)| {
-            a.cs[slot] == 1 && o.ptr % 16 == 0 && merged_st[slot].iter().all(|&s| s % pack as isize == 0)
+            a.cs[slot] == 1 && o.ptr % align == 0 && merged_st[slot].iter().all(|&s| s % pack as isize == 0)
         })
-        && params.iter().all(|&(slot, o)| a.cs[slot] == 1 && o.ptr % 16 == 0);
+        && params.iter().all(|&(slot, o)| a.cs[slot] == 1 && o.ptr % align == 0);
     // Threads per row: enough that each holds at most `per_thread` elements in registers.
     let per_thread = if size == 8 { 8 } else { 16 };
     let need = d.div_ceil(per_thread).max(1);
@@ -153,6 +159,10 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
         Op::LayerNorm { eps } | Op::RmsNorm { eps } | Op::AddRmsNorm { eps } => {
             let (ins, outs) = resolve(device, inputs, outputs)?;
             let x = &ins[0];
+            // The mixed form of add_rms_norm (checked below): its kernels live in the module of
+            // the residual's half dtype.
+            let mixed = matches!(op, Op::AddRmsNorm { .. }) && ins[1].dtype != x.dtype;
+            let module_dtype = if mixed { ins[1].dtype } else { x.dtype };
             let mut rows: Vec<Slot> = vec![(S_X, x), (S_Y, &outs[0])];
             let (stem, stats, params): (_, Vec<Slot>, Vec<Slot>) = match op {
                 Op::LayerNorm { .. } => {
@@ -164,19 +174,20 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
                     ("norm_fwd_rms", vec![(S_RSTD, &outs[1])], vec![(S_W, &ins[1])])
                 }
                 _ => {
-                    checks::add_rms_norm(op, eps, &ins, &outs)?;
+                    checks::add_rms_norm_mixed(op, eps, &ins, &outs)?;
                     rows.extend([(S_RES, &ins[1]), (S_SUM, &outs[1])]);
                     ("norm_fwd_add_rms", vec![(S_RSTD, &outs[2])], vec![(S_W, &ins[2])])
                 }
             };
-            let (mut a, mut threads) = row_args(x, &rows, &stats, &params);
+            let (mut a, mut threads) = row_args(x, module_dtype, &rows, &stats, &params);
             a.eps = eps;
             let mut per_sm = 2048;
+            let stem = if mixed { "norm_fwd_add_rms_mixed" } else { stem };
             let mut name = format!("{stem}_{}", a.flag & 3);
             // The fast path (mode 3): dense aligned rows whose leading dims merge into one, in
             // groups sized for VEC_PACKS packs per thread. One block per row group (up to 64
             // per SM): the hardware hands rows to SMs as blocks finish.
-            if a.flag == 1 && a.ndim <= 1 {
+            if a.flag == 1 && a.ndim <= 1 && !mixed {
                 let need = (a.d as usize).div_ceil(VEC_PACKS * (16 / x.dtype.size_in_bytes())).max(1);
                 if need <= MAX_GROUP {
                     let group = need.next_power_of_two().max(32);
@@ -189,7 +200,7 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
             }
             let grid = blocks(device, &a, threads, per_sm);
             // Every operand was validated against its buffer with the shapes the kernel is given.
-            device.launch_with(op.name(), &MODULE, x.dtype, &name, &mut a, ((grid, 1), (threads, 1), 0), false)
+            device.launch_with(op.name(), &MODULE, module_dtype, &name, &mut a, ((grid, 1), (threads, 1), 0), false)
         }
         Op::LayerNormBackward | Op::RmsNormBackward => {
             let ln = *op == Op::LayerNormBackward;
@@ -198,7 +209,7 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
                 checks::layer_norm_backward(op, &ins, &outs)?;
                 None
             } else {
-                checks::rms_norm_backward_dsum(op, &ins, &outs)?.1
+                checks::rms_norm_backward_mixed(op, &ins, &outs)?.1
             };
             backward(device, op, ln, &ins, dsum, &outs)
         }
@@ -217,6 +228,8 @@ fn backward(
     outs: &[Operand],
 ) -> Result<()> {
     let (dy, x, w) = (&ins[0], &ins[1], &ins[2]);
+    // The mixed form (checked): a half dy against f32 rows, in the half dtype's module.
+    let mixed = dy.dtype != x.dtype;
     let d = x.shape[x.shape.len() - 1];
     if d == 0 {
         return Ok(()); // dx, dweight and dbias are all empty
@@ -224,7 +237,7 @@ fn backward(
     let stats: Vec<Slot> = if ln { vec![(S_MEAN, &ins[3]), (S_RSTD, &ins[4])] } else { vec![(S_RSTD, &ins[3])] };
     let mut rows: Vec<Slot> = vec![(S_X, x), (S_DY, dy), (S_Y, &outs[0])];
     rows.extend(dsum.map(|o| (S_DSUM, o)));
-    let (mut a, threads) = row_args(x, &rows, &stats, &[(S_W, w)]);
+    let (mut a, threads) = row_args(x, dy.dtype, &rows, &stats, &[(S_W, w)]);
     let nout = if ln { 2 } else { 1 };
     let mut threads = threads;
     let mut stem = format!("{}", a.flag & 3);
@@ -237,7 +250,9 @@ fn backward(
     // thread, x and dy of PIPE_STAGES rows staged in shared memory per thread (16-byte packs).
     // f64 and older GPUs keep mode 1.
     let size = x.dtype.size_in_bytes();
-    if a.flag == 1 && a.ndim <= 1 && size < 8 && device.facts.arch >= 80 {
+    if mixed {
+        stem = format!("mixed_{}", a.flag); // modes 0 to 2, as in the forward
+    } else if a.flag == 1 && a.ndim <= 1 && size < 8 && device.facts.arch >= 80 {
         let need = d.div_ceil(BWD_COLS).max(1);
         if need <= MAX_GROUP {
             let group = need.next_power_of_two().max(32);
@@ -268,7 +283,7 @@ fn backward(
             a.parts = parts as i32;
             let kernel = format!("{}_{stem}", if ln { "norm_bwd_ln" } else { "norm_bwd_rms" });
             // As in the forward; the scratch holds `parts` partial rows of `nout * d`.
-            device.launch_with(name, &MODULE, x.dtype, &kernel, &mut a, ((grid, 1), (threads, 1), smem), false)?;
+            device.launch_with(name, &MODULE, dy.dtype, &kernel, &mut a, ((grid, 1), (threads, 1), smem), false)?;
         }
         // Column sums (zeros when there are no rows).
         let mut c = RowArgs { rows: parts as i64, d: d as i64, parts: nout as i32, ..RowArgs::default() };

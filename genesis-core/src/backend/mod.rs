@@ -134,6 +134,13 @@ impl Backend {
         self.speaks(11)
     }
 
+    /// Whether `AddRmsNorm` and `RmsNormBackward` take their mixed-precision forms (an f32
+    /// stream with an f16/bf16 residual, y or dy; plugins of interface 1.12 or later); older
+    /// ones get f32 operands, cast around the op.
+    pub(crate) fn takes_mixed_norms(&self) -> bool {
+        self.speaks(12)
+    }
+
     /// The plugin's own version.
     pub fn plugin_version(&self) -> &str {
         &self.plugin_version

@@ -226,6 +226,15 @@ fn rms_norm_vjp(
     eps: f64,
     dsum: Option<&Tensor>,
 ) -> Result<(Tensor, Tensor)> {
+    // A half-precision g of an f32 norm (the gradient of `add_rms_norm`'s mixed form) goes to
+    // the backend as it is where it takes the mixed form (interface 1.12), widened otherwise.
+    let widened;
+    let g = if g.dtype() != x.dtype() && (is_grad_enabled() || !x.device().backend().takes_mixed_norms()) {
+        widened = g.to_dtype(x.dtype())?;
+        &widened
+    } else {
+        g
+    };
     let fused_dsum =
         dsum.filter(|s| s.dtype() == x.dtype() && s.shape() == x.shape() && x.device().backend().takes_rms_norm_dsum());
     let inputs: Vec<&Tensor> = [g, x, w, rstd].into_iter().chain(fused_dsum).collect();
@@ -256,6 +265,12 @@ fn rms_norm_vjp(
 /// included, in one pass of the backend's `add_rms_norm` when it claims it (the sum is read
 /// once instead of written by one kernel and read back by the next). Not in PyTorch; the
 /// fused residual norm of inference engines (vLLM's `fused_add_rms_norm`), differentiable.
+///
+/// Under autocast, when one of `x` and `residual` is f32 (a residual stream kept in f32) and
+/// the other is in the autocast dtype (a half-precision layer's output), `y` comes out in the
+/// autocast dtype: the norm computed in f32 and rounded once, the value an autocast layer
+/// reading it would cast it to, without the f32 copy (the backend's mixed-precision form where
+/// it takes it, interface 1.12). The composition, and this function otherwise, gives an f32 `y`.
 pub fn add_rms_norm(
     x: &Tensor,
     residual: &Tensor,
@@ -263,6 +278,9 @@ pub fn add_rms_norm(
     weight: Option<&Tensor>,
     eps: Option<f64>,
 ) -> Result<(Tensor, Tensor)> {
+    if let Some(out) = add_rms_norm_mixed(x, residual, normalized_shape, weight, eps)? {
+        return Ok(out);
+    }
     let dtype = super::promote_types(x.dtype(), residual.dtype());
     // Under autocast a half-precision sum is normalized in f32 (rms_norm's policy), which the
     // kernel, writing y in the sum's dtype, does not do: that case takes the composition.
@@ -315,6 +333,76 @@ pub fn add_rms_norm(
     let y = outs.pop().ok_or_else(|| Error::invalid("add_rms_norm: missing output"))?;
     let sum = outs.pop().ok_or_else(|| Error::invalid("add_rms_norm: missing output"))?;
     Ok((restore_shape(y, &x)?, restore_shape(sum, &x)?))
+}
+
+/// [`add_rms_norm`] under autocast with an f32 stream and a half-precision branch in the
+/// autocast dtype, by the backend's mixed-precision `add_rms_norm` (`y` in the autocast dtype,
+/// the sum in f32); `None` where that form does not apply (the caller then casts).
+fn add_rms_norm_mixed(
+    x: &Tensor,
+    residual: &Tensor,
+    normalized_shape: &[usize],
+    weight: Option<&Tensor>,
+    eps: Option<f64>,
+) -> Result<Option<(Tensor, Tensor)>> {
+    let Some(low) = crate::amp::autocast_dtype().filter(|d| matches!(d, DType::F16 | DType::BF16)) else {
+        return Ok(None);
+    };
+    // The stream (f32) and the branch (`low`), and whether the branch is `x`.
+    let (stream, branch, branch_first) = match (x.dtype(), residual.dtype()) {
+        (DType::F32, d) if d == low => (x, residual, false),
+        (d, DType::F32) if d == low => (residual, x, true),
+        _ => return Ok(None),
+    };
+    if stream.shape() != branch.shape()
+        || !stream.device().backend().takes_mixed_norms()
+        || common_device("add_rms_norm", &[stream, branch]).is_err()
+    {
+        return Ok(None);
+    }
+    let weight = weight.map(|w| cast_for(CastPolicy::Float32, w)).transpose()?;
+    let eps = rms_eps(eps, DType::F32, |eps| Op::AddRmsNorm { eps })?;
+    let op = Op::AddRmsNorm { eps };
+    let (s2, p) = prepare(&op, stream, normalized_shape, &[weight.as_ref()])?;
+    if !super::fused::use_fused(&op, branch)? {
+        return Ok(None);
+    }
+    let b2 = branch.reshape(&s2.shape().iter().map(|&n| n as isize).collect::<Vec<_>>())?;
+    let w = &p[0];
+    let wk = or_const(w, 1.0, &s2)?;
+    let y = Tensor::empty(s2.shape(), low, s2.device())?;
+    let sum = Tensor::empty(s2.shape(), DType::F32, s2.device())?;
+    let rstd = Tensor::empty(&s2.shape()[..s2.rank() - 1], DType::F32, s2.device())?;
+    exec(&op, &[(&s2, s2.layout()), (&b2, b2.layout()), (&wk, wk.layout())], &[&y, &sum, &rstd])?;
+    let sw = Saved::new(&wk);
+    let has_w = w.is_some();
+    // As in `add_rms_norm`: outputs [sum, y], the backward reading the sum. The branch's
+    // gradient is the sum's, rounded to the branch's dtype.
+    let backward = move |saved_sum: crate::autograd::SavedOutput| -> BackwardFn {
+        Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
+            let (g_sum, g_y) = (g[0].as_ref(), g[1].as_ref());
+            let (d_sum, dw) = match g_y {
+                Some(g_y) => {
+                    let (sum, w) = (saved_sum.get("add_rms_norm")?, sw.get("add_rms_norm")?);
+                    let (dx, dw) = rms_norm_vjp(g_y, &sum, w, &rstd, eps, g_sum)?;
+                    (Some(dx), Some(dw))
+                }
+                None => (g_sum.cloned(), None),
+            };
+            let d_branch = d_sum.as_ref().map(|d| d.to_dtype(low)).transpose()?;
+            let mut grads = if branch_first { vec![d_branch, d_sum] } else { vec![d_sum, d_branch] };
+            if has_w {
+                grads.push(dw);
+            }
+            Ok(grads)
+        })
+    };
+    let (first, second) = if branch_first { (&b2, &s2) } else { (&s2, &b2) };
+    let inputs: Vec<&Tensor> = [Some(first), Some(second), w.as_ref()].into_iter().flatten().collect();
+    let mut outs = record_reading_output("add_rms_norm", &inputs, vec![sum, y], backward);
+    let y = outs.pop().ok_or_else(|| Error::invalid("add_rms_norm: missing output"))?;
+    let sum = outs.pop().ok_or_else(|| Error::invalid("add_rms_norm: missing output"))?;
+    Ok(Some((restore_shape(y, stream)?, restore_shape(sum, stream)?)))
 }
 
 /// Batch normalization of `x (n, c, ..)` per channel (`F.batch_norm`). In training mode the

@@ -124,10 +124,39 @@ pub fn rms_norm<'a, T: Meta>(op: &Op, eps: f64, inputs: &'a [T], outputs: &'a [T
     Ok((ins, outs))
 }
 
+/// The half-precision operand of a mixed-precision norm (interface 1.12): f16 or bf16 with
+/// an f32 `x`, shaped like `x`.
+fn expect_half_of(op: &Op, name: &str, t: &impl Meta, x: &impl Meta) -> Result<()> {
+    expect_shape(op, name, t, x.shape())?;
+    if x.dtype() != DType::F32 || !matches!(t.dtype(), DType::F16 | DType::BF16) {
+        return Err(BackendError::dtype(format!(
+            "{}: {name} is {} and x {}: expected the same dtype, or f16/bf16 with an f32 x",
+            op.name(),
+            t.dtype(),
+            x.dtype()
+        )));
+    }
+    Ok(())
+}
+
 /// Operands of `RmsNormBackward`, `[dy, x, weight, rstd] -> [dx, dweight]`.
 pub fn rms_norm_backward<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result<Operands<'a, T, 4, 2>> {
+    rms_norm_backward_of(op, inputs, outputs, false)
+}
+
+/// [`rms_norm_backward`]'s rules, and with `mixed` its mixed form too.
+fn rms_norm_backward_of<'a, T: Meta>(
+    op: &Op,
+    inputs: &'a [T],
+    outputs: &'a [T],
+    mixed: bool,
+) -> Result<Operands<'a, T, 4, 2>> {
     let (ins @ [dy, x, w, rstd], outs @ [dx, dw]) = operands(op, inputs, outputs)?;
-    expect_like(op, "dy", dy, x)?;
+    if mixed && dy.dtype() != x.dtype() {
+        expect_half_of(op, "dy", dy, x)?;
+    } else {
+        expect_like(op, "dy", dy, x)?;
+    }
     expect_param(op, "weight", w, x)?;
     expect_stat(op, "rstd", rstd, x)?;
     expect_like(op, "dx", dx, x)?;
@@ -154,8 +183,30 @@ pub fn rms_norm_backward_dsum<'a, T: Meta>(
     inputs: &'a [T],
     outputs: &'a [T],
 ) -> Result<(&'a [T; 4], Option<&'a T>, &'a [T; 2])> {
+    rms_norm_backward_dsum_of(op, inputs, outputs, false)
+}
+
+/// Operands of `RmsNormBackward` in every form of interface 1.12: [`rms_norm_backward_dsum`]'s,
+/// and the mixed form, dy f16 or bf16 (the claimed dtype) with x and everything else f32. A
+/// plugin that runs the mixed form takes this check; the older ones refuse a mixed call.
+#[allow(clippy::type_complexity)]
+pub fn rms_norm_backward_mixed<'a, T: Meta>(
+    op: &Op,
+    inputs: &'a [T],
+    outputs: &'a [T],
+) -> Result<(&'a [T; 4], Option<&'a T>, &'a [T; 2])> {
+    rms_norm_backward_dsum_of(op, inputs, outputs, true)
+}
+
+#[allow(clippy::type_complexity)]
+fn rms_norm_backward_dsum_of<'a, T: Meta>(
+    op: &Op,
+    inputs: &'a [T],
+    outputs: &'a [T],
+    mixed: bool,
+) -> Result<(&'a [T; 4], Option<&'a T>, &'a [T; 2])> {
     let (first, dsum) = optional_last(inputs, 5);
-    let (ins, outs) = rms_norm_backward(op, first, outputs).map_err(|e| match inputs.len() {
+    let (ins, outs) = rms_norm_backward_of(op, first, outputs, mixed).map_err(|e| match inputs.len() {
         4 | 5 => e,
         n => super::super::arity_error(op, 4, 2, n, outputs.len()),
     })?;
@@ -173,11 +224,39 @@ pub fn add_rms_norm<'a, T: Meta>(
     inputs: &'a [T],
     outputs: &'a [T],
 ) -> Result<Operands<'a, T, 3, 3>> {
+    add_rms_norm_of(op, eps, inputs, outputs, false)
+}
+
+/// Operands of `AddRmsNorm { eps }` in both forms of interface 1.12: [`add_rms_norm`]'s, and
+/// the mixed form, x f32 with residual and y f16 or bf16 (the claimed dtype), weight, sum and
+/// rstd f32. A plugin that runs the mixed form takes this check; the older ones refuse a mixed
+/// call.
+pub fn add_rms_norm_mixed<'a, T: Meta>(
+    op: &Op,
+    eps: f64,
+    inputs: &'a [T],
+    outputs: &'a [T],
+) -> Result<Operands<'a, T, 3, 3>> {
+    add_rms_norm_of(op, eps, inputs, outputs, true)
+}
+
+fn add_rms_norm_of<'a, T: Meta>(
+    op: &Op,
+    eps: f64,
+    inputs: &'a [T],
+    outputs: &'a [T],
+    mixed: bool,
+) -> Result<Operands<'a, T, 3, 3>> {
     let (ins @ [x, residual, w], outs @ [y, sum, rstd]) = operands(op, inputs, outputs)?;
     expect_eps(op, eps)?;
-    expect_like(op, "residual", residual, x)?;
+    if mixed && residual.dtype() != x.dtype() {
+        expect_half_of(op, "residual", residual, x)?;
+        expect_like(op, "y", y, residual)?;
+    } else {
+        expect_like(op, "residual", residual, x)?;
+        expect_like(op, "y", y, x)?;
+    }
     expect_param(op, "weight", w, x)?;
-    expect_like(op, "y", y, x)?;
     expect_like(op, "sum", sum, x)?;
     expect_stat(op, "rstd", rstd, x)?;
     Ok((ins, outs))
@@ -414,6 +493,56 @@ mod tests {
         assert_eq!(
             add_rms_norm(&op, f64::NAN, &ins, &[f(&[2, 3]), f(&[2, 3]), f(&[2])]).unwrap_err().kind,
             ErrorKind::InvalidArgument
+        );
+    }
+
+    #[test]
+    fn mixed_precision_norms_take_a_half_operand_with_an_f32_stream() {
+        let (f, h, b) = (
+            |s: &[usize]| Fake::new(DType::F32, s),
+            |s: &[usize]| Fake::new(DType::F16, s),
+            |s: &[usize]| Fake::new(DType::BF16, s),
+        );
+        let op = Op::AddRmsNorm { eps: 1e-6 };
+        // x f32, residual and y bf16, the rest f32.
+        let (ins, outs) = ([f(&[2, 3]), b(&[2, 3]), f(&[3])], [b(&[2, 3]), f(&[2, 3]), f(&[2])]);
+        assert!(add_rms_norm_mixed(&op, 1e-6, &ins, &outs).is_ok());
+        // The check of plugins older than 1.12 refuses it.
+        assert_eq!(add_rms_norm(&op, 1e-6, &ins, &outs).unwrap_err().kind, ErrorKind::DtypeMismatch);
+        // y must follow the half operand; a half x with an f32 residual is not the mixed form.
+        for (ins, outs) in [
+            ([f(&[2, 3]), b(&[2, 3]), f(&[3])], [f(&[2, 3]), f(&[2, 3]), f(&[2])]),
+            ([f(&[2, 3]), b(&[2, 3]), f(&[3])], [h(&[2, 3]), f(&[2, 3]), f(&[2])]),
+            ([b(&[2, 3]), f(&[2, 3]), b(&[3])], [b(&[2, 3]), b(&[2, 3]), f(&[2])]),
+            ([f(&[2, 3]), b(&[2, 3]), b(&[3])], [b(&[2, 3]), f(&[2, 3]), f(&[2])]),
+            ([f(&[2, 3]), b(&[2, 3]), f(&[3])], [b(&[2, 3]), b(&[2, 3]), f(&[2])]),
+        ] {
+            assert_eq!(add_rms_norm_mixed(&op, 1e-6, &ins, &outs).unwrap_err().kind, ErrorKind::DtypeMismatch);
+        }
+        assert_eq!(
+            add_rms_norm_mixed(&op, 1e-6, &[f(&[2, 3]), b(&[3, 2]), f(&[3])], &[b(&[2, 3]), f(&[2, 3]), f(&[2])])
+                .unwrap_err()
+                .kind,
+            ErrorKind::ShapeMismatch
+        );
+
+        let op = Op::RmsNormBackward;
+        let outs = [f(&[2, 3]), f(&[3])];
+        let ins = [h(&[2, 3]), f(&[2, 3]), f(&[3]), f(&[2])];
+        assert!(rms_norm_backward_mixed(&op, &ins, &outs).is_ok());
+        assert_eq!(rms_norm_backward_dsum(&op, &ins, &outs).unwrap_err().kind, ErrorKind::DtypeMismatch);
+        let dsum = [b(&[2, 3]), f(&[2, 3]), f(&[3]), f(&[2]), f(&[2, 3])];
+        assert!(rms_norm_backward_mixed(&op, &dsum, &outs).is_ok());
+        let ins = [f(&[2, 3]), b(&[2, 3]), b(&[3]), f(&[2])];
+        assert_eq!(
+            rms_norm_backward_mixed(&op, &ins, &[b(&[2, 3]), b(&[3])]).unwrap_err().kind,
+            ErrorKind::DtypeMismatch
+        );
+        assert_eq!(
+            rms_norm_backward_mixed(&op, &[b(&[2, 3]), f(&[2, 3]), f(&[3]), f(&[2])], &[b(&[2, 3]), f(&[3])])
+                .unwrap_err()
+                .kind,
+            ErrorKind::DtypeMismatch
         );
     }
 

@@ -104,16 +104,26 @@ pub fn cases(t: &Target) -> Vec<Case> {
     }));
     cases.extend(backward_cases(t, Op::RmsNormBackward, "rms_norm", &|dtype, rng| {
         // Without and with the fifth input `dsum` (interface 1.11), added to dx: strided rows
-        // of 33, and dense rows of 64 (a backend's vectorized path).
-        let samples =
-            [("rows5x33", 5usize, 33usize, false), ("rows5x33_dsum", 5, 33, true), ("rows6x64_dsum", 6, 64, true)];
+        // of 33, and dense rows of 64 (a backend's vectorized path); and for f16/bf16 the
+        // mixed-precision form (interface 1.12), dy in the claimed dtype against f32 rows.
+        let half = matches!(dtype, DType::F16 | DType::BF16);
+        let samples = [
+            ("rows5x33", 5usize, 33usize, false, false),
+            ("rows5x33_dsum", 5, 33, true, false),
+            ("rows6x64_dsum", 6, 64, true, false),
+            ("mixed_rows5x33", 5, 33, false, true),
+            ("mixed_rows6x896_dsum", 6, 896, true, true),
+        ];
         samples
             .into_iter()
-            .map(|(sample, rows, n, with_dsum)| {
+            .filter(|&(.., mixed)| half || !mixed)
+            .map(|(sample, rows, n, with_dsum, mixed)| {
+                let dtype_dy = dtype;
+                let dtype = if mixed { DType::F32 } else { dtype };
                 let x_layout = if n == 33 { Layout::Offset } else { Layout::Contiguous };
                 let x = tensor(rng, dtype, &[rows, n], x_layout, ValueRange::normal(2.0));
                 let w = tensor(rng, dtype, &[n], Layout::Contiguous, ValueRange::normal(1.0));
-                let dy = tensor(rng, dtype, &[rows, n], Layout::Contiguous, ValueRange::normal(1.0));
+                let dy = tensor(rng, dtype_dy, &[rows, n], Layout::Contiguous, ValueRange::normal(1.0));
                 let (_, rstd) = rms_norm(&x.values, &w.values, n, eps);
                 let (dx, dw) = rms_norm_vjp(&x.values, &w.values, &dy.values, n, eps);
                 let mut inputs = vec![dy, x, w, saved_stat(&[rows], &rstd)];

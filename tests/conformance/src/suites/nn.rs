@@ -173,23 +173,32 @@ pub fn cases(t: &Target) -> Vec<Case> {
     cases.extend(op_cases(t, "nn", "add_rms_norm", add_norm.kind(), &FLOATS, &no_deps, &|dtype, rng| {
         // The CUDA kernel's paths: dense rows (packs), a decoder's width, rows read through
         // strides, and rows longer than its registers hold (8,192 elements).
+        // The mixed-precision form (interface 1.12, f16/bf16 only): an f32 x, weight and sum
+        // with a residual and y in the claimed dtype.
+        let half = matches!(dtype, DType::F16 | DType::BF16);
         [
-            (vec![6usize, 32], Layout::Contiguous, Layout::Contiguous, "rows6x32", Tier::Core),
-            (vec![2, 896], Layout::Contiguous, Layout::Offset, "hidden896", Tier::Core),
-            (vec![4, 77], Layout::Transposed, Layout::Strided, "odd_transposed", Tier::Core),
-            (vec![2, 8200], Layout::Contiguous, Layout::Contiguous, "long_rows", Tier::Full),
+            (vec![6usize, 32], Layout::Contiguous, Layout::Contiguous, "rows6x32", Tier::Core, false),
+            (vec![2, 896], Layout::Contiguous, Layout::Offset, "hidden896", Tier::Core, false),
+            (vec![4, 77], Layout::Transposed, Layout::Strided, "odd_transposed", Tier::Core, false),
+            (vec![2, 8200], Layout::Contiguous, Layout::Contiguous, "long_rows", Tier::Full, false),
+            (vec![6, 64], Layout::Contiguous, Layout::Contiguous, "mixed_rows6x64", Tier::Core, true),
+            (vec![3, 896], Layout::Contiguous, Layout::Offset, "mixed_hidden896", Tier::Core, true),
+            (vec![4, 77], Layout::Transposed, Layout::Strided, "mixed_odd_transposed", Tier::Core, true),
+            (vec![2, 8200], Layout::Contiguous, Layout::Contiguous, "mixed_long_rows", Tier::Full, true),
         ]
         .into_iter()
-        .map(|(shape, x_layout, r_layout, sample, tier)| {
+        .filter(|&(.., mixed)| half || !mixed)
+        .map(|(shape, x_layout, r_layout, sample, tier, mixed)| {
             let n = shape[1];
-            let x = tensor(rng, dtype, &shape, x_layout, ValueRange::normal(3.0));
+            let stream = if mixed { DType::F32 } else { dtype };
+            let x = tensor(rng, stream, &shape, x_layout, ValueRange::normal(3.0));
             let r = tensor(rng, dtype, &shape, r_layout, ValueRange::normal(3.0));
-            let w = tensor(rng, dtype, &[n], Layout::Contiguous, ValueRange::normal(1.0));
-            let (y, sum, rstd) = add_rms_norm(&x.values, &r.values, &w.values, n, eps, dtype);
-            let outs = vec![Spec::out(dtype, &shape), Spec::out(dtype, &shape), Spec::out(DType::F32, &shape[..1])];
+            let w = tensor(rng, stream, &[n], Layout::Contiguous, ValueRange::normal(1.0));
+            let (y, sum, rstd) = add_rms_norm(&x.values, &r.values, &w.values, n, eps, stream);
+            let outs = vec![Spec::out(dtype, &shape), Spec::out(stream, &shape), Spec::out(DType::F32, &shape[..1])];
             let exp = vec![
                 Some(Expected::normalized(dtype, y, n, 1.0)),
-                Some(Expected::correctly_rounded(dtype, sum)),
+                Some(Expected::correctly_rounded(stream, sum)),
                 Some(Expected::normalized(DType::F32, rstd, n, 1.0)),
             ];
             (sample.to_string(), tier, OpCase { op: add_norm, inputs: vec![x, r, w], outputs: outs, expected: exp })
