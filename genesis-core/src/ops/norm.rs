@@ -304,10 +304,24 @@ pub fn add_rms_norm(
     let (y, sum) = (Tensor::empty(x2.shape(), dtype, x2.device())?, Tensor::empty(x2.shape(), dtype, x2.device())?);
     let rstd = Tensor::empty(&x2.shape()[..x2.rank() - 1], DType::F32, x2.device())?;
     exec(&op, &[(&x2, x2.layout()), (&r2, r2.layout()), (&wk, wk.layout())], &[&y, &sum, &rstd])?;
-    let sw = Saved::new(&wk);
+    let (y, sum) = record_add_rms_norm([&x2, &r2], w.as_ref(), &wk, [sum, y, rstd], eps)?;
+    Ok((restore_shape(y, &x)?, restore_shape(sum, &x)?))
+}
+
+/// Records an `add_rms_norm` that ran on the addends `[a, b]` (in the caller's order) and the
+/// weight `w` (`wk`, ones when there is none) into `[sum, y, rstd]`; returns `(y, sum)`. The
+/// backward reads the sum (with its history when gradients of the gradient are recorded);
+/// each addend gets the sum's gradient in its own dtype.
+fn record_add_rms_norm(
+    addends: [&Tensor; 2],
+    w: Option<&Tensor>,
+    wk: &Tensor,
+    [sum, y, rstd]: [Tensor; 3],
+    eps: f64,
+) -> Result<(Tensor, Tensor)> {
+    let sw = Saved::new(wk);
     let has_w = w.is_some();
-    // Outputs in the order [sum, y]: the backward reads the sum (with its history when
-    // gradients of the gradient are recorded).
+    let dtypes = addends.map(Tensor::dtype);
     let backward = move |saved_sum: crate::autograd::SavedOutput| -> BackwardFn {
         Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
             let (g_sum, g_y) = (g[0].as_ref(), g[1].as_ref());
@@ -321,18 +335,22 @@ pub fn add_rms_norm(
                 }
                 None => (g_sum.cloned(), None),
             };
-            let mut grads = vec![d_sum.clone(), d_sum];
+            let mut grads = dtypes
+                .iter()
+                .map(|&dt| d_sum.as_ref().map(|d| d.to_dtype(dt)).transpose())
+                .collect::<Result<Vec<_>>>()?;
             if has_w {
                 grads.push(dw);
             }
             Ok(grads)
         })
     };
-    let inputs: Vec<&Tensor> = [Some(&x2), Some(&r2), w.as_ref()].into_iter().flatten().collect();
+    let inputs: Vec<&Tensor> = addends.into_iter().chain(w).collect();
+    // Outputs in the order [sum, y]: the backward reads the sum.
     let mut outs = record_reading_output("add_rms_norm", &inputs, vec![sum, y], backward);
     let y = outs.pop().ok_or_else(|| Error::invalid("add_rms_norm: missing output"))?;
     let sum = outs.pop().ok_or_else(|| Error::invalid("add_rms_norm: missing output"))?;
-    Ok((restore_shape(y, &x)?, restore_shape(sum, &x)?))
+    Ok((y, sum))
 }
 
 /// [`add_rms_norm`] under autocast with an f32 stream and a half-precision branch in the
@@ -374,34 +392,9 @@ fn add_rms_norm_mixed(
     let sum = Tensor::empty(s2.shape(), DType::F32, s2.device())?;
     let rstd = Tensor::empty(&s2.shape()[..s2.rank() - 1], DType::F32, s2.device())?;
     exec(&op, &[(&s2, s2.layout()), (&b2, b2.layout()), (&wk, wk.layout())], &[&y, &sum, &rstd])?;
-    let sw = Saved::new(&wk);
-    let has_w = w.is_some();
-    // As in `add_rms_norm`: outputs [sum, y], the backward reading the sum. The branch's
-    // gradient is the sum's, rounded to the branch's dtype.
-    let backward = move |saved_sum: crate::autograd::SavedOutput| -> BackwardFn {
-        Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
-            let (g_sum, g_y) = (g[0].as_ref(), g[1].as_ref());
-            let (d_sum, dw) = match g_y {
-                Some(g_y) => {
-                    let (sum, w) = (saved_sum.get("add_rms_norm")?, sw.get("add_rms_norm")?);
-                    let (dx, dw) = rms_norm_vjp(g_y, &sum, w, &rstd, eps, g_sum)?;
-                    (Some(dx), Some(dw))
-                }
-                None => (g_sum.cloned(), None),
-            };
-            let d_branch = d_sum.as_ref().map(|d| d.to_dtype(low)).transpose()?;
-            let mut grads = if branch_first { vec![d_branch, d_sum] } else { vec![d_sum, d_branch] };
-            if has_w {
-                grads.push(dw);
-            }
-            Ok(grads)
-        })
-    };
-    let (first, second) = if branch_first { (&b2, &s2) } else { (&s2, &b2) };
-    let inputs: Vec<&Tensor> = [Some(first), Some(second), w.as_ref()].into_iter().flatten().collect();
-    let mut outs = record_reading_output("add_rms_norm", &inputs, vec![sum, y], backward);
-    let y = outs.pop().ok_or_else(|| Error::invalid("add_rms_norm: missing output"))?;
-    let sum = outs.pop().ok_or_else(|| Error::invalid("add_rms_norm: missing output"))?;
+    // The branch's gradient is the sum's, rounded to the branch's dtype.
+    let addends = if branch_first { [&b2, &s2] } else { [&s2, &b2] };
+    let (y, sum) = record_add_rms_norm(addends, w.as_ref(), &wk, [sum, y, rstd], eps)?;
     Ok(Some((restore_shape(y, stream)?, restore_shape(sum, stream)?)))
 }
 

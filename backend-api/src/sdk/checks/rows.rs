@@ -173,38 +173,38 @@ fn optional_last<T>(inputs: &[T], full: usize) -> (&[T], Option<&T>) {
     }
 }
 
+/// `RmsNormBackward`'s four inputs, its optional `dsum` and its two outputs.
+pub type RmsBackwardOperands<'a, T> = (&'a [T; 4], Option<&'a T>, &'a [T; 2]);
+
 /// Operands of `RmsNormBackward` with or without its optional fifth input,
 /// `[dy, x, weight, rstd]` or `[dy, x, weight, rstd, dsum] -> [dx, dweight]`: dsum like x
 /// (interface 1.11), the rest with [`rms_norm_backward`]'s rules. Returns the four inputs,
 /// dsum and the outputs.
-#[allow(clippy::type_complexity)]
 pub fn rms_norm_backward_dsum<'a, T: Meta>(
     op: &Op,
     inputs: &'a [T],
     outputs: &'a [T],
-) -> Result<(&'a [T; 4], Option<&'a T>, &'a [T; 2])> {
+) -> Result<RmsBackwardOperands<'a, T>> {
     rms_norm_backward_dsum_of(op, inputs, outputs, false)
 }
 
 /// Operands of `RmsNormBackward` in every form of interface 1.12: [`rms_norm_backward_dsum`]'s,
 /// and the mixed form, dy f16 or bf16 (the claimed dtype) with x and everything else f32. A
 /// plugin that runs the mixed form takes this check; the older ones refuse a mixed call.
-#[allow(clippy::type_complexity)]
 pub fn rms_norm_backward_mixed<'a, T: Meta>(
     op: &Op,
     inputs: &'a [T],
     outputs: &'a [T],
-) -> Result<(&'a [T; 4], Option<&'a T>, &'a [T; 2])> {
+) -> Result<RmsBackwardOperands<'a, T>> {
     rms_norm_backward_dsum_of(op, inputs, outputs, true)
 }
 
-#[allow(clippy::type_complexity)]
 fn rms_norm_backward_dsum_of<'a, T: Meta>(
     op: &Op,
     inputs: &'a [T],
     outputs: &'a [T],
     mixed: bool,
-) -> Result<(&'a [T; 4], Option<&'a T>, &'a [T; 2])> {
+) -> Result<RmsBackwardOperands<'a, T>> {
     let (first, dsum) = optional_last(inputs, 5);
     let (ins, outs) = rms_norm_backward_of(op, first, outputs, mixed).map_err(|e| match inputs.len() {
         4 | 5 => e,
