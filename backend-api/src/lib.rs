@@ -82,4 +82,4 @@ impl std::fmt::Display for ApiVersion {
 
 /// The interface version this crate defines (see `CHANGELOG.md` for what each minor added).
 pub const API_VERSION: ApiVersion =
-    ApiVersion { major: 1, minor: if cfg!(feature = "fixture-api-1-0") { 0 } else { 12 } };
+    ApiVersion { major: 1, minor: if cfg!(feature = "fixture-api-1-0") { 0 } else { 13 } };

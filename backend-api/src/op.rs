@@ -469,7 +469,9 @@ declare_ops! {
         step: f64 => float[1],
     } = 5 => "arange" in All,
     /// `[a (.., m, k), b (.., k, n)] -> [y (.., m, n)]`; batch dims equal (broadcast ones have
-    /// stride 0); transposes arrive as strides.
+    /// stride 0); transposes arrive as strides. Widened (interface 1.13): `y` may be f32 when
+    /// `a` and `b` are f16 or bf16 (the claimed dtype), the f32 sums stored without rounding to
+    /// the operands' dtype (a weight's gradient under autocast).
     Matmul = 6 => "matmul" in Signed,
     /// `[x, index(i64)] -> [y]`, `y[..i..] = x[..index[..i..]..]` along `dim`.
     Gather {
@@ -560,7 +562,9 @@ declare_ops! {
     /// which reaches the normalized sum through the norm and directly (`AddRmsNorm`'s
     /// backward), in one pass. Mixed precision (interface 1.12): `dy` may be f16 or bf16 (the
     /// claimed dtype) while `x` and everything else is f32, the gradient of `AddRmsNorm`'s
-    /// mixed form; `dy` is widened to f32 as it is read.
+    /// mixed form; `dy` is widened to f32 as it is read. In the mixed form a third output
+    /// `dx_half` like `dy` may follow (interface 1.13): `dx` rounded to `dy`'s dtype, the
+    /// gradient of `AddRmsNorm`'s half-precision residual, written in the same pass.
     RmsNormBackward = 22 => "rms_norm_backward" in Floats,
     /// `[x (b, h, s, d), cos (s, d/2), sin (s, d/2)] -> [y]`, rotating pairs `(i, i+d/2)`
     /// (the Hugging Face "rotate half" layout): `y_i = x_i cos - x_{i+d/2} sin`,

@@ -142,20 +142,12 @@ impl Blas {
         Err(BackendError::internal(format!("cuda: {call} ({}) failed: {text}", self.found.path)))
     }
 
-    /// Queue one strided-batched product `C = op(A) op(B)` on the stream.
+    /// Queue one strided-batched product `C = op(A) op(B)` on the stream, with C of `c_dtype`
+    /// (`g.dtype`, or f32 from f16/bf16 inputs) and, with `accumulate`, `C += op(A) op(B)`.
     ///
     /// # Safety
     /// The addresses, leading dimensions and strides must describe memory inside live
     /// buffers of the device this handle belongs to.
-    pub unsafe fn gemm(&self, g: &Gemm) -> Result<()> {
-        self.gemm_into(g, g.dtype, false)
-    }
-
-    /// As [`Blas::gemm`], with C of `c_dtype` (f32 output from f16/bf16 inputs, say) and,
-    /// with `accumulate`, `C += op(A) op(B)`.
-    ///
-    /// # Safety
-    /// As for [`Blas::gemm`].
     pub unsafe fn gemm_into(&self, g: &Gemm, c_dtype: i32, accumulate: bool) -> Result<()> {
         let (one_f, zero_f) = (1.0f32, 0.0f32);
         let (one_d, zero_d) = (1.0f64, 0.0f64);

@@ -13,7 +13,9 @@ pub use crate::ops::fused::composites_only;
 /// what the core sends to an op it claims: from 1.9 interleaved outputs (`swiglu_backward`'s
 /// two halves in one buffer), from 1.10 `adamw`'s gradient `scale` input, from 1.11
 /// `rms_norm_backward`'s `dsum` input, from 1.12 the mixed-precision `add_rms_norm` and
-/// `rms_norm_backward` (an f32 stream with a half-precision residual, y or dy). Below those
+/// `rms_norm_backward` (an f32 stream with a half-precision residual, y or dy), from 1.13 the
+/// widened `matmul` (a linear layer's f32 weight gradient under autocast) and the mixed
+/// `rms_norm_backward`'s half-precision dx. Below those
 /// minors the core does that work with other ops first, as it does for an older plugin. For
 /// tests of those paths; claims are not changed.
 pub fn as_interface<T>(minor: u32, f: impl FnOnce() -> T) -> T {

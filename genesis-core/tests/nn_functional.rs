@@ -566,6 +566,78 @@ fn add_rms_norm_mixed_precision_under_autocast() {
             assert_eq!(mixed, cast, "{low} branch_first={branch_first}");
         }
         assert_eq!(branch.grad().unwrap().dtype(), low);
+        // From 1.13 the norm's backward writes the branch's gradient in its half dtype too:
+        // one cast fewer than 1.12, which rounds the f32 gradient with a cast.
+        let casts = |minor: u32| {
+            let (_, profile) =
+                genesis::profiler::profile(Default::default(), || genesis::testing::as_interface(minor, || run(false)))
+                    .unwrap();
+            profile.events().iter().filter(|e| e.name == "cast").count()
+        };
+        assert_eq!(casts(13) + 1, casts(12), "{low}");
+    }
+}
+
+/// Under autocast a linear layer's f32 weight takes its gradient from a widened product (the
+/// f32 sums of the half-precision operands, interface 1.13); an older plugin's path rounds it
+/// to the autocast dtype first. Everything else is the same bit for bit, and a backward that
+/// builds a graph takes the composition.
+#[test]
+fn linear_weight_gradient_under_autocast_is_formed_in_f32() {
+    use genesis::amp::autocast;
+    type Grads = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+    let values = |t: &Tensor| t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+    for low in [DType::BF16, DType::F16] {
+        let leaf = |t: Tensor| t.to_dtype(DType::F32).unwrap().detach().requires_grad_(true).unwrap();
+        let (x, w, b) = (leaf(rand(&[3, 4, 40], 90)), leaf(rand(&[6, 40], 91)), leaf(rand(&[6], 92)));
+        let upstream = rand(&[3, 4, 6], 93).detach().to_dtype(low).unwrap();
+        let f32s = |t: &Tensor| t.to_dtype(DType::F32).and_then(|t| t.to_vec::<f32>());
+        let run = || -> Result<Grads> {
+            for t in [&x, &w, &b] {
+                t.zero_grad();
+            }
+            autocast(low, || -> Result<Grads> {
+                let y = F::linear(&x, &w, Some(&b))?;
+                assert_eq!(y.dtype(), low);
+                y.mul(&upstream)?.sum()?.backward()?;
+                let grad = |t: &Tensor| f32s(&t.grad().expect("a gradient"));
+                Ok((f32s(&y)?, grad(&x)?, grad(&w)?, grad(&b)?))
+            })?
+        };
+        let (y, dx, dw, db) = run().unwrap();
+        assert_eq!(w.grad().unwrap().dtype(), DType::F32);
+        let (y_old, dx_old, dw_old, db_old) = genesis::testing::as_interface(12, run).unwrap();
+        assert_eq!((y, dx, db), (y_old, dx_old, db_old), "{low}: only the weight's gradient may differ");
+        // dW[o][i] = Σ_rows g[r][o] · x_low[r][i], from the half-precision values, in f64.
+        let (g, xl) = (values(&upstream), values(&x.detach().to_dtype(low).unwrap()));
+        let (mut max_new, mut max_old) = (0f64, 0f64);
+        for o in 0..6 {
+            for i in 0..40 {
+                let terms = (0..12).map(|r| g[r * 6 + o] * xl[r * 40 + i]);
+                let (exact, size) = terms.fold((0.0, 0.0), |(s, m), t| (s + t, m + t.abs()));
+                let (new, old) = (dw[o * 40 + i] as f64, dw_old[o * 40 + i] as f64);
+                assert!((new - exact).abs() <= 1e-6 * size + 1e-30, "{low} dW[{o}][{i}]: {new} against {exact}");
+                max_new = max_new.max((new - exact).abs());
+                max_old = max_old.max((old - exact).abs());
+            }
+        }
+        assert!(max_new * 50.0 < max_old, "{low}: f32 error {max_new:e}, rounded path's {max_old:e}");
+        let casts = |minor: u32| {
+            let (_, profile) =
+                genesis::profiler::profile(Default::default(), || genesis::testing::as_interface(minor, run)).unwrap();
+            profile.events().iter().filter(|e| e.name == "cast").count()
+        };
+        assert_eq!(casts(13) + 1, casts(12), "{low}: the weight's gradient needs no cast");
+        // With create_graph the gradient is the composition's, and differentiable.
+        let grads = autocast(low, || -> Result<Vec<Option<Tensor>>> {
+            let y = F::linear(&x, &w, Some(&b))?;
+            genesis::grad(&[y.mul(&upstream)?.sum()?], std::slice::from_ref(&w), None, false, true)
+        })
+        .unwrap()
+        .unwrap();
+        let dw_graph = grads[0].as_ref().expect("a gradient");
+        assert!(dw_graph.requires_grad());
+        assert_eq!(f32s(dw_graph).unwrap(), dw_old);
     }
 }
 

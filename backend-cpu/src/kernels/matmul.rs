@@ -214,23 +214,51 @@ pub(super) fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
     if !domain::contains(Op::Matmul.kind(), a.dtype) {
         return Err(unsupported(op, a.dtype));
     }
-    let [m, k, n] = checks::matmul(op, a, b, y)?;
-    with_dtype!(a.dtype, T => batched::<T>(a, b, y, m, n, k));
+    let mnk = checks::matmul_widened(op, a, b, y)?;
+    match (a.dtype, y.dtype) {
+        (DType::F16, DType::F32) => batched::<f16, f32>(a, b, y, mnk, widened::<f16>),
+        (DType::BF16, DType::F32) => batched::<bf16, f32>(a, b, y, mnk, widened::<bf16>),
+        _ => with_dtype!(a.dtype, T => batched::<T, T>(a, b, y, mnk, T::matmul)),
+    }
     Ok(())
 }
 
-fn batched<T: MatElem>(a: &View, b: &View, y: &View, m: usize, n: usize, k: usize) {
+/// One `(m, k) x (k, n)` product into `y` (overwritten), with the safety contract of
+/// [`MatElem::matmul`].
+type Product<T, Y> = unsafe fn(usize, usize, usize, Mat<T>, Mat<T>, Mat<Y>, Parallelism);
+
+/// `y = a · b` for f16/bf16 `a` and `b` into an f32 `y` (the widened form): both widened,
+/// the f32 `gemm` writing `y` directly, no rounding to `T`.
+///
+/// # Safety
+/// As for [`MatElem::matmul`].
+unsafe fn widened<T: Element<Compute = f32>>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat<T>,
+    b: Mat<T>,
+    y: Mat<f32>,
+    par: Parallelism,
+) {
+    let (mut wa, mut wb) = (widen(m, k, a), widen(k, n, b));
+    native((m, n, k), dense(&mut wa, k), dense(&mut wb, n), y, (1.0, 0.0), false, par);
+}
+
+fn batched<T: Element, Y: Element>(a: &View, b: &View, y: &View, [m, k, n]: [usize; 3], product: Product<T, Y>) {
     let r = a.shape.len();
     let batch_shape = &y.shape[..r - 2];
     let batches: usize = batch_shape.iter().product();
     if batches == 0 || m == 0 || n == 0 {
         return;
     }
-    let (ma, mb, my) = (Mat::of(a), Mat::of(b), Mat::of(y));
+    let (ma, mb, my) = (Mat::<T>::of(a), Mat::<T>::of(b), Mat::<Y>::of(y));
     // Batch offsets of the three operands in row-major batch order.
     let offsets = |v: &View| genesis_backend_api::sdk::offsets(batch_shape, &v.strides[..r - 2]).collect::<Vec<_>>();
     let (oa, ob, oy) = (offsets(a), offsets(b), offsets(y));
-    let shift = |mt: Mat<T>, o: isize| Mat { ptr: SyncPtr(mt.ptr.get().wrapping_offset(o)), ..mt };
+    fn shift<E>(mt: Mat<E>, o: isize) -> Mat<E> {
+        Mat { ptr: SyncPtr(mt.ptr.get().wrapping_offset(o)), ..mt }
+    }
     let work = m.saturating_mul(n).saturating_mul(k);
     let one = |i: usize, par: Parallelism| {
         let yi = shift(my, oy[i]);
@@ -242,11 +270,11 @@ fn batched<T: MatElem>(a: &View, b: &View, y: &View, m: usize, n: usize, k: usiz
                 // The empty sum: zeros, without asking `gemm` about a degenerate depth.
                 for r in 0..m {
                     for c in 0..n {
-                        *yi.at(r, c) = T::store(T::Compute::ZERO);
+                        *yi.at(r, c) = Y::store(Y::Compute::ZERO);
                     }
                 }
             } else {
-                T::matmul(m, n, k, shift(ma, oa[i]), shift(mb, ob[i]), yi, par);
+                product(m, n, k, shift(ma, oa[i]), shift(mb, ob[i]), yi, par);
             }
         }
     };

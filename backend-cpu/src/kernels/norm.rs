@@ -53,13 +53,17 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
             with_float!(op, x.dtype, T => add_rms_norm_linear::<T>(op, eps, gated, [x, r, g, w], bias, [y, sum]))
         }
         Op::RmsNormBackward => {
-            let ([dy, x, w, rstd], dsum, [dx, dw]) = checks::rms_norm_backward_mixed(op, inputs, outputs)?;
+            let (([dy, x, w, rstd], dsum, [dx, dw]), dx_half) = checks::rms_norm_backward_half_dx(op, inputs, outputs)?;
             let (ins, outs) = ([dy, x, w, rstd], [dx, dw]);
             match dy.dtype {
-                // The mixed form: dy in a half dtype, x and the rest f32 (checked).
-                DType::F16 if x.dtype == DType::F32 => rms_norm_backward::<f32, half::f16>(op, ins, dsum, outs),
-                DType::BF16 if x.dtype == DType::F32 => rms_norm_backward::<f32, half::bf16>(op, ins, dsum, outs),
-                _ => with_float!(op, x.dtype, T => rms_norm_backward::<T, T>(op, ins, dsum, outs)),
+                // The mixed form: dy (and dx_half) in a half dtype, x and the rest f32 (checked).
+                DType::F16 if x.dtype == DType::F32 => {
+                    rms_norm_backward::<f32, half::f16>(op, ins, dsum, outs, dx_half)
+                }
+                DType::BF16 if x.dtype == DType::F32 => {
+                    rms_norm_backward::<f32, half::bf16>(op, ins, dsum, outs, dx_half)
+                }
+                _ => with_float!(op, x.dtype, T => rms_norm_backward::<T, T>(op, ins, dsum, outs, None)),
             }
         }
         _ => Err(unsupported(op, inputs.first().map_or(DType::F32, |v| v.dtype))),
@@ -307,12 +311,14 @@ fn rms_rows<T: Float, Y: Float>(op: &Op, eps: f64, xs: &[T], w: &View, [y, rstd]
 
 /// With `dsum`, each element of dx is the norm's gradient rounded to `T`, plus dsum, rounded
 /// again: what `rms_norm_backward` and then `add` store. `G` is dy's type: `T`, or in the
-/// mixed form f16 or bf16 with `T` f32 (dy widened as it is read).
+/// mixed form f16 or bf16 with `T` f32 (dy widened as it is read), where `dx_half` (like dy)
+/// gets dx rounded to `G`.
 fn rms_norm_backward<T: Float, G: Float>(
     op: &Op,
     [dy, x, w, rstd]: [&View; 4],
     dsum: Option<&View>,
     [dx, dw]: [&View; 2],
+    dx_half: Option<&View>,
 ) -> Result<()> {
     let (dys, xs, ws) = (dense::<G>(op, dy)?, dense::<T>(op, x)?, dense::<T>(op, w)?);
     let dyc = |v: &G| cvt::<C<G>, C<T>>(v.compute());
@@ -342,6 +348,13 @@ fn rms_norm_backward<T: Float, G: Float>(
             }
         }
     });
+    if let Some(h) = dx_half {
+        let mut halves = Dense::<G>::output(op, h)?;
+        for (o, v) in halves.slice().iter_mut().zip(dxs.slice().iter()) {
+            *o = G::store(cvt::<C<T>, C<G>>(v.compute()));
+        }
+        halves.finish();
+    }
     dxs.finish();
     store_into::<T>(op, dw, &grads[0])
 }

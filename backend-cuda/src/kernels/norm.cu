@@ -45,6 +45,10 @@ typedef typename TT::C C;
 // flag bit NORM_DSUM says it is there: dx = round(dx) + dsum, rounded again (as `add` stores).
 #define S_DSUM S_MEAN
 #define NORM_DSUM 4
+// The mixed form's optional dx_half (interface 1.13: dx rounded to T, the half-precision
+// residual's gradient), in the slot only layer norm's bias uses; flag bit NORM_DXH says it is there.
+#define S_DXH S_B
+#define NORM_DXH 8
 
 // Mirror of `RowArgs` in ops/norm.rs (a test compares the two layouts).
 struct RowArgs {
@@ -54,7 +58,7 @@ struct RowArgs {
     double eps;          // added to the variance / mean square
     int flag;            // bits 0-1, the mode: 0 registers, 1 registers in packs (see
                          // ops/norm.rs), 2 big rows, 3 the fast paths (norm_fwd_vec,
-                         // norm_bwd_pipe); bit 2 NORM_DSUM
+                         // norm_bwd_pipe); bit 2 NORM_DSUM, bit 3 NORM_DXH
     int ndim;            // merged leading dims
     int group;           // threads per row
     int parts;           // backward: partial rows (= groups in the grid); colsum: outputs
@@ -409,7 +413,8 @@ template <bool LN, int PK, bool ADD = false> __device__ void norm_fwd_vec(const 
 //   RMS: dx = rstd * (g - xhat * mean(g * xhat)),           dw += dy * xhat
 // Group p (of `parts`, numbered blockIdx.x * rpb + group) writes its column sums to partial
 // row p; `norm_colsum` adds the partial rows.
-// MIXED (RMS): dy is T, x, the weight, dsum and dx f32.
+// MIXED (RMS): dy is T, x, the weight, dsum and dx f32; with flag bit NORM_DXH dx is also
+// stored rounded to T (dx_half).
 template <bool LN, int MODE, bool MIXED = false> __device__ void norm_bwd(const RowArgs& a) {
     typedef typename Stream<MIXED>::type X;
     static_assert(!MIXED || !LN, "the mixed form is rms_norm_backward's");
@@ -485,6 +490,7 @@ template <bool LN, int MODE, bool MIXED = false> __device__ void norm_bwd(const 
             for (int e = 0; e < NE; ++e) dy[e] = r * (dy[e] * w[e] - mean_g - x[e] * mean_gx);
             if (a.flag & NORM_DSUM) add_dsum_row<X>(a, off[S_DSUM], vec, G, t, dy);
             store_row<X>(a, S_Y, off[S_Y], vec, G, t, dy);
+            if (MIXED && (a.flag & NORM_DXH)) store_row(a, S_DXH, off[S_DXH], vec, G, t, dy);
         } else {
             X* dx = (X*)a.p[S_Y] + off[S_Y];
             for (i64 c = t; c < d; c += G) {
@@ -493,6 +499,7 @@ template <bool LN, int MODE, bool MIXED = false> __device__ void norm_bwd(const 
                 C v = r * (g - mean_g - xh * mean_gx);
                 if (a.flag & NORM_DSUM) v = Ty<X>::load(Ty<X>::store(v)) + load_el<X>(a, S_DSUM, off[S_DSUM], c);
                 dx[c * a.cs[S_Y]] = Ty<X>::store(v);
+                if (MIXED && (a.flag & NORM_DXH)) ((T*)a.p[S_DXH] + off[S_DXH])[c * a.cs[S_DXH]] = TT::store(v);
             }
         }
     }

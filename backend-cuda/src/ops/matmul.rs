@@ -119,7 +119,8 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
 fn matmul(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
     arity(op, 2, 1, inputs, outputs)?;
     let (a, b, y) = (device.operand(&inputs[0])?, device.operand(&inputs[1])?, device.operand(&outputs[0])?);
-    let [m, k, n] = checks::matmul(op, &a, &b, &y)?;
+    // The widened form (an f32 y of f16/bf16 operands): cuBLAS's C in f32.
+    let [m, k, n] = checks::matmul_widened(op, &a, &b, &y)?;
     if y.numel() == 0 {
         return Ok(());
     }
@@ -132,7 +133,7 @@ fn matmul(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[Tensor
         return super::elementwise::run(device, &Op::Fill { value: 0.0 }, &[], outputs);
     }
     let (a, b, y, m) = fold_shared_batch(a, b, y);
-    if gemv(device, &a, &b, &y, (m, n, k))? {
+    if y.dtype == a.dtype && gemv(device, &a, &b, &y, (m, n, k))? {
         return Ok(());
     }
     let mut scratch = Vec::new();
@@ -412,7 +413,8 @@ fn product(
         None => (1, Vec::new()),
     };
     let inner_stride = |j: usize| bstrides[j].last().copied().unwrap_or(0) as i64;
-    let elem = a.dtype.size_in_bytes() as u64;
+    let c_dtype = if yo.dtype == a.dtype { dtype_code } else { gemm_types(yo.dtype, "matmul")?.0 };
+    let elems = [a.dtype, b.dtype, yo.dtype].map(|d| d.size_in_bytes() as u64);
     let outer: usize = outer_shape.iter().product();
     let blas = blas(device)?;
     for index in 0..outer.max(1) {
@@ -426,7 +428,7 @@ fn product(
                 *o += i * bstrides[j][d] as i64;
             }
         }
-        let addr = |base: u64, o: i64| base.wrapping_add((o as u64).wrapping_mul(elem));
+        let addr = |j: usize, base: u64, o: i64| base.wrapping_add((o as u64).wrapping_mul(elems[j]));
         for start in (0..inner).step_by(i32::MAX as usize) {
             let count = (inner - start).min(i32::MAX as usize);
             let shift = |j: usize| off[j] + start as i64 * inner_stride(j);
@@ -435,16 +437,16 @@ fn product(
                 m: n as i32,
                 n: m as i32,
                 k: k as i32,
-                a: (addr(b.ptr, shift(1)), ld_b, inner_stride(1)),
-                b: (addr(a.ptr, shift(0)), ld_a, inner_stride(0)),
-                c: (addr(yo.ptr, shift(2)), ld_y, inner_stride(2)),
+                a: (addr(1, b.ptr, shift(1)), ld_b, inner_stride(1)),
+                b: (addr(0, a.ptr, shift(0)), ld_a, inner_stride(0)),
+                c: (addr(2, yo.ptr, shift(2)), ld_y, inner_stride(2)),
                 batch: count as i32,
                 dtype: dtype_code,
                 compute: compute_type,
             };
             // SAFETY: every matrix lies inside its validated view (or a scratch buffer of its
             // size); the handle is on this device's stream.
-            unsafe { blas.gemm(&g)? };
+            unsafe { blas.gemm_into(&g, c_dtype, false)? };
         }
     }
     if let Some(dense) = copy_back {

@@ -58,6 +58,10 @@ const S_SUM: usize = S_PART;
 // it is there (`NORM_DSUM` in norm.cu).
 const S_DSUM: usize = S_MEAN;
 const NORM_DSUM: i32 = 4;
+// rms_norm_backward's dx_half in the mixed form (the slot only layer norm's bias uses), and its
+// flag bit (`NORM_DXH` in norm.cu).
+const S_DXH: usize = S_B;
+const NORM_DXH: i32 = 8;
 
 /// An operand in its slot.
 type Slot<'a> = (usize, &'a Operand);
@@ -205,26 +209,28 @@ fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDes
         Op::LayerNormBackward | Op::RmsNormBackward => {
             let ln = *op == Op::LayerNormBackward;
             let (ins, outs) = resolve(device, inputs, outputs)?;
-            let dsum = if ln {
+            let (dsum, dx_half) = if ln {
                 checks::layer_norm_backward(op, &ins, &outs)?;
-                None
+                (None, None)
             } else {
-                checks::rms_norm_backward_mixed(op, &ins, &outs)?.1
+                let ((_, dsum, _), dx_half) = checks::rms_norm_backward_half_dx(op, &ins, &outs)?;
+                (dsum, dx_half)
             };
-            backward(device, op, ln, &ins, dsum, &outs)
+            backward(device, op, ln, &ins, (dsum, dx_half), &outs)
         }
         _ => Err(BackendError::unsupported(format!("cuda: {} is not a norm op", op.name()))),
     }
 }
 
-/// The backward of either norm on checked operands: dx row by row (plus `dsum`, RMS only),
-/// then the weight (and bias) gradients as column sums of the per-group partial sums.
+/// The backward of either norm on checked operands: dx row by row (plus `dsum`, and the mixed
+/// form's `dx_half`, RMS only), then the weight (and bias) gradients as column sums of the
+/// per-group partial sums.
 fn backward(
     device: &CudaDevice,
     op: &Op,
     ln: bool,
     ins: &[Operand],
-    dsum: Option<&Operand>,
+    (dsum, dx_half): (Option<&Operand>, Option<&Operand>),
     outs: &[Operand],
 ) -> Result<()> {
     let (dy, x, w) = (&ins[0], &ins[1], &ins[2]);
@@ -237,6 +243,7 @@ fn backward(
     let stats: Vec<Slot> = if ln { vec![(S_MEAN, &ins[3]), (S_RSTD, &ins[4])] } else { vec![(S_RSTD, &ins[3])] };
     let mut rows: Vec<Slot> = vec![(S_X, x), (S_DY, dy), (S_Y, &outs[0])];
     rows.extend(dsum.map(|o| (S_DSUM, o)));
+    rows.extend(dx_half.map(|o| (S_DXH, o)));
     let (mut a, threads) = row_args(x, dy.dtype, &rows, &stats, &[(S_W, w)]);
     let nout = if ln { 2 } else { 1 };
     let mut threads = threads;
@@ -272,6 +279,9 @@ fn backward(
     if dsum.is_some() {
         a.flag |= NORM_DSUM;
     }
+    if dx_half.is_some() {
+        a.flag |= NORM_DXH;
+    }
     let grid = blocks(device, &a, threads, per_sm);
     let parts = grid as usize * (threads / a.group as u32) as usize;
     let acc = if x.dtype == DType::F64 { 8 } else { 4 };
@@ -288,7 +298,7 @@ fn backward(
         // Column sums (zeros when there are no rows).
         let mut c = RowArgs { rows: parts as i64, d: d as i64, parts: nout as i32, ..RowArgs::default() };
         c.p[S_PART] = a.p[S_PART];
-        for (j, o) in outs[1..].iter().enumerate() {
+        for (j, o) in outs[1..1 + nout].iter().enumerate() {
             c.p[j] = o.ptr;
             c.cs[j] = o.strides[0] as i64;
         }

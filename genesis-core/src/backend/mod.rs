@@ -141,6 +141,18 @@ impl Backend {
         self.speaks(12)
     }
 
+    /// Whether the mixed form of `RmsNormBackward` takes a third output, dx rounded to dy's half
+    /// dtype (plugins of interface 1.13 or later).
+    pub(crate) fn takes_half_dx(&self) -> bool {
+        self.speaks(13)
+    }
+
+    /// Whether `Matmul` writes f32 products of f16/bf16 operands (its widened form; plugins of
+    /// interface 1.13 or later).
+    pub(crate) fn takes_widened_matmul(&self) -> bool {
+        self.speaks(13)
+    }
+
     /// The plugin's own version.
     pub fn plugin_version(&self) -> &str {
         &self.plugin_version

@@ -89,12 +89,20 @@ pub fn linear_cross_entropy(
                 grad_hidden.push(d.matmul(&w)?.to_dtype(hidden.dtype())?);
                 // The head's gradient, summed over the blocks in one `compute` buffer that
                 // each block's product is accumulated into by the GEMM itself (`addmm_`):
-                // no block-sized product, cast or addition of the whole (classes, dim).
-                let acc = match &grad_weight {
-                    Some(acc) => acc.clone(),
-                    None => grad_weight.insert(Tensor::zeros(w.shape(), compute, hidden.device())?).clone(),
-                };
-                acc.addmm_(&d.to_dtype(w.dtype())?.t()?, &h.to_dtype(w.dtype())?)?;
+                // no block-sized product, cast or addition of the whole (classes, dim). The
+                // first block's product starts the buffer: a widened product (f32 sums of
+                // half-precision operands) where the backend has it, else zeros to add to.
+                let (d_t, h) = (d.to_dtype(w.dtype())?.t()?, h.to_dtype(w.dtype())?);
+                match &grad_weight {
+                    Some(acc) => acc.addmm_(&d_t, &h)?,
+                    None if matches!(w.dtype(), DType::F16 | DType::BF16)
+                        && compute == DType::F32
+                        && hidden.device().backend().takes_widened_matmul() =>
+                    {
+                        grad_weight = Some(super::matmul::matmul_widened(&d_t, &h)?);
+                    }
+                    None => grad_weight.insert(Tensor::zeros(w.shape(), compute, hidden.device())?).addmm_(&d_t, &h)?,
+                }
             }
             start += rows;
         }

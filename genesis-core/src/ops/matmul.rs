@@ -5,7 +5,7 @@ use crate::autograd::{record1, Saved};
 use crate::error::{Error, Result};
 use crate::tensor::layout::broadcast_or_err;
 use crate::tensor::Tensor;
-use genesis_backend_api::Op;
+use genesis_backend_api::{DType, Op};
 
 impl Tensor {
     /// Matrix product: 1-D·1-D is a dot product, 1-D operands are promoted to matrices and
@@ -58,6 +58,33 @@ impl Tensor {
             (false, false) => Ok(y),
         }
     }
+}
+
+/// `a (m, k) @ b (k, n)` for f16/bf16 matrices of one dtype into a new f32 matrix: the
+/// backend's widened `Matmul` (interface 1.13; the caller checks that the backend takes it),
+/// the f32 sums stored without rounding to the operands' dtype. Not recorded.
+pub(crate) fn matmul_widened(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    common_device("matmul", &[a, b])?;
+    let (m, k, k2, n) = match (a.shape(), b.shape()) {
+        ([m, k], [k2, n]) => (*m, *k, *k2, *n),
+        _ => {
+            return Err(Error::invalid(format!(
+                "matmul: expected two matrices, got {:?} and {:?}",
+                a.shape(),
+                b.shape()
+            )))
+        }
+    };
+    if k != k2 {
+        return Err(super::shape_err(format!(
+            "matmul: shapes {:?} and {:?} cannot be multiplied",
+            a.shape(),
+            b.shape()
+        )));
+    }
+    let out = Tensor::empty(&[m, n], DType::F32, a.device())?;
+    exec(&Op::Matmul, &[(a, a.layout()), (b, b.layout())], &[&out])?;
+    Ok(out)
 }
 
 /// `a (.., m, k) @ b (.., k, n)` with batch broadcasting.

@@ -226,36 +226,55 @@ fn rms_norm_vjp(
     eps: f64,
     dsum: Option<&Tensor>,
 ) -> Result<(Tensor, Tensor)> {
+    let (dx, dw, _) = rms_norm_vjp_with_half_dx(g, x, w, rstd, eps, dsum, false)?;
+    Ok((dx, dw))
+}
+
+/// [`rms_norm_vjp`], and with `half_dx`, for a half-precision `g` of an f32 norm, also `dx`
+/// rounded to `g`'s dtype where the backend writes it in the same pass (interface 1.13;
+/// `None` otherwise, and the caller casts).
+fn rms_norm_vjp_with_half_dx(
+    g: &Tensor,
+    x: &Tensor,
+    w: &Tensor,
+    rstd: &Tensor,
+    eps: f64,
+    dsum: Option<&Tensor>,
+    half_dx: bool,
+) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    let backend = x.device().backend();
     // A half-precision g of an f32 norm (the gradient of `add_rms_norm`'s mixed form) goes to
     // the backend as it is where it takes the mixed form (interface 1.12), widened otherwise.
     let widened;
-    let g = if g.dtype() != x.dtype() && (is_grad_enabled() || !x.device().backend().takes_mixed_norms()) {
+    let g = if g.dtype() != x.dtype() && (is_grad_enabled() || !backend.takes_mixed_norms()) {
         widened = g.to_dtype(x.dtype())?;
         &widened
     } else {
         g
     };
-    let fused_dsum =
-        dsum.filter(|s| s.dtype() == x.dtype() && s.shape() == x.shape() && x.device().backend().takes_rms_norm_dsum());
+    let fused_dsum = dsum.filter(|s| s.dtype() == x.dtype() && s.shape() == x.shape() && backend.takes_rms_norm_dsum());
     let inputs: Vec<&Tensor> = [g, x, w, rstd].into_iter().chain(fused_dsum).collect();
+    let with_half = half_dx && g.dtype() != x.dtype() && backend.takes_half_dx();
+    let like: Vec<&Tensor> = [x, w].into_iter().chain(with_half.then_some(g)).collect();
     // `added`: whether dx already holds dsum (the backend's pass took it).
-    let (dx, dw, added) = match fused_norm_backward(&Op::RmsNormBackward, &inputs, &[x, w])? {
-        Some(grads) => {
+    let (dx, dw, dx_half, added) = match fused_norm_backward(&Op::RmsNormBackward, &inputs, &like)? {
+        Some(mut grads) => {
             let missing = || Error::invalid("rms_norm_backward: expected two gradients");
+            let dx_half = if with_half { grads.pop().flatten() } else { None };
             let [dx, dw]: [Option<Tensor>; 2] = grads.try_into().map_err(|_| missing())?;
-            (dx.ok_or_else(missing)?, dw.ok_or_else(missing)?, fused_dsum.is_some())
+            (dx.ok_or_else(missing)?, dw.ok_or_else(missing)?, dx_half, fused_dsum.is_some())
         }
         None => {
             let r = x.square()?.mean_dims(&[-1], true)?.add_scalar(eps)?.rsqrt()?;
             let xhat = x.mul(&r)?;
             let gw = g.mul(w)?;
             let dx = r.mul(&gw.sub(&xhat.mul(&gw.mul(&xhat)?.mean_dims(&[-1], true)?)?)?)?;
-            (dx, sum_rows(&g.mul(&xhat)?)?, false)
+            (dx, sum_rows(&g.mul(&xhat)?)?, None, false)
         }
     };
     match dsum.filter(|_| !added) {
-        Some(s) => Ok((dx.add(s)?, dw)),
-        None => Ok((dx, dw)),
+        Some(s) => Ok((dx.add(s)?, dw, None)),
+        None => Ok((dx, dw, dx_half)),
     }
 }
 
@@ -327,17 +346,22 @@ fn record_add_rms_norm(
             let (g_sum, g_y) = (g[0].as_ref(), g[1].as_ref());
             // The sum's gradient: the norm's, plus what reaches the sum directly (in the
             // norm's backward pass where the backend takes it).
-            let (d_sum, dw) = match g_y {
+            // With the mixed form, the branch's gradient (the sum's, rounded to the branch's
+            // half dtype) comes from the same pass where the backend writes it.
+            let (d_sum, dw, d_half) = match g_y {
                 Some(g_y) => {
                     let (sum, w) = (saved_sum.get("add_rms_norm")?, sw.get("add_rms_norm")?);
-                    let (dx, dw) = rms_norm_vjp(g_y, &sum, w, &rstd, eps, g_sum)?;
-                    (Some(dx), Some(dw))
+                    let (dx, dw, dx_half) = rms_norm_vjp_with_half_dx(g_y, &sum, w, &rstd, eps, g_sum, true)?;
+                    (Some(dx), Some(dw), dx_half)
                 }
-                None => (g_sum.cloned(), None),
+                None => (g_sum.cloned(), None, None),
             };
             let mut grads = dtypes
                 .iter()
-                .map(|&dt| d_sum.as_ref().map(|d| d.to_dtype(dt)).transpose())
+                .map(|&dt| match (&d_half, &d_sum) {
+                    (Some(h), _) if h.dtype() == dt => Ok(Some(h.clone())),
+                    (_, d) => d.as_ref().map(|d| d.to_dtype(dt)).transpose(),
+                })
                 .collect::<Result<Vec<_>>>()?;
             if has_w {
                 grads.push(dw);

@@ -1,12 +1,27 @@
-//! Matrix products: `Matmul`, and `Addmm`, which accumulates.
+//! Matrix products: `Matmul` (also widened: f32 out of f16/bf16), and `Addmm`, which accumulates.
 
 use super::{dims, expect_dtype, expect_self_disjoint, expect_shape, operands, Meta, Operands};
 use crate::{BackendError, DType, Op, Result};
 
 /// `Matmul`'s rules for `a (.., m, k) @ b (.., k, n) -> y (.., m, n)`: one dtype, rank >= 2
 /// and equal batch dims (a broadcast batch arrives as a zero stride). Returns `[m, k, n]`.
+/// Refuses the widened form (an f32 `y` of f16/bf16 inputs, interface 1.13): a kernel that
+/// checks with [`matmul_widened`] says it writes that form.
 pub fn matmul<T: Meta>(op: &Op, a: &T, b: &T, y: &T) -> Result<[usize; 3]> {
-    if b.dtype() != a.dtype() || y.dtype() != a.dtype() {
+    matmul_dtypes(op, a, b, y, false)?;
+    matmul_shapes(op, a, b, y)
+}
+
+/// [`matmul`]'s rules, and also the widened form of interface 1.13: `y` f32 when `a` and `b`
+/// are f16 or bf16 (the f32 sums stored as they are). Returns `[m, k, n]`.
+pub fn matmul_widened<T: Meta>(op: &Op, a: &T, b: &T, y: &T) -> Result<[usize; 3]> {
+    matmul_dtypes(op, a, b, y, true)?;
+    matmul_shapes(op, a, b, y)
+}
+
+fn matmul_dtypes<T: Meta>(op: &Op, a: &T, b: &T, y: &T, widened: bool) -> Result<()> {
+    let widened = widened && matches!(a.dtype(), DType::F16 | DType::BF16) && y.dtype() == DType::F32;
+    if b.dtype() != a.dtype() || (y.dtype() != a.dtype() && !widened) {
         return Err(BackendError::dtype(format!(
             "{}: operands must share one dtype, got {} x {} -> {}",
             op.name(),
@@ -15,6 +30,10 @@ pub fn matmul<T: Meta>(op: &Op, a: &T, b: &T, y: &T) -> Result<[usize; 3]> {
             y.dtype()
         )));
     }
+    Ok(())
+}
+
+fn matmul_shapes<T: Meta>(op: &Op, a: &T, b: &T, y: &T) -> Result<[usize; 3]> {
     let (sa, sb, sy) = (a.shape(), b.shape(), y.shape());
     let bad = || {
         BackendError::shape(format!(
@@ -82,6 +101,14 @@ mod tests {
         // Batch dims must be equal, and rank at least 2.
         assert!(mm(f(f32_, &[5, 2, 3]), f(f32_, &[1, 3, 4]), f(f32_, &[5, 2, 4])).is_err());
         assert!(mm(f(f32_, &[3]), f(f32_, &[3]), f(f32_, &[1])).is_err());
+        // The widened form: f32 out of f16/bf16 only, and only where the kernel says it takes it.
+        let bf = DType::BF16;
+        let (a, b, y) = (f(bf, &[2, 3]), f(bf, &[3, 4]), f(f32_, &[2, 4]));
+        assert_eq!(mm(a.clone(), b.clone(), y.clone()).unwrap_err().kind, ErrorKind::DtypeMismatch);
+        assert_eq!(matmul_widened(&op, &a, &b, &y).unwrap(), [2, 3, 4]);
+        assert!(matmul_widened(&op, &f(f32_, &[2, 3]), &f(f32_, &[3, 4]), &f(DType::F64, &[2, 4])).is_err());
+        assert!(matmul_widened(&op, &a, &b, &f(f32_, &[4, 2])).is_err());
+        assert!(matmul_widened(&op, &a, &f(DType::F16, &[3, 4]), &y).is_err());
     }
 
     #[test]

@@ -199,6 +199,36 @@ pub fn rms_norm_backward_mixed<'a, T: Meta>(
     rms_norm_backward_dsum_of(op, inputs, outputs, true)
 }
 
+/// Operands of `RmsNormBackward` in every form of interface 1.13: [`rms_norm_backward_mixed`]'s,
+/// and in the mixed form an optional third output `dx_half` like dy (f16 or bf16), which gets
+/// dx rounded to its dtype: the gradient of the half-precision residual of `AddRmsNorm`'s mixed
+/// form, written in the same pass. Returns the operands and `dx_half`. A plugin that writes
+/// `dx_half` takes this check; the older ones refuse a third output.
+pub fn rms_norm_backward_half_dx<'a, T: Meta>(
+    op: &Op,
+    inputs: &'a [T],
+    outputs: &'a [T],
+) -> Result<(RmsBackwardOperands<'a, T>, Option<&'a T>)> {
+    let (outs, dx_half) = optional_last(outputs, 3);
+    let operands = rms_norm_backward_dsum_of(op, inputs, outs, true).map_err(|e| match outputs.len() {
+        2 | 3 => e,
+        n => super::super::arity_error(op, 4, 2, inputs.len(), n),
+    })?;
+    if let Some(h) = dx_half {
+        let [dy, x, ..] = operands.0;
+        if dy.dtype() == x.dtype() {
+            return Err(BackendError::invalid(format!(
+                "{}: dx_half belongs to the mixed form (an f16/bf16 dy with an f32 x), got dy {} and x {}",
+                op.name(),
+                dy.dtype(),
+                x.dtype()
+            )));
+        }
+        expect_like(op, "dx_half", h, dy)?;
+    }
+    Ok((operands, dx_half))
+}
+
 fn rms_norm_backward_dsum_of<'a, T: Meta>(
     op: &Op,
     inputs: &'a [T],
@@ -544,6 +574,23 @@ mod tests {
                 .kind,
             ErrorKind::DtypeMismatch
         );
+        // Interface 1.13: dx rounded to dy's half dtype as a third output, in the mixed form only.
+        let mixed = [b(&[2, 3]), f(&[2, 3]), f(&[3]), f(&[2])];
+        let three = [f(&[2, 3]), f(&[3]), b(&[2, 3])];
+        let (_, dx_half) = rms_norm_backward_half_dx(&op, &mixed, &three).unwrap();
+        assert!(dx_half.is_some());
+        assert!(rms_norm_backward_half_dx(&op, &mixed, &outs).unwrap().1.is_none());
+        assert!(rms_norm_backward_half_dx(&op, &dsum, &three).is_ok());
+        // The older checks refuse the third output.
+        assert_eq!(rms_norm_backward_mixed(&op, &mixed, &three).unwrap_err().kind, ErrorKind::InvalidArgument);
+        // Like dy: its dtype and x's shape; and not for the plain form.
+        for bad in [h(&[2, 3]), b(&[3, 2]), f(&[2, 3])] {
+            assert!(rms_norm_backward_half_dx(&op, &mixed, &[f(&[2, 3]), f(&[3]), bad]).is_err());
+        }
+        let plain = [f(&[2, 3]), f(&[2, 3]), f(&[3]), f(&[2])];
+        let err = rms_norm_backward_half_dx(&op, &plain, &[f(&[2, 3]), f(&[3]), f(&[2, 3])]).unwrap_err();
+        assert!(err.message.contains("mixed form"), "{}", err.message);
+        assert!(rms_norm_backward_half_dx(&op, &mixed, &[f(&[2, 3])]).is_err());
     }
 
     #[test]

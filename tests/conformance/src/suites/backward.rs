@@ -105,19 +105,24 @@ pub fn cases(t: &Target) -> Vec<Case> {
     cases.extend(backward_cases(t, Op::RmsNormBackward, "rms_norm", &|dtype, rng| {
         // Without and with the fifth input `dsum` (interface 1.11), added to dx: strided rows
         // of 33, and dense rows of 64 (a backend's vectorized path); and for f16/bf16 the
-        // mixed-precision form (interface 1.12), dy in the claimed dtype against f32 rows.
+        // mixed-precision form (interface 1.12), dy in the claimed dtype against f32 rows, also
+        // with the third output dx_half (interface 1.13: dx rounded to dy's dtype), on rows that
+        // a backend keeps in registers and on rows longer than that (8200).
         let half = matches!(dtype, DType::F16 | DType::BF16);
         let samples = [
-            ("rows5x33", 5usize, 33usize, false, false),
-            ("rows5x33_dsum", 5, 33, true, false),
-            ("rows6x64_dsum", 6, 64, true, false),
-            ("mixed_rows5x33", 5, 33, false, true),
-            ("mixed_rows6x896_dsum", 6, 896, true, true),
+            ("rows5x33", 5usize, 33usize, false, false, false, Tier::Core),
+            ("rows5x33_dsum", 5, 33, true, false, false, Tier::Core),
+            ("rows6x64_dsum", 6, 64, true, false, false, Tier::Core),
+            ("mixed_rows5x33", 5, 33, false, true, false, Tier::Core),
+            ("mixed_rows6x896_dsum", 6, 896, true, true, false, Tier::Core),
+            ("mixed_rows5x33_half_dx", 5, 33, false, true, true, Tier::Core),
+            ("mixed_rows6x896_dsum_half_dx", 6, 896, true, true, true, Tier::Core),
+            ("mixed_rows2x8200_dsum_half_dx", 2, 8200, true, true, true, Tier::Full),
         ];
         samples
             .into_iter()
-            .filter(|&(.., mixed)| half || !mixed)
-            .map(|(sample, rows, n, with_dsum, mixed)| {
+            .filter(|&(_, _, _, _, mixed, _, _)| half || !mixed)
+            .map(|(sample, rows, n, with_dsum, mixed, half_dx, tier)| {
                 let dtype_dy = dtype;
                 let dtype = if mixed { DType::F32 } else { dtype };
                 let x_layout = if n == 33 { Layout::Offset } else { Layout::Contiguous };
@@ -141,13 +146,18 @@ pub fn cases(t: &Target) -> Vec<Case> {
                     dx_exp = e;
                     inputs.push(dsum);
                 }
-                let outs = vec![Spec::out(dtype, &[rows, n]), Spec::out(dtype, &[n])];
-                let exp = vec![Some(dx_exp), Some(Expected::normalized(stats_dtype(dtype), dw, rows, 2.0))];
-                (
-                    sample.to_string(),
-                    Tier::Core,
-                    OpCase { op: Op::RmsNormBackward, inputs, outputs: outs, expected: exp },
-                )
+                let mut outs = vec![Spec::out(dtype, &[rows, n]), Spec::out(dtype, &[n])];
+                // dx_half: dx's values and tolerance, plus the rounding to dy's dtype.
+                let mut half_exp = dx_exp.clone();
+                for (allowed, &v) in half_exp.allowed.iter_mut().zip(&dx_exp.values) {
+                    *allowed += ulp(dtype_dy, v);
+                }
+                let mut exp = vec![Some(dx_exp), Some(Expected::normalized(stats_dtype(dtype), dw, rows, 2.0))];
+                if half_dx {
+                    outs.push(Spec::out(dtype_dy, &[rows, n]));
+                    exp.push(Some(half_exp));
+                }
+                (sample.to_string(), tier, OpCase { op: Op::RmsNormBackward, inputs, outputs: outs, expected: exp })
             })
             .collect()
     }));

@@ -11,14 +11,28 @@ use crate::values::{Rng, FLOATS};
 use genesis_backend_api::{DType, Op};
 
 fn matmul_case(rng: &mut Rng, dtype: DType, batch: &[usize], mkn: [usize; 3], la: Layout, lb: Layout) -> OpCase {
+    widened_matmul_case(rng, dtype, dtype, batch, mkn, la, lb)
+}
+
+/// `a @ b` with `y` of `y_dtype`: the operands' dtype, or f32 for f16/bf16 operands (the
+/// widened form of interface 1.13).
+fn widened_matmul_case(
+    rng: &mut Rng,
+    dtype: DType,
+    y_dtype: DType,
+    batch: &[usize],
+    mkn: [usize; 3],
+    la: Layout,
+    lb: Layout,
+) -> OpCase {
     let [m, k, n] = mkn;
     let r = ValueRange::normal(1.0);
     let a = tensor(rng, dtype, &[batch, &[m, k]].concat(), la, r);
     let b = tensor(rng, dtype, &[batch, &[k, n]].concat(), lb, r);
     let nb: usize = batch.iter().product();
     let (y, mag) = matmul(&a.values, &b.values, nb, m, k, n);
-    let exp = Expected::accumulated(dtype, y, &mag, k, 1.0);
-    let out = Spec::out(dtype, &[batch, &[m, n]].concat());
+    let exp = Expected::accumulated(y_dtype, y, &mag, k, 1.0);
+    let out = Spec::out(y_dtype, &[batch, &[m, n]].concat());
     OpCase::single(Op::Matmul, vec![a, b], out, exp)
 }
 
@@ -61,6 +75,19 @@ pub fn cases(t: &Target) -> Vec<Case> {
             v.push((name.to_string(), Tier::Core, matmul_case(rng, dtype, &batch, mkn, la, lb)));
         }
         v.push(("m128k256n96".into(), Tier::Full, matmul_case(rng, dtype, &[], [128, 256, 96], c, Layout::Transposed)));
+        if matches!(dtype, DType::F16 | DType::BF16) {
+            // The widened form: the f32 sums of a low-precision product (a weight's gradient
+            // under autocast), kept in f32.
+            let f32_ = DType::F32;
+            for (name, batch, mkn, la, lb, tier) in [
+                ("widened_transposed_a", vec![], [9, 40, 6], Layout::Transposed, c, Tier::Core),
+                ("widened_batched_broadcast_b", vec![3], [4, 6, 5], c, Layout::Broadcast(0), Tier::Core),
+                ("widened_batched_offset", vec![2], [5, 7, 3], Layout::Offset, Layout::Transposed, Tier::Core),
+                ("widened_k1000", vec![], [5, 1000, 3], Layout::Transposed, c, Tier::Full),
+            ] {
+                v.push((name.to_string(), tier, widened_matmul_case(rng, dtype, f32_, &batch, mkn, la, lb)));
+            }
+        }
         v
     });
     cases.extend(op_cases(t, "linalg", "addmm", Op::Addmm.kind(), &FLOATS, &no_deps, &|dtype, rng| {
