@@ -749,6 +749,13 @@ declare_ops! {
     /// gradient summed over blocks of rows is). Transposes arrive as strides; `y` overlaps
     /// neither input nor itself. The claimed dtype is that of `a` and `b`.
     Addmm = 44 => "addmm" in Floats,
+    /// `[x_0, .., x_{n-1}] -> [y (n)]` (interface 1.13), `n >= 1` inputs of one float dtype
+    /// (the claimed one) with any shapes and strides, `y` of that dtype: `y[i]` is the sum of
+    /// the squares of `x_i`'s elements, accumulated as `Reduce(SumSquares)` accumulates and
+    /// rounded once (0 for an empty `x_i`). The parts of a gradient norm in a few launches
+    /// rather than one per gradient (PyTorch's `_foreach_norm` before its root); `y` overlaps
+    /// no input.
+    ForeachSumSquares = 45 => "foreach_sum_squares" in Floats,
 }
 
 /// An op kind: the wire code of an [`Op`] without its attributes. Used in capability lists.
@@ -996,6 +1003,7 @@ mod tests {
             Op::RotaryKvWrite,
             Op::AddRmsNormLinear { eps: 1e-5, gated: true },
             Op::Addmm,
+            Op::ForeachSumSquares,
         ]
     }
 
@@ -1064,5 +1072,6 @@ mod tests {
         add_rms_norm 0x529 [1e-6] []\n\
         rotary_kv_write 0x52a [] []\n\
         add_rms_norm_linear 0x52b [1e-5] [1]\n\
-        addmm 0x52c [] []\n";
+        addmm 0x52c [] []\n\
+        foreach_sum_squares 0x52d [] []\n";
 }

@@ -190,8 +190,9 @@ fn clip_grad_norm_never_reads_the_device() -> Result<()> {
 }
 
 /// Gradients that lie back to back in one buffer (those of layers stored together, such as
-/// Qwen2's stacked q/k/v projections) are reduced as one tensor, one `sum_squares` per run,
-/// and give the norm of the same values held apart; a gap in the buffer starts a new run.
+/// Qwen2's stacked q/k/v projections) are reduced as one tensor, one input of the multi-tensor
+/// `foreach_sum_squares` (or one `sum_squares`, per gradient path) per run, and give the norm
+/// of the same values held apart; a gap in the buffer starts a new run.
 #[test]
 fn adjacent_gradients_are_reduced_together() -> Result<()> {
     use genesis::profiler::{profile, record_function, ProfilerOptions};
@@ -208,18 +209,29 @@ fn adjacent_gradients_are_reduced_together() -> Result<()> {
         j.set_grad(Some(buffer.narrow(0, start, len)?))?;
         a.set_grad(Some(Tensor::from_slice(&values[start..start + len], &[len], &cpu)?))?;
     }
-    let options = ProfilerOptions { device_time: false, ..Default::default() };
-    let reductions = |params: &[Tensor]| -> Result<(f64, usize)> {
+    let options = ProfilerOptions { device_time: false, record_shapes: true, ..Default::default() };
+    // The norm, the tensors reduced (inputs of the reductions) and the launches of reductions.
+    let reductions = |params: &[Tensor]| -> Result<(f64, usize, usize)> {
         let (total, prof) = profile(options, || {
             let _norm = record_function("norm");
             get_total_norm(params, 2.0)
         })?;
         let norm = prof.events().iter().find(|e| e.name == "norm").map(|e| e.id);
-        let count = prof.events().iter().filter(|e| e.name == "sum_squares" && e.parent == norm).count();
-        Ok((total.item::<f64>()?, count))
+        let ops: Vec<_> = prof
+            .events()
+            .iter()
+            .filter(|e| (e.name == "sum_squares" || e.name == "foreach_sum_squares") && e.parent == norm)
+            .collect();
+        Ok((total.item::<f64>()?, ops.iter().map(|e| e.shapes.len()).sum(), ops.len()))
     };
-    let ((joined_norm, joined_count), (apart_norm, apart_count)) = (reductions(&joined)?, reductions(&apart)?);
+    let (joined_norm, joined_count, joined_ops) = reductions(&joined)?;
+    let (apart_norm, apart_count, apart_ops) = reductions(&apart)?;
     assert_eq!((joined_count, apart_count), (2, 4));
+    // The CPU backend has the multi-tensor op: one op for the whole list.
+    assert_eq!((joined_ops, apart_ops), (1, 1));
+    // Without the fused kernels each run is its own reduction, to the same norm.
+    let composed = genesis::testing::composites_only(|| get_total_norm(&apart, 2.0))?.item::<f64>()?;
+    assert!((composed - apart_norm).abs() < 1e-6, "{composed} vs {apart_norm}");
     let expected = spans.iter().flat_map(|&(s, n)| &values[s..s + n]).map(|&v| (v as f64).powi(2)).sum::<f64>().sqrt();
     assert!(
         (joined_norm - expected).abs() < 1e-5 && (apart_norm - expected).abs() < 1e-5,

@@ -19,6 +19,7 @@
 //! blocks of 32K elements; long f32 sums are therefore accurate to about one f32 ulp, and f64
 //! sums to a few f64 ulps per doubling of the block count, without Kahan's extra cost.
 
+use super::fused::with_float;
 use super::{for_each_run, map_tasks, merge_dims, unsupported, Kernel, SyncPtr, View, PAR_MIN};
 use crate::element::{Accumulate, Arith, Element};
 use crate::with_dtype;
@@ -33,10 +34,15 @@ const BLOCK: usize = 1 << 15;
 const COLUMNS: usize = 4096;
 
 fn claims() -> Vec<(OpKind, DType)> {
-    domain::kind_claims(&ReduceOp::ALL.iter().map(|&r| OpKind::reduce(r)).collect::<Vec<_>>())
+    let mut kinds: Vec<OpKind> = ReduceOp::ALL.iter().map(|&r| OpKind::reduce(r)).collect();
+    kinds.push(Op::ForeachSumSquares.kind());
+    domain::kind_claims(&kinds)
 }
 
 fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
+    if *op == Op::ForeachSumSquares {
+        return foreach_sum_squares(op, inputs, outputs);
+    }
     let Op::Reduce(r) = *op else {
         return Err(unsupported(op, inputs.first().map_or(DType::F32, |v| v.dtype)));
     };
@@ -62,6 +68,27 @@ fn run(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
         ReduceOp::ArgMax => reduce::<T, _>(&ArgFold::<true>, x, y, &reduced),
         ReduceOp::ArgMin => reduce::<T, _>(&ArgFold::<false>, x, y, &reduced),
     });
+    Ok(())
+}
+
+/// `ForeachSumSquares`: each input reduced whole by `Reduce(SumSquares)`'s fold into its entry
+/// of `y` (a rank-matching view of that one element).
+fn foreach_sum_squares(op: &Op, inputs: &[View], outputs: &[View]) -> Result<()> {
+    let (xs, y) = checks::foreach_sum_squares(op, inputs, outputs)?;
+    let esize = y.dtype.size_in_bytes() as isize;
+    for (i, x) in xs.iter().enumerate() {
+        let entry = View {
+            base: y.base.wrapping_offset(i as isize * y.strides[0] * esize),
+            dtype: y.dtype,
+            shape: vec![1; x.shape.len()],
+            strides: vec![0; x.shape.len()],
+        };
+        let reduced = checks::reduce(op, ReduceOp::SumSquares, x, &entry)?;
+        with_float!(op, x.dtype, T => {
+            reduce::<T, _>(&SumFold { mean: false, squares: true }, x, &entry, &reduced);
+            Ok(())
+        })?;
+    }
     Ok(())
 }
 

@@ -390,3 +390,77 @@ FAST(sum, RSum) FAST(prod, RProd)
 FAST(mean, RMean) FAST(sum_squares, RSumSquares)
 #endif
 FAST(max, RMax) FAST(min, RMin) FAST(argmax, RArgMax) FAST(argmin, RArgMin)
+
+// ---- foreach_sum_squares ----------------------------------------------------------------------
+// The sums of squares of many dense tensors, listed in the kernel parameter (ops/reduce.rs): each
+// tensor is cut into FS_CHUNK-element chunks, numbered across the table (entry i owns chunks
+// chunk0 .. chunk0 + its count), and a block folds one chunk into a partial state (the
+// unaligned head, 16-byte packs, the tail, then the block's butterfly), which
+// `foreach_sum_squares_finish` folds in chunk order, a warp per entry: as `finish` does, so
+// results do not depend on timing. The gradient norm of clipping then costs two launches for
+// up to FS_MAX gradients instead of one or two per gradient.
+#if IS_FLOAT
+#define FS_MAX 120
+#define FS_CHUNK 65536
+// Mirror of `FsEntry` in ops/reduce.rs: a dense tensor of n elements, whose sum goes to y[out].
+struct FsEntry {
+    u64 x;
+    u64 n;
+    u64 chunk0;
+    u64 out;
+};
+// Mirror of `FsArgs` in ops/reduce.rs.
+struct FsArgs {
+    u64 y;        // the output vector
+    i64 ystride;  // its stride, in elements
+    u64 part;     // scratch: one Acc per chunk
+    u64 count;    // entries used
+    u64 chunks;   // chunks of all entries
+    FsEntry e[FS_MAX];
+};
+
+extern "C" __global__ void foreach_sum_squares_part(const FsArgs a) {
+    SMEM;
+    typedef RSumSquares R;
+    for (u64 c = blockIdx.x; c < a.chunks; c += gridDim.x) {
+        // The entry owning chunk c: the last whose first chunk is at or before c (an empty
+        // entry shares its first chunk with the next one and owns none).
+        u32 lo = 0, hi = (u32)a.count;
+        while (hi - lo > 1) {
+            const u32 mid = (lo + hi) / 2;
+            if (a.e[mid].chunk0 <= c) lo = mid;
+            else hi = mid;
+        }
+        const u64 s0 = (c - a.e[lo].chunk0) * FS_CHUNK, rest = a.e[lo].n - s0;
+        const u64 len = rest < FS_CHUNK ? rest : FS_CHUNK;
+        const T* p = (const T*)a.e[lo].x + s0;
+        R::S s = R::init();
+        u64 h = ((16 - ((u64)p & 15)) & 15) / sizeof(T);
+        if (h > len) h = len;
+        if (threadIdx.x < h) R::add(s, p[threadIdx.x], 0);
+        const Pack<T, VW>* q = (const Pack<T, VW>*)(p + h);
+        const u64 nv = (len - h) / VW;
+#pragma unroll 4
+        for (u64 k = threadIdx.x; k < nv; k += blockDim.x) {
+            const Pack<T, VW> v = q[k];
+#pragma unroll
+            for (int i = 0; i < VW; ++i) R::add(s, v.v[i], 0);
+        }
+        for (u64 j = h + nv * VW + threadIdx.x; j < len; j += blockDim.x) R::add(s, p[j], 0);
+        s = group_merge<R>(s, true, smem);
+        if (threadIdx.x == 0) ((R::S*)a.part)[c] = s;
+    }
+}
+
+extern "C" __global__ void foreach_sum_squares_finish(const FsArgs a) {
+    typedef RSumSquares R;
+    const u32 lane = threadIdx.x % 32;
+    for (u64 i = gtid() / 32; i < a.count; i += gstride() / 32) {
+        const u64 c1 = i + 1 < a.count ? a.e[i + 1].chunk0 : a.chunks;
+        R::S s = R::init();
+        for (u64 k = a.e[i].chunk0 + lane; k < c1; k += 32) s = R::merge(s, ((const R::S*)a.part)[k]);
+        s = group_merge<R>(s, false, nullptr);
+        if (lane == 0) R::write((char*)a.y, (i64)a.e[i].out * a.ystride, s, 0);
+    }
+}
+#endif

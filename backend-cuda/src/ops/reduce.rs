@@ -11,13 +11,19 @@ use genesis_backend_api::{BackendError, DType, Op, OpKind, ReduceOp, Result, Ten
 
 inventory::submit! { Family { claims, run } }
 
-/// What this family runs: every reduction, on its whole domain.
+/// What this family runs: every reduction, on its whole domain, and the multi-tensor sum of
+/// squares.
 fn claims() -> Vec<(OpKind, DType)> {
-    domain::kind_claims(&ReduceOp::ALL.iter().map(|&r| OpKind::reduce(r)).collect::<Vec<_>>())
+    let mut kinds: Vec<OpKind> = ReduceOp::ALL.iter().map(|&r| OpKind::reduce(r)).collect();
+    kinds.push(Op::ForeachSumSquares.kind());
+    domain::kind_claims(&kinds)
 }
 
 /// Run one reduction.
 fn run(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+    if *op == Op::ForeachSumSquares {
+        return foreach_sum_squares(device, op, inputs, outputs);
+    }
     let Op::Reduce(r) = *op else {
         return Err(BackendError::unsupported(format!("cuda: {} is not a reduction", op.name())));
     };
@@ -129,6 +135,99 @@ fn cols(device: &CudaDevice, op: &Op, r: ReduceOp, dtype: DType, mut args: Args,
     launch_parts(device, op, r, dtype, args, parts, "cols", grid)
 }
 
+/// Entries per launch of the multi-tensor sum of squares (`FS_MAX` in reduce.cu: the table
+/// fills most of the 4 KiB of kernel parameters).
+const FS_MAX: usize = 120;
+
+/// Elements per chunk of the multi-tensor sum of squares (`FS_CHUNK`); a block folds one.
+const FS_CHUNK: u64 = 65536;
+
+/// Mirror of `struct FsEntry` in reduce.cu (a test compares the layouts).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct FsEntry {
+    x: u64,
+    n: u64,
+    chunk0: u64,
+    out: u64,
+}
+
+/// Mirror of `struct FsArgs` in reduce.cu (a test compares the layouts).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct FsArgs {
+    y: u64,
+    ystride: i64,
+    part: u64,
+    count: u64,
+    chunks: u64,
+    e: [FsEntry; FS_MAX],
+}
+
+/// `ForeachSumSquares`: dense inputs in tables of [`FS_MAX`] (two launches each: the chunks'
+/// partial sums, then each entry's in chunk order); an input with any other layout is one
+/// `Reduce(SumSquares)` of its own into its entry of `y`.
+fn foreach_sum_squares(device: &CudaDevice, op: &Op, inputs: &[TensorDesc], outputs: &[TensorDesc]) -> Result<()> {
+    let (ins, outs) = super::resolve(device, inputs, outputs)?;
+    let (xs, y) = checks::foreach_sum_squares(op, &ins, &outs)?;
+    let esize = y.dtype.size_in_bytes();
+    let mut dense = Vec::new();
+    for (i, x) in xs.iter().enumerate() {
+        if super::launch::is_dense(x) {
+            dense.push(FsEntry { x: x.ptr, n: x.numel() as u64, chunk0: 0, out: i as u64 });
+            continue;
+        }
+        let rank = x.shape.len();
+        let offset = outputs[0].offset_bytes as usize + i * y.strides[0] as usize * esize;
+        let entry = TensorDesc::new(outputs[0].buffer, offset, y.dtype, &vec![1; rank], &vec![0; rank])?;
+        run(device, &Op::Reduce(ReduceOp::SumSquares), &inputs[i..i + 1], &[entry])?;
+    }
+    // Partial states: f64 for f32 and f64 inputs, f32 for f16/bf16 (`Acc` in reduce.cu).
+    let acc = if matches!(y.dtype, DType::F16 | DType::BF16) { 4 } else { 8 };
+    let sms = device.facts.sm_count as u64;
+    for batch in dense.chunks(FS_MAX) {
+        let mut a = FsArgs {
+            y: y.ptr,
+            ystride: y.strides[0] as i64,
+            part: 0,
+            count: batch.len() as u64,
+            chunks: 0,
+            e: [FsEntry::default(); FS_MAX],
+        };
+        for (slot, e) in a.e.iter_mut().zip(batch) {
+            *slot = FsEntry { chunk0: a.chunks, ..*e };
+            a.chunks += e.n.div_ceil(FS_CHUNK);
+        }
+        let scratch = if a.chunks > 0 { Some(device.scratch(a.chunks as usize * acc)?) } else { None };
+        let name = op.name();
+        let launched = (|| {
+            if let Some((_, ptr)) = scratch {
+                a.part = ptr;
+                let grid = a.chunks.min(sms * 8) as u32;
+                // Each entry's dense `n` elements were validated against its buffer.
+                let shape = ((grid, 1), (THREADS, 1), SMEM);
+                device.launch_with(
+                    name,
+                    &super::ELEMENTWISE,
+                    y.dtype,
+                    "foreach_sum_squares_part",
+                    &mut a,
+                    shape,
+                    false,
+                )?;
+            }
+            // A warp per entry (empty entries get 0).
+            let blocks = (a.count * 32).div_ceil(THREADS as u64) as u32;
+            let shape = ((blocks, 1), (THREADS, 1), 0);
+            device.launch_with(name, &super::ELEMENTWISE, y.dtype, "foreach_sum_squares_finish", &mut a, shape, false)
+        })();
+        // Stream order keeps the scratch alive for the queued kernels.
+        let freed = scratch.map_or(Ok(()), |(id, _)| device.free_scratch(id));
+        launched.and(freed)?;
+    }
+    Ok(())
+}
+
 /// Launch `reduce_{kind}_{r}` on `grid` (blocks of `THREADS`), with a scratch array for
 /// `parts` partial states per output when `parts > 1`, then fold them into the output.
 #[allow(clippy::too_many_arguments)]
@@ -161,4 +260,25 @@ fn launch_parts(
     // Stream order keeps the scratch alive for the queued kernels.
     let freed = device.free_scratch(id);
     done.and(freed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    impl crate::kernels::layout::CField for FsEntry {
+        fn scalar() -> (char, usize) {
+            ('s', std::mem::size_of::<FsEntry>())
+        }
+    }
+
+    #[test]
+    fn the_argument_blocks_have_the_c_layout() {
+        use crate::kernels::layout::assert_c_layout;
+        let source = super::super::ELEMENTWISE.source();
+        assert_c_layout!(FsEntry { x, n, chunk0, out }, source, "FsEntry");
+        assert_c_layout!(FsArgs { y, ystride, part, count, chunks, e }, source, "FsArgs");
+        // The table and the header fit the 4 KiB of kernel parameters.
+        assert!(std::mem::size_of::<FsArgs>() <= 4096);
+    }
 }

@@ -7,13 +7,14 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::ops::reduce_all_into;
 use crate::tensor::Tensor;
-use genesis_backend_api::{DType, ReduceOp};
+use genesis_backend_api::{DType, Op, ReduceOp};
 
 /// The total `norm_type`-norm of `grads` as a 0-d tensor on the first gradient's device (f64
 /// when any gradient is f64, else f32), `None` without gradients. Each gradient's part (the
 /// sum of `|g|^p`, or `max |g|`) is reduced straight into its entry of one vector per
-/// (device, dtype), in f32 or wider so that f16 squares cannot overflow; the 2-norm's part
-/// is one `sum_squares` pass where the backend has it. Nothing is read to the host: a read
+/// (device, dtype), in f32 or wider so that f16 squares cannot overflow; the 2-norm's parts
+/// are one multi-tensor `foreach_sum_squares` where the backend has it (a few launches for all
+/// the gradients of a group), else one `sum_squares` pass each. Nothing is read to the host: a read
 /// would wait for the whole backward pass, and the host would then issue the clipping and
 /// the optimizer step to an idle device (measured in `benches/sft/RESULTS.md`).
 fn total_norm(grads: &[Tensor], norm_type: f64) -> Result<Option<Tensor>> {
@@ -31,6 +32,13 @@ fn total_norm(grads: &[Tensor], norm_type: f64) -> Result<Option<Tensor>> {
     let mut totals = Vec::with_capacity(groups.len());
     for group in groups.iter().map(|group| adjacent_runs(group)) {
         let parts = Tensor::empty(&[group.len()], group[0].dtype(), group[0].device())?;
+        if norm_type == 2.0 && crate::ops::fused::use_fused(&Op::ForeachSumSquares, &group[0])? {
+            // Every part in a few launches (the backend's multi-tensor sum of squares).
+            let inputs: Vec<_> = group.iter().map(|g| (g, g.layout())).collect();
+            crate::ops::exec(&Op::ForeachSumSquares, &inputs, &[&parts])?;
+            totals.push(parts.sum()?.to(&first)?.to_dtype(dtype)?);
+            continue;
+        }
         for (i, g) in group.iter().enumerate() {
             let slot = parts.narrow(0, i, 1)?;
             if norm_type == 2.0 {

@@ -54,11 +54,56 @@ pub fn reduce<T: Meta>(op: &Op, r: ReduceOp, x: &T, y: &T) -> Result<Vec<bool>> 
     Ok(reduced)
 }
 
+/// `ForeachSumSquares`, `[x_0, .., x_{n-1}] -> [y (n)]`: at least one input, every input of
+/// the first one's float dtype, `y` of that dtype with shape `[n]` and not overlapping itself.
+/// Returns the inputs and `y`.
+pub fn foreach_sum_squares<'a, T: Meta>(op: &Op, inputs: &'a [T], outputs: &'a [T]) -> Result<(&'a [T], &'a T)> {
+    let ([first, ..], [y]) = (inputs, outputs) else {
+        return Err(BackendError::invalid(format!(
+            "{}: expected at least 1 input and 1 output, got {} and {}",
+            op.name(),
+            inputs.len(),
+            outputs.len()
+        )));
+    };
+    let dtype = first.dtype();
+    if !dtype.is_float() {
+        return Err(BackendError::unsupported(format!("{}: x_0 is {dtype}, expected a float dtype", op.name())));
+    }
+    for (i, x) in inputs.iter().enumerate() {
+        super::expect_dtype(op, &format!("x_{i}"), x, dtype)?;
+    }
+    super::expect_meta(op, "y", y, &[inputs.len()], dtype)?;
+    super::expect_self_disjoint(op, y)?;
+    Ok((inputs, y))
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::Fake;
     use super::*;
     use crate::ErrorKind;
+
+    #[test]
+    fn foreach_sum_squares_rules() {
+        let op = Op::ForeachSumSquares;
+        let f = |d, s: &[usize]| Fake::new(d, s);
+        let (f32_, bf) = (DType::F32, DType::BF16);
+        let xs = [f(f32_, &[2, 3]), f(f32_, &[]), f(f32_, &[0, 4])];
+        let ys = [f(f32_, &[3])];
+        let (ins, y) = foreach_sum_squares(&op, &xs, &ys).unwrap();
+        assert_eq!((ins.len(), y.shape()), (3, &[3][..]));
+        assert_eq!(foreach_sum_squares(&op, &xs, &[f(f32_, &[2])]).unwrap_err().kind, ErrorKind::ShapeMismatch);
+        assert_eq!(foreach_sum_squares(&op, &xs, &[f(bf, &[3])]).unwrap_err().kind, ErrorKind::DtypeMismatch);
+        let mixed = [f(f32_, &[2]), f(bf, &[2])];
+        assert_eq!(foreach_sum_squares(&op, &mixed, &[f(f32_, &[2])]).unwrap_err().kind, ErrorKind::DtypeMismatch);
+        assert!(foreach_sum_squares(&op, &[] as &[Fake], &[f(f32_, &[0])]).is_err());
+        let ints = [f(DType::I64, &[2])];
+        assert_eq!(foreach_sum_squares(&op, &ints, &[f(DType::I64, &[1])]).unwrap_err().kind, ErrorKind::Unsupported);
+        // Two entries of y at one address.
+        let y = Fake(f32_, vec![3], vec![0]);
+        assert!(foreach_sum_squares(&op, &xs, &[y]).unwrap_err().message.contains("overlaps itself"));
+    }
 
     #[test]
     fn reduce_rules() {

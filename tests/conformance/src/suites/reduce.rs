@@ -109,6 +109,47 @@ fn samples(r: ReduceOp, dtype: DType, rng: &mut Rng) -> Vec<(String, Tier, OpCas
     v
 }
 
+/// `foreach_sum_squares` of `xs`: each output element the sum of squares of one input.
+fn foreach_case(xs: Vec<Spec>) -> OpCase {
+    let dtype = xs[0].dtype;
+    let values: Vec<f64> = xs.iter().map(|x| x.values.iter().map(|v| v * v).sum()).collect();
+    let k = xs.iter().map(|x| x.values.len()).max().unwrap_or(0);
+    // Every term is positive: each sum is its own magnitude.
+    let exp = Expected::accumulated(dtype, values.clone(), &values, k, 1.0);
+    OpCase::single(Op::ForeachSumSquares, xs, Spec::out(dtype, &[values.len()]), exp)
+}
+
+/// Dense, strided, broadcast, offset, rank-0 and empty inputs in one list; a list longer than a
+/// backend's table (130 inputs); and inputs longer than a chunk.
+fn foreach_samples(dtype: DType, rng: &mut Rng) -> Vec<(String, Tier, OpCase)> {
+    let range = ValueRange::normal(2.0);
+    let mut x = |shape: &[usize], layout| tensor(rng, dtype, shape, layout, range);
+    let mixed = vec![
+        x(&[13, 17], Layout::Contiguous),
+        x(&[], Layout::Contiguous),
+        Spec::new(dtype, &[0, 4], vec![]),
+        x(&[5, 7], Layout::Transposed),
+        x(&[300], Layout::Offset),
+        x(&[4, 6, 5], Layout::Broadcast(0)),
+        x(&[3, 9], Layout::Strided),
+    ];
+    let single = vec![x(&[64, 33], Layout::Contiguous)];
+    let many: Vec<Spec> = (0..130).map(|i| x(&[1 + (i * 7) % 50], Layout::Contiguous)).collect();
+    // Small values, so that f16 sums of 10^5 squares stay finite.
+    let small = ValueRange::normal(0.25);
+    let long = vec![
+        tensor(rng, dtype, &[70_000], Layout::Contiguous, small),
+        tensor(rng, dtype, &[65_536], Layout::Offset, small),
+        tensor(rng, dtype, &[131_073], Layout::Contiguous, small),
+    ];
+    vec![
+        ("one".to_string(), Tier::Smoke, foreach_case(single)),
+        ("mixed_layouts".to_string(), Tier::Core, foreach_case(mixed)),
+        ("130_inputs".to_string(), Tier::Full, foreach_case(many)),
+        ("longer_than_a_chunk".to_string(), Tier::Full, foreach_case(long)),
+    ]
+}
+
 pub fn cases(t: &Target) -> Vec<Case> {
     let mut cases = Vec::new();
     for &r in ReduceOp::ALL {
@@ -120,6 +161,15 @@ pub fn cases(t: &Target) -> Vec<Case> {
             samples(r, dtype, rng)
         }));
     }
+    cases.extend(op_cases(
+        t,
+        "reduce",
+        "foreach_sum_squares",
+        Op::ForeachSumSquares.kind(),
+        &FLOATS,
+        &no_deps,
+        &foreach_samples,
+    ));
     let domain = [&FLOATS[..], &[DType::I64]].concat();
     cases.extend(op_cases(t, "reduce", "cumsum", Op::CumSum { dim: 0 }.kind(), &domain, &no_deps, &|dtype, rng| {
         let range = ValueRange::normal(if dtype.is_float() { 2.0 } else { 20.0 });
