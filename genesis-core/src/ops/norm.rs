@@ -188,7 +188,8 @@ pub fn rms_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>,
         exec(&Op::RmsNorm { eps }, &[(&x2, x2.layout()), (&wk, wk.layout())], &[&y, &rstd])?;
         let (sx, sw) = (Saved::new(&x2), Saved::new(&wk));
         let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
-            let (dx, dw) = rms_norm_vjp(grad0(g)?, sx.get("rms_norm")?, sw.get("rms_norm")?, &rstd, eps, None)?;
+            let (dx, dw, _) =
+                rms_norm_vjp(grad0(g)?, sx.get("rms_norm")?, sw.get("rms_norm")?, &rstd, eps, None, false)?;
             Ok(vec![Some(dx), Some(dw), None])
         });
         let inputs: Vec<&Tensor> = [Some(&x2), w.as_ref()].into_iter().flatten().collect();
@@ -213,27 +214,14 @@ pub(super) fn rms_eps(eps: Option<f64>, dtype: DType, op: impl Fn(f64) -> Op) ->
     Ok(eps)
 }
 
-/// `(dx, dweight)` of an RMS norm of rows `x (.., d)` with weight `w (d)` (ones when it had
-/// none) for the output gradient `g`, with `dsum` (the gradient that reaches `x` by its other
-/// uses) added to `dx`: the backend's `rms_norm_backward` when it claims it (taking `dsum` in
-/// the same pass from interface 1.11 on), a composition (differentiable in x, w and g) when
-/// gradients of the gradient are recorded.
+/// `(dx, dweight, dx_half)` of an RMS norm of rows `x (.., d)` with weight `w (d)` (ones when
+/// it had none) for the output gradient `g`, with `dsum` (the gradient that reaches `x` by its
+/// other uses) added to `dx`: the backend's `rms_norm_backward` when it claims it (taking
+/// `dsum` in the same pass from interface 1.11 on), a composition (differentiable in x, w and
+/// g) when gradients of the gradient are recorded. With `half_dx`, for a half-precision `g` of
+/// an f32 norm, `dx_half` is `dx` rounded to `g`'s dtype where the backend writes it in the
+/// same pass (interface 1.13); `None` otherwise, and the caller casts.
 fn rms_norm_vjp(
-    g: &Tensor,
-    x: &Tensor,
-    w: &Tensor,
-    rstd: &Tensor,
-    eps: f64,
-    dsum: Option<&Tensor>,
-) -> Result<(Tensor, Tensor)> {
-    let (dx, dw, _) = rms_norm_vjp_with_half_dx(g, x, w, rstd, eps, dsum, false)?;
-    Ok((dx, dw))
-}
-
-/// [`rms_norm_vjp`], and with `half_dx`, for a half-precision `g` of an f32 norm, also `dx`
-/// rounded to `g`'s dtype where the backend writes it in the same pass (interface 1.13;
-/// `None` otherwise, and the caller casts).
-fn rms_norm_vjp_with_half_dx(
     g: &Tensor,
     x: &Tensor,
     w: &Tensor,
@@ -351,7 +339,7 @@ fn record_add_rms_norm(
             let (d_sum, dw, d_half) = match g_y {
                 Some(g_y) => {
                     let (sum, w) = (saved_sum.get("add_rms_norm")?, sw.get("add_rms_norm")?);
-                    let (dx, dw, dx_half) = rms_norm_vjp_with_half_dx(g_y, &sum, w, &rstd, eps, g_sum, true)?;
+                    let (dx, dw, dx_half) = rms_norm_vjp(g_y, &sum, w, &rstd, eps, g_sum, true)?;
                     (Some(dx), Some(dw), dx_half)
                 }
                 None => (g_sum.cloned(), None, None),
