@@ -127,10 +127,8 @@ unsafe fn via_f32<T: Element<Compute = f32>>(
     y: Mat<T>,
     par: Parallelism,
 ) {
-    let (mut wa, mut wb) = (widen(m, k, a), widen(k, n, b));
     let mut wy = vec![0f32; m * n];
-    let (ma, mb, my) = (dense(&mut wa, k), dense(&mut wb, n), dense(&mut wy, n));
-    f32::matmul(m, n, k, ma, mb, my, par);
+    widened(m, n, k, a, b, dense(&mut wy, n), par);
     round_into(&wy, m, n, y);
 }
 

@@ -36,24 +36,30 @@ fn total_norm(grads: &[Tensor], norm_type: f64) -> Result<Option<Tensor>> {
             // Every part in a few launches (the backend's multi-tensor sum of squares).
             let inputs: Vec<_> = group.iter().map(|g| (g, g.layout())).collect();
             crate::ops::exec(&Op::ForeachSumSquares, &inputs, &[&parts])?;
-            totals.push(parts.sum()?.to(&first)?.to_dtype(dtype)?);
-            continue;
-        }
-        for (i, g) in group.iter().enumerate() {
-            let slot = parts.narrow(0, i, 1)?;
-            if norm_type == 2.0 {
-                reduce_all_into(ReduceOp::SumSquares, g, &slot)?;
-            } else if norm_type == f64::INFINITY {
-                reduce_all_into(ReduceOp::Max, &g.abs()?, &slot)?;
-            } else {
-                reduce_all_into(ReduceOp::Sum, &g.abs()?.pow_scalar(norm_type)?, &slot)?;
-            }
+        } else {
+            reduce_each_into(&group, norm_type, &parts)?;
         }
         let total = if norm_type == f64::INFINITY { parts.max()? } else { parts.sum()? };
         totals.push(total.to(&first)?.to_dtype(dtype)?);
     }
     let totals = Tensor::stack(&totals, 0)?;
     Ok(Some(if norm_type == f64::INFINITY { totals.max()? } else { totals.sum()?.pow_scalar(1.0 / norm_type)? }))
+}
+
+/// Each gradient's part of the `norm_type`-norm (the sum of `|g|^p`, or `max |g|`) into its
+/// entry of `parts`, one reduction per gradient.
+fn reduce_each_into(grads: &[Tensor], norm_type: f64, parts: &Tensor) -> Result<()> {
+    for (i, g) in grads.iter().enumerate() {
+        let slot = parts.narrow(0, i, 1)?;
+        if norm_type == 2.0 {
+            reduce_all_into(ReduceOp::SumSquares, g, &slot)?;
+        } else if norm_type == f64::INFINITY {
+            reduce_all_into(ReduceOp::Max, &g.abs()?, &slot)?;
+        } else {
+            reduce_all_into(ReduceOp::Sum, &g.abs()?.pow_scalar(norm_type)?, &slot)?;
+        }
+    }
+    Ok(())
 }
 
 /// `grads` with each run of gradients that lie back to back in one storage (the gradients of
