@@ -6,6 +6,13 @@ use genesis::nn::Reduction;
 use genesis::testing::{gradcheck, GradcheckOptions};
 use genesis::{DType, Device, ErrorKind, Generator, Result, Tensor};
 
+/// The profiler records one session per process and the tests of this file run on parallel
+/// threads: each profiled section holds this lock.
+fn one_profiler() -> std::sync::MutexGuard<'static, ()> {
+    static PROFILING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    PROFILING.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn cpu() -> Device {
     Device::parse("cpu").unwrap()
 }
@@ -498,6 +505,7 @@ fn add_rms_norm_backward_adds_the_sum_gradient_in_the_norm_pass() {
         let options = ProfilerOptions { device_time: false, ..Default::default() };
         // The profiler records every thread, and other tests of this binary run norms
         // meanwhile: take the node on this test's thread (the one that records the span).
+        let _profiling = one_profiler();
         let ((), prof) = profile(options, || {
             let _span = record_function("add_rms_norm_backward_test");
             loss.backward()
@@ -569,6 +577,7 @@ fn add_rms_norm_mixed_precision_under_autocast() {
         // From 1.13 the norm's backward writes the branch's gradient in its half dtype too:
         // one cast fewer than 1.12, which rounds the f32 gradient with a cast.
         let casts = |minor: u32| {
+            let _profiling = one_profiler();
             let (_, profile) =
                 genesis::profiler::profile(Default::default(), || genesis::testing::as_interface(minor, || run(false)))
                     .unwrap();
@@ -623,6 +632,7 @@ fn linear_weight_gradient_under_autocast_is_formed_in_f32() {
         }
         assert!(max_new * 50.0 < max_old, "{low}: f32 error {max_new:e}, rounded path's {max_old:e}");
         let casts = |minor: u32| {
+            let _profiling = one_profiler();
             let (_, profile) =
                 genesis::profiler::profile(Default::default(), || genesis::testing::as_interface(minor, run)).unwrap();
             profile.events().iter().filter(|e| e.name == "cast").count()

@@ -7,6 +7,13 @@ use genesis::optim::{
 };
 use genesis::{f16, DType, Device, Result, Tensor};
 
+/// The profiler records one session per process and the tests of this file run on parallel
+/// threads: each profiled section holds this lock.
+fn one_profiler() -> std::sync::MutexGuard<'static, ()> {
+    static PROFILING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    PROFILING.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn param(values: &[f32], shape: &[usize], cpu: &Device) -> Result<Tensor> {
     Tensor::from_slice(values, shape, cpu)?.requires_grad_(true)
 }
@@ -171,6 +178,7 @@ fn clip_grad_norm_never_reads_the_device() -> Result<()> {
     }
     let options = ProfilerOptions { device_time: false, ..Default::default() };
     // Other tests of this binary may run ops meanwhile: count the reads inside this span.
+    let _profiling = one_profiler();
     let (total, prof) = profile(options, || {
         let _clip = record_function("clip");
         clip_grad_norm_(&params, 1e9, 1.0)
@@ -212,6 +220,7 @@ fn adjacent_gradients_are_reduced_together() -> Result<()> {
     let options = ProfilerOptions { device_time: false, record_shapes: true, ..Default::default() };
     // The norm, the tensors reduced (inputs of the reductions) and the launches of reductions.
     let reductions = |params: &[Tensor]| -> Result<(f64, usize, usize)> {
+        let _profiling = one_profiler();
         let (total, prof) = profile(options, || {
             let _norm = record_function("norm");
             get_total_norm(params, 2.0)
@@ -382,6 +391,7 @@ fn adamw_makes_its_moments_on_the_first_step_only() -> Result<()> {
             set_grad(p, &vec![0.5; p.numel()])?;
         }
         let options = ProfilerOptions { device_time: false, ..Default::default() };
+        let _profiling = one_profiler();
         let ((), prof) = profile(options, || {
             let _step = record_function("step");
             opt.step()
