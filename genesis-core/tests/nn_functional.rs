@@ -13,6 +13,20 @@ fn one_profiler() -> std::sync::MutexGuard<'static, ()> {
     PROFILING.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// How many `op` events `f` records on the calling thread: the profiler records every thread,
+/// and other tests of this binary run the same ops meanwhile.
+fn ops_on_this_thread<T>(op: &str, f: impl FnOnce() -> Result<T>) -> usize {
+    use genesis::profiler::{profile, record_function};
+    let _profiling = one_profiler();
+    let (_, prof) = profile(Default::default(), || {
+        let _span = record_function("ops_on_this_thread");
+        f()
+    })
+    .unwrap();
+    let thread = prof.events().iter().find(|e| e.name == "ops_on_this_thread").map(|e| e.thread);
+    prof.events().iter().filter(|e| e.name == op && Some(e.thread) == thread).count()
+}
+
 fn cpu() -> Device {
     Device::parse("cpu").unwrap()
 }
@@ -576,13 +590,7 @@ fn add_rms_norm_mixed_precision_under_autocast() {
         assert_eq!(branch.grad().unwrap().dtype(), low);
         // From 1.13 the norm's backward writes the branch's gradient in its half dtype too:
         // one cast fewer than 1.12, which rounds the f32 gradient with a cast.
-        let casts = |minor: u32| {
-            let _profiling = one_profiler();
-            let (_, profile) =
-                genesis::profiler::profile(Default::default(), || genesis::testing::as_interface(minor, || run(false)))
-                    .unwrap();
-            profile.events().iter().filter(|e| e.name == "cast").count()
-        };
+        let casts = |minor: u32| ops_on_this_thread("cast", || genesis::testing::as_interface(minor, || run(false)));
         assert_eq!(casts(13) + 1, casts(12), "{low}");
     }
 }
@@ -631,12 +639,7 @@ fn linear_weight_gradient_under_autocast_is_formed_in_f32() {
             }
         }
         assert!(max_new * 50.0 < max_old, "{low}: f32 error {max_new:e}, rounded path's {max_old:e}");
-        let casts = |minor: u32| {
-            let _profiling = one_profiler();
-            let (_, profile) =
-                genesis::profiler::profile(Default::default(), || genesis::testing::as_interface(minor, run)).unwrap();
-            profile.events().iter().filter(|e| e.name == "cast").count()
-        };
+        let casts = |minor: u32| ops_on_this_thread("cast", || genesis::testing::as_interface(minor, run));
         assert_eq!(casts(13) + 1, casts(12), "{low}: the weight's gradient needs no cast");
         // With create_graph the gradient is the composition's, and differentiable.
         let grads = autocast(low, || -> Result<Vec<Option<Tensor>>> {
