@@ -231,3 +231,51 @@ fn second_order_gradients_through_ops_that_read_their_output() {
         assert!(checked.is_ok(), "{name}: {:?}", checked.err());
     }
 }
+
+/// An embedding's gradient (a gather's: zeros but for the rows it read) is added in place
+/// into a gradient the pass already holds for the same table (a tied output head's), with no
+/// zeros of the table's size; a sum that something else can see (here the caller's seed) is
+/// never written, and the gradients are the same either way.
+#[test]
+fn gather_gradients_are_added_into_a_pending_sum_only_when_nothing_else_holds_it() {
+    use genesis::profiler::{profile, record_function};
+    let table: Vec<f64> = (0..15).map(|i| i as f64 * 0.5 - 3.0).collect();
+    let w = leaf(&table, &[5, 3]);
+    let ids = Tensor::from_slice(&[1i64, 3, 1, 0], &[4], &cpu()).unwrap();
+    let scale: Vec<f64> = (0..15).map(|i| 1.0 + i as f64).collect();
+    let upstream: Vec<f64> = (0..12).map(|i| 0.25 * i as f64 - 1.0).collect();
+    let c = Tensor::from_slice(&scale, &[5, 3], &cpu()).unwrap();
+    let u = Tensor::from_slice(&upstream, &[4, 3], &cpu()).unwrap();
+    // d/dw of sum(w ⊙ c) + sum(w[ids] ⊙ u): c plus u's rows added at ids.
+    let mut expected = scale.clone();
+    for (r, &id) in [1usize, 3, 1, 0].iter().enumerate() {
+        for k in 0..3 {
+            expected[id * 3 + k] += upstream[r * 3 + k];
+        }
+    }
+    // The head's part (a fresh product) is pending when the embedding's backward runs (the
+    // pass walks an op's inputs last to first, as a model's embedding comes last).
+    let embedded = w.embedding(&ids).unwrap().mul(&u).unwrap().sum().unwrap();
+    let loss = embedded.add(&w.mul(&c).unwrap().sum().unwrap()).unwrap();
+    let ((), prof) = profile(Default::default(), || {
+        let _span = record_function("tied");
+        loss.backward()
+    })
+    .unwrap();
+    assert_eq!(w.grad().unwrap().to_vec::<f64>().unwrap(), expected);
+    // Other tests may run meanwhile: look at this thread's events.
+    let thread = prof.events().iter().find(|e| e.name == "tied").map(|e| e.thread);
+    let mine: Vec<_> = prof.events().iter().filter(|e| Some(e.thread) == thread).collect();
+    let node = mine.iter().find(|e| e.name == "IndexSelectBackward").map(|e| e.id);
+    let ops: Vec<&str> = mine.iter().filter(|e| node.is_some() && e.parent == node).map(|e| e.name.as_str()).collect();
+    assert_eq!(ops, ["index_add"], "the embedding's gradient goes into the pending sum, with no zeros");
+    // The table's other gradient a view of the caller's seed: added out of place, the seed intact.
+    w.zero_grad();
+    let joined =
+        Tensor::cat(&[w.embedding(&ids).unwrap().reshape(&[-1]).unwrap(), w.reshape(&[-1]).unwrap()], 0).unwrap();
+    let seed_values: Vec<f64> = upstream.iter().chain(&scale).copied().collect();
+    let seed = Tensor::from_slice(&seed_values, &[27], &cpu()).unwrap();
+    joined.backward_with(Some(&seed), false, false).unwrap();
+    assert_eq!(seed.to_vec::<f64>().unwrap(), seed_values, "the caller's gradient is not written");
+    assert_eq!(w.grad().unwrap().to_vec::<f64>().unwrap(), expected);
+}

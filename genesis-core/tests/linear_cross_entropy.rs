@@ -47,6 +47,39 @@ fn equals_cross_entropy_of_the_full_logits_for_any_chunk() {
     }
 }
 
+/// The mean's count of targets stays on the device: the loss and its gradients read nothing
+/// back to the host (so a captured graph can hold them). With every target ignored the mean
+/// is NaN, as in PyTorch, the sum 0, and the gradients zero.
+#[test]
+fn reads_nothing_to_the_host_and_every_target_ignored_gives_nan_and_zero_gradients() {
+    use genesis::profiler::{profile, record_function, ProfilerOptions};
+    // In f32, which takes the fused kernels (f64's composition checks the targets on the host).
+    let f32 = |t: Tensor| t.to_dtype(DType::F32).unwrap();
+    let (hidden, weight) = (f32(rand(&[6, 4], 5)), f32(rand(&[9, 4], 6)));
+    let target = Tensor::from_vec(vec![1i64, -100, 3, 8, 0, 2], &[6], &cpu()).unwrap();
+    let (h, w) = (leaf(&hidden), leaf(&weight));
+    let options = ProfilerOptions { device_time: false, ..Default::default() };
+    let (_, prof) = profile(options, || {
+        let _span = record_function("loss");
+        linear_cross_entropy(&h, &w, &target, -100, Reduction::Mean, 4)?.backward()
+    })
+    .unwrap();
+    let thread = prof.events().iter().find(|e| e.name == "loss").map(|e| e.thread);
+    let reads = prof.events().iter().filter(|e| e.name == "copy_to_host" && Some(e.thread) == thread).count();
+    assert_eq!(reads, 0, "reads to the host");
+    let ignored = Tensor::from_vec(vec![-100i64; 6], &[6], &cpu()).unwrap();
+    for (reduction, expected) in [(Reduction::Mean, f64::NAN), (Reduction::Sum, 0.0)] {
+        let (h, w) = (leaf(&hidden), leaf(&weight));
+        let loss = linear_cross_entropy(&h, &w, &ignored, -100, reduction, 4).unwrap();
+        let value = loss.item::<f64>().unwrap();
+        assert!(value == expected || (value.is_nan() && expected.is_nan()), "{reduction:?}: {value}");
+        loss.backward().unwrap();
+        for g in [h.grad().unwrap(), w.grad().unwrap()] {
+            assert!(g.to_vec::<f32>().unwrap().iter().all(|&x| x == 0.0), "{reduction:?}: zero gradients");
+        }
+    }
+}
+
 #[test]
 fn without_gradients_it_only_computes_the_loss() {
     let hidden = rand(&[5, 4], 3);

@@ -216,7 +216,19 @@ pub(crate) fn run_backward(
             } else {
                 let _span =
                     crate::profiler::Span::begin(crate::profiler::EventKind::Backward, || backward_name(node.name));
-                f(&grads).map_err(|e| e.context(format_args!("{} backward", node.name)))?
+                let in_place = match (&node.add_into, &node.edges[..]) {
+                    (Some(add_into), [Some(edge)]) if !create_graph => {
+                        match sole_pending(edge, &pending, &leaf_pending) {
+                            Some(sum) => add_into(&grads, sum),
+                            None => Ok(false),
+                        }
+                    }
+                    _ => Ok(false),
+                };
+                match in_place.map_err(|e| e.context(format_args!("{} backward", node.name)))? {
+                    true => vec![None],
+                    false => f(&grads).map_err(|e| e.context(format_args!("{} backward", node.name)))?,
+                }
             }
         };
         if !retain_graph {
@@ -263,6 +275,21 @@ pub(crate) fn run_backward(
         callback()?;
     }
     Ok(captured)
+}
+
+/// The gradient summed so far for the input `edge` leads to, when it is dense and nothing but
+/// this pass holds it or its memory (not a caller's gradient, a saved tensor, or a view one
+/// backward handed to two inputs): a node may then add into it in place.
+fn sole_pending<'a>(
+    edge: &Edge,
+    pending: &'a HashMap<usize, Vec<Option<Tensor>>>,
+    leaf_pending: &'a HashMap<usize, (Arc<TensorInner>, Option<Tensor>)>,
+) -> Option<&'a Tensor> {
+    let sum = match edge {
+        Edge::Node(next, index) => pending.get(&node_key(next))?[*index].as_ref(),
+        Edge::Leaf(inner) => leaf_pending.get(&inner_key(inner))?.1.as_ref(),
+    }?;
+    (sum.is_sole_owner() && sum.is_contiguous()).then_some(sum)
 }
 
 /// Gradients of `outputs` (weighted by `grad_outputs`, ones for scalars when `None`) with

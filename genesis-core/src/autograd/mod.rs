@@ -29,6 +29,11 @@ pub type PostAccumulateHook = Box<dyn Fn(&Tensor) -> Result<()> + Send + Sync>;
 /// Computes input gradients from output gradients (`None` = zero / not needed).
 pub(crate) type BackwardFn = Box<dyn Fn(&[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> + Send + Sync>;
 
+/// Adds a node's gradient for its one input into `sum`, a gradient already pending for that
+/// input in the backward pass that nothing else holds, in place; `Ok(false)` when it cannot
+/// (then the engine calls the node's backward). See [`record1_adding_into`].
+pub(crate) type AddIntoFn = Box<dyn Fn(&[Option<Tensor>], &Tensor) -> Result<bool> + Send + Sync>;
+
 /// Where an input's gradient goes.
 pub(crate) enum Edge {
     /// Output `index` of another node.
@@ -50,6 +55,8 @@ pub(crate) struct Node {
     pub hooks: Mutex<Vec<(usize, Arc<Hook>)>>,
     /// Non-leaf outputs whose `.grad` should be kept (`retain_grad`), by output index.
     pub retained: Mutex<Vec<(usize, std::sync::Weak<TensorInner>)>>,
+    /// For ops of one input whose gradient is mostly zeros: adds it into a pending sum.
+    pub add_into: Option<AddIntoFn>,
 }
 
 /// The edge for input tensor `t`, or `None` when it needs no gradient.
@@ -68,6 +75,32 @@ pub(crate) fn record(
     outputs: Vec<Tensor>,
     backward: BackwardFn,
 ) -> Vec<Tensor> {
+    record_node(name, inputs, outputs, backward, None)
+}
+
+/// [`record1`] for an op of one input whose gradient is mostly zeros, a gather's (an
+/// embedding's rows). When a gradient for that input from elsewhere is already pending in the
+/// backward pass and nothing else holds it, the engine calls `add_into` to add this op's part
+/// into it in place, instead of `backward` making zeros of the input's size for the engine to
+/// add: where a language model's tied embedding meets its output head's gradient, that saves
+/// a fill and an addition of the whole table. A backward that builds a graph takes `backward`.
+pub(crate) fn record1_adding_into(
+    name: &'static str,
+    input: &Tensor,
+    output: Tensor,
+    backward: BackwardFn,
+    add_into: AddIntoFn,
+) -> Tensor {
+    record_node(name, &[input], vec![output], backward, Some(add_into)).pop().expect("one output")
+}
+
+fn record_node(
+    name: &'static str,
+    inputs: &[&Tensor],
+    outputs: Vec<Tensor>,
+    backward: BackwardFn,
+    add_into: Option<AddIntoFn>,
+) -> Vec<Tensor> {
     if !is_grad_enabled() || !inputs.iter().any(|t| t.requires_grad()) {
         return outputs;
     }
@@ -78,6 +111,7 @@ pub(crate) fn record(
         n_outputs: outputs.len(),
         hooks: Mutex::new(Vec::new()),
         retained: Mutex::new(Vec::new()),
+        add_into,
     });
     outputs.into_iter().enumerate().map(|(i, t)| t.with_grad_fn(node.clone(), i)).collect()
 }

@@ -63,12 +63,22 @@ impl Tensor {
         let out = Tensor::empty(&shape, self.dtype(), self.device())?;
         exec(&Op::IndexSelect { dim: d as u32 }, &[(self, self.layout()), (&index, index.layout())], &[&out])?;
         let input_shape = self.shape().to_vec();
+        let (rows, shape) = (index.clone(), input_shape.clone());
         let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
             let op = Op::IndexAdd { dim: d as u32 };
             let g = grad0(g)?;
             Ok(vec![Some(added_to_zeros(&input_shape, &op, g, &index, |z| index_add(z, d, &index, g))?)])
         });
-        Ok(record1("index_select", &[self], out, backward))
+        // Into a gradient already summed for the input (a tied output head's), in place.
+        let add_into = Box::new(move |g: &[Option<Tensor>], sum: &Tensor| -> Result<bool> {
+            let g = grad0(g)?;
+            if sum.shape() != shape.as_slice() || sum.dtype() != g.dtype() {
+                return Ok(false);
+            }
+            sum.index_add_(d as isize, &rows, g)?;
+            Ok(true)
+        });
+        Ok(crate::autograd::record1_adding_into("index_select", self, out, backward, add_into))
     }
 
     /// Add `src`'s slices along `dim` into this tensor at the positions `index` (1-D) names,

@@ -59,17 +59,21 @@ pub fn linear_cross_entropy(
         return Err(Error::invalid(format!("{name}: the loss must be a scalar (Mean or Sum), not per row")));
     }
     let target = target.to_dtype(DType::I64)?;
-    let valid = target.ne_scalar(ignore_index)?;
-    let counted = valid.to_dtype(DType::F32)?.sum()?.item::<f32>()? as f64;
-    let scale = match reduction {
-        Reduction::Mean => 1.0 / counted,
-        _ => 1.0,
-    };
-    // With every target ignored the mean is NaN, as in PyTorch, and the gradients are zero.
-    let grad_scale = if counted > 0.0 { scale } else { 0.0 };
     // f64 stays f64 (gradient checks); every other dtype takes its softmax in f32.
     let compute = if hidden.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
     let wants_grad = is_grad_enabled() && (hidden.requires_grad() || weight.requires_grad());
+    // The mean's count of targets stays on the device: the loss waits for no read to the host
+    // (and a captured graph can hold it). With every target ignored the mean is NaN, as in
+    // PyTorch (0 / 0), and the gradients are zero.
+    let counted = match reduction {
+        Reduction::Mean => Some(target.ne_scalar(ignore_index)?.to_dtype(compute)?.sum()?),
+        _ => None,
+    };
+    let grad_scale = match (&counted, wants_grad) {
+        (Some(count), true) => Some(count.gt_scalar(0.0)?.to_dtype(compute)?.div(&count.clamp(1.0, f64::INFINITY)?)?),
+        (None, true) => Some(Tensor::ones(&[], compute, hidden.device())?),
+        (_, false) => None,
+    };
     let (loss, grads) = no_grad(|| -> Result<(Tensor, Option<(Tensor, Tensor)>)> {
         // The head weight as the products use it (cast once under autocast, not per block).
         let w = crate::amp::cast_for(crate::amp::CastPolicy::Low, weight)?;
@@ -82,7 +86,7 @@ pub fn linear_cross_entropy(
             let rows = chunk_rows.min(n - start);
             let (h, t) = (hidden.narrow(0, start, rows)?, target.narrow(0, start, rows)?);
             let logits = h.matmul(&w_t)?;
-            let (block, d) = cross_entropy_sum_and_grad(&logits, &t, ignore_index, wants_grad.then_some(grad_scale))?;
+            let (block, d) = cross_entropy_sum_and_grad(&logits, &t, ignore_index, grad_scale.as_ref())?;
             total = total.add(&block.to_dtype(compute)?)?;
             if let Some(d) = d {
                 // `matmul` applies autocast; without it the logits, hidden and weight share a dtype.
@@ -106,7 +110,10 @@ pub fn linear_cross_entropy(
             }
             start += rows;
         }
-        let loss = total.mul_scalar(scale)?;
+        let loss = match &counted {
+            Some(count) => total.div(count)?,
+            None => total,
+        };
         let grads = match (wants_grad, grad_weight) {
             (true, Some(gw)) => Some((Tensor::cat(&grad_hidden, 0)?, gw.to_dtype(weight.dtype())?)),
             _ => None,

@@ -211,8 +211,8 @@ pub fn cross_entropy(
     reduce_rows(loss, &valid, &shape, reduction)
 }
 
-/// The summed cross-entropy of `logits (n, c)` at `target (n,)` and, with `grad_scale`, the
-/// gradient of `grad_scale · sum` with respect to the logits (in the logits' dtype), without
+/// The summed cross-entropy of `logits (n, c)` at `target (n,)` and, with `grad_scale` (a
+/// scalar tensor on the logits' device), the gradient of `grad_scale · sum` with respect to the logits (in the logits' dtype), without
 /// recording autograd: the building block of a loss computed a block of rows at a time. The
 /// fused kernels run where the device claims them (f32 statistics, so not for f64);
 /// otherwise the composition `softmax - onehot`.
@@ -220,7 +220,7 @@ pub(crate) fn cross_entropy_sum_and_grad(
     logits: &Tensor,
     target: &Tensor,
     ignore_index: i64,
-    grad_scale: Option<f64>,
+    grad_scale: Option<&Tensor>,
 ) -> Result<(Tensor, Option<Tensor>)> {
     let n = logits.shape()[0];
     let forward = Op::CrossEntropy { ignore_index, label_smoothing: 0.0 };
@@ -234,7 +234,7 @@ pub(crate) fn cross_entropy_sum_and_grad(
         exec(&forward, &[(logits, logits.layout()), (target, target.layout())], &[&loss, &lse])?;
         let grad = match grad_scale {
             Some(scale) => {
-                let g = valid.to_dtype(DType::F32)?.mul_scalar(scale)?;
+                let g = valid.to_dtype(DType::F32)?.mul(&scale.to_dtype(DType::F32)?)?;
                 let dx = Tensor::empty(logits.shape(), logits.dtype(), device)?;
                 let ins = [logits, target, &lse, &g];
                 exec(&backward, &ins.iter().map(|t| (*t, t.layout())).collect::<Vec<_>>(), &[&dx])?;
@@ -252,7 +252,7 @@ pub(crate) fn cross_entropy_sum_and_grad(
         Some(scale) => {
             let safe = target.masked_fill(&valid.logical_not()?, 0i64)?;
             let onehot = safe.one_hot(logits.shape()[1])?.to_dtype(x.dtype())?;
-            let rows = valid.to_dtype(x.dtype())?.mul_scalar(scale)?.unsqueeze(1)?;
+            let rows = valid.to_dtype(x.dtype())?.mul(&scale.to_dtype(x.dtype())?)?.unsqueeze(1)?;
             Some(x.softmax(-1)?.sub(&onehot)?.mul(&rows)?.to_dtype(logits.dtype())?)
         }
         None => None,

@@ -147,6 +147,12 @@ impl Tensor {
         Tensor { inner: Arc::new(inner) }
     }
 
+    /// Whether this handle is the only one to the tensor and the tensor the only one to its
+    /// memory: nothing else can see a change made in place.
+    pub(crate) fn is_sole_owner(&self) -> bool {
+        Arc::strong_count(&self.inner) == 1 && Arc::strong_count(&self.inner.storage) == 1
+    }
+
     pub(crate) fn inner_arc(&self) -> Arc<TensorInner> {
         self.inner.clone()
     }
