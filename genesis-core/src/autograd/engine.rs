@@ -17,50 +17,75 @@ fn inner_key(t: &Arc<TensorInner>) -> usize {
 /// A function to run when the current backward pass has accumulated every gradient.
 type Callback = Box<dyn FnOnce() -> Result<()>>;
 
+/// What a backward pass running on this thread keeps beside its graph walk.
+struct Frame {
+    /// The pass's id.
+    id: u64,
+    /// Callbacks queued to run at its end.
+    callbacks: Vec<Callback>,
+    /// The ones it made itself as the gradients of scalar roots (`loss.backward()`), with
+    /// their storage versions: see [`is_unit_seed`]. Weak, so they stay unique to the pass.
+    unit_seeds: Vec<(std::sync::Weak<TensorInner>, u64)>,
+}
+
 thread_local! {
-    /// One list of queued callbacks per backward pass running on this thread, with the
-    /// pass's id, innermost last (a hook may itself run a backward pass).
-    static CALLBACKS: std::cell::RefCell<Vec<(u64, Vec<Callback>)>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// One frame per backward pass running on this thread, innermost last (a hook may itself
+    /// run a backward pass).
+    static FRAMES: std::cell::RefCell<Vec<Frame>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Ids of backward passes: each pass gets a new one.
 static PASSES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
-/// The callback list of one backward pass, removed when the pass ends, however it ends.
-struct CallbackFrame;
+/// The frame of one backward pass, removed when the pass ends, however it ends.
+struct FrameGuard;
 
-impl CallbackFrame {
-    fn push() -> CallbackFrame {
+impl FrameGuard {
+    fn push(unit_seeds: Vec<(std::sync::Weak<TensorInner>, u64)>) -> FrameGuard {
         let id = PASSES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        CALLBACKS.with(|c| c.borrow_mut().push((id, Vec::new())));
-        CallbackFrame
+        FRAMES.with(|f| f.borrow_mut().push(Frame { id, callbacks: Vec::new(), unit_seeds }));
+        FrameGuard
     }
 
     /// The callbacks queued so far (callbacks queued while they run are not run).
     fn take(&self) -> Vec<Callback> {
-        CALLBACKS.with(|c| c.borrow_mut().last_mut().map(|f| std::mem::take(&mut f.1)).unwrap_or_default())
+        FRAMES.with(|f| f.borrow_mut().last_mut().map(|f| std::mem::take(&mut f.callbacks)).unwrap_or_default())
     }
 }
 
-impl Drop for CallbackFrame {
+impl Drop for FrameGuard {
     fn drop(&mut self) {
-        CALLBACKS.with(|c| c.borrow_mut().pop());
+        FRAMES.with(|f| f.borrow_mut().pop());
     }
 }
 
 /// The id of the backward pass running on this thread (innermost), if any: a hook that keeps
 /// state across a pass can tell a new pass from the rest of one that failed.
 pub(crate) fn current_pass() -> Option<u64> {
-    CALLBACKS.with(|c| c.borrow().last().map(|f| f.0))
+    FRAMES.with(|f| f.borrow().last().map(|f| f.id))
+}
+
+/// Whether `g` is a gradient of exactly one that the running pass made itself for a scalar
+/// root and nothing has changed since: a backward may then skip multiplying by it (the
+/// chunked head loss keeps gradients the size of the vocabulary's table).
+pub(crate) fn is_unit_seed(g: &Tensor) -> bool {
+    let inner = g.inner_arc();
+    FRAMES.with(|f| {
+        f.borrow().last().is_some_and(|frame| {
+            frame.unit_seeds.iter().any(|(seed, version)| {
+                std::ptr::eq(seed.as_ptr(), Arc::as_ptr(&inner)) && *version == inner.storage.version()
+            })
+        })
+    })
 }
 
 /// Run `callback` at the end of the backward pass running on this thread, after every
 /// gradient has been accumulated (PyTorch's `queue_callback`); its error becomes the pass's
 /// error. Outside a backward pass, an error.
 pub(crate) fn queue_callback(callback: impl FnOnce() -> Result<()> + 'static) -> Result<()> {
-    CALLBACKS.with(|c| match c.borrow_mut().last_mut() {
+    FRAMES.with(|f| match f.borrow_mut().last_mut() {
         Some(frame) => {
-            frame.1.push(Box::new(callback));
+            frame.callbacks.push(Box::new(callback));
             Ok(())
         }
         None => Err(Error::invalid("queue_callback: no backward pass is running on this thread")),
@@ -80,16 +105,23 @@ fn add_grads(a: Option<Tensor>, b: Tensor) -> Result<Tensor> {
     }
 }
 
-/// Run backward from `roots` with their gradients. With `targets`, return the gradients of
-/// those tensors instead of touching any `.grad`.
+/// Run backward from `outputs` with the gradients `grad_outputs` (ones for scalar outputs
+/// when `None`). With `targets`, return the gradients of those tensors instead of touching
+/// any `.grad`.
 pub(crate) fn run_backward(
-    roots: &[(Tensor, Tensor)],
+    outputs: &[Tensor],
+    grad_outputs: Option<&[Tensor]>,
     retain_graph: bool,
     create_graph: bool,
     targets: Option<&[Tensor]>,
 ) -> Result<Vec<Option<Tensor>>> {
+    let roots = crate::tensor::seed_gradients(outputs, grad_outputs)?;
+    let unit_seeds = match grad_outputs {
+        None => roots.iter().map(|(_, g)| (Arc::downgrade(&g.inner_arc()), g.version())).collect(),
+        Some(_) => Vec::new(),
+    };
     let _mode = set_grad_enabled(create_graph);
-    let callbacks = CallbackFrame::push();
+    let callbacks = FrameGuard::push(unit_seeds);
     // Backward runs in the dtypes the forward chose, whatever autocast scope it is called in.
     let _amp = crate::amp::suspend();
     let targets: Option<Vec<Target>> = targets.map(|ts| {
@@ -113,7 +145,7 @@ pub(crate) fn run_backward(
     let mut pending: HashMap<usize, Vec<Option<Tensor>>> = HashMap::new();
     let mut nodes: HashMap<usize, Arc<Node>> = HashMap::new();
     let mut leaf_grads: Vec<(Arc<TensorInner>, Tensor)> = Vec::new();
-    for (root, grad) in roots {
+    for (root, grad) in &roots {
         match root.grad_fn_and_index() {
             Some((node, index)) => {
                 let slot = pending.entry(node_key(&node)).or_insert_with(|| vec![None; node.n_outputs]);
@@ -302,8 +334,7 @@ pub fn grad(
     retain_graph: bool,
     create_graph: bool,
 ) -> Result<Vec<Option<Tensor>>> {
-    let roots = crate::tensor::seed_gradients(outputs, grad_outputs)?;
-    run_backward(&roots, retain_graph || create_graph, create_graph, Some(inputs))
+    run_backward(outputs, grad_outputs, retain_graph || create_graph, create_graph, Some(inputs))
 }
 
 /// The profiler's name of a node's backward, as PyTorch names them: `rms_norm` →

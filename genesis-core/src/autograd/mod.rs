@@ -13,7 +13,7 @@ mod engine;
 mod mode;
 
 pub use engine::grad;
-pub(crate) use engine::{current_pass, queue_callback, run_backward};
+pub(crate) use engine::{current_pass, is_unit_seed, queue_callback, run_backward};
 pub use mode::{is_grad_enabled, no_grad, set_grad_enabled, GradModeGuard};
 
 use crate::error::{Error, ErrorKind, Result};

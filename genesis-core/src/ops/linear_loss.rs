@@ -123,6 +123,10 @@ pub fn linear_cross_entropy(
     let Some((grad_hidden, grad_weight)) = grads else { return Ok(loss) };
     let backward = Box::new(move |g: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
         let g = g[0].as_ref().ok_or_else(|| Error::invalid("linear_cross_entropy: missing gradient"))?;
+        // After `loss.backward()` the gradients kept are the answer: no pass over the head's.
+        if crate::autograd::is_unit_seed(g) {
+            return Ok(vec![Some(grad_hidden.clone()), Some(grad_weight.clone())]);
+        }
         let gh = grad_hidden.mul(&g.to_dtype(grad_hidden.dtype())?)?;
         let gw = grad_weight.mul(&g.to_dtype(grad_weight.dtype())?)?;
         Ok(vec![Some(gh), Some(gw)])

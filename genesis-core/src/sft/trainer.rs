@@ -330,8 +330,13 @@ impl<'m, M: SftModel> SftTrainer<'m, M> {
             let tokens: usize = batches.iter().map(|b| b.tokens).sum();
             let mut parts = Vec::with_capacity(batches.len());
             for inputs in &batches {
-                // Each micro-batch's share of the mean over all the step's targets.
-                let part = self.loss(inputs, Reduction::Sum)?.mul_scalar(1.0 / targets.max(1) as f64)?;
+                // Each micro-batch's share of the mean over all the step's targets. With one
+                // micro-batch that is its mean, and a backward from the loss itself lets the
+                // head's loss keep its gradients as they are, without a pass to scale them.
+                let part = match batches.len() {
+                    1 if targets > 0 => self.loss(inputs, Reduction::Mean)?,
+                    _ => self.loss(inputs, Reduction::Sum)?.mul_scalar(1.0 / targets.max(1) as f64)?,
+                };
                 part.backward()?;
                 parts.push(part.detach());
             }

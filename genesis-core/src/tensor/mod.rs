@@ -388,8 +388,15 @@ impl Tensor {
     /// gradients (`zero_grad`, or set them to `None`) when done, or use [`crate::grad`], which
     /// returns the gradients instead of storing them.
     pub fn backward_with(&self, gradient: Option<&Tensor>, retain_graph: bool, create_graph: bool) -> Result<()> {
-        let roots = seed_gradients(std::slice::from_ref(self), gradient.map(std::slice::from_ref))?;
-        autograd::run_backward(&roots, retain_graph || create_graph, create_graph, None).map(|_| ())
+        let outputs = std::slice::from_ref(self);
+        autograd::run_backward(
+            outputs,
+            gradient.map(std::slice::from_ref),
+            retain_graph || create_graph,
+            create_graph,
+            None,
+        )
+        .map(|_| ())
     }
 }
 
