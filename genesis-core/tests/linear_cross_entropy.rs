@@ -113,21 +113,23 @@ fn bad_input_is_a_clear_error() {
 }
 
 /// After `loss.backward()` (the pass's own gradient of one) the kept gradients are given as
-/// they are; a gradient the caller passes, even of ones, is multiplied in. Equal bit for bit.
+/// they are; a gradient the caller passes, even of ones, is multiplied in, and so is the
+/// seed of a pass that keeps the graph (what it hands over must not alias what it keeps: a
+/// `.grad` written in place would change the next backward). Equal bit for bit.
 #[test]
 fn the_implicit_gradient_of_one_is_not_multiplied_in() {
     use genesis::profiler::{profile, record_function, ProfilerOptions};
     let f32 = |t: Tensor| t.to_dtype(DType::F32).unwrap();
     let (hidden, weight) = (f32(rand(&[6, 4], 7)), f32(rand(&[9, 4], 8)));
     let target = Tensor::from_vec(vec![1i64, -100, 3, 8, 0, 2], &[6], &cpu()).unwrap();
-    let run = |explicit: bool| {
+    let run = |explicit: bool, retain: bool| {
         let (h, w) = (leaf(&hidden), leaf(&weight));
         let loss = linear_cross_entropy(&h, &w, &target, -100, Reduction::Mean, 4).unwrap();
         let one = Tensor::ones(&[], DType::F32, &cpu()).unwrap();
         let options = ProfilerOptions { device_time: false, ..Default::default() };
         let ((), prof) = profile(options, || {
             let _span = record_function("backward");
-            loss.backward_with(explicit.then_some(&one), false, false)
+            loss.backward_with(explicit.then_some(&one), retain, false)
         })
         .unwrap();
         let thread = prof.events().iter().find(|e| e.name == "backward").map(|e| e.thread);
@@ -135,10 +137,19 @@ fn the_implicit_gradient_of_one_is_not_multiplied_in() {
         let node = mine.iter().find(|e| e.name == "LinearCrossEntropyBackward").map(|e| e.id);
         let muls = mine.iter().filter(|e| node.is_some() && e.parent == node && e.name == "mul").count();
         let grads = [h.grad().unwrap(), w.grad().unwrap()].map(|g| g.to_vec::<f32>().unwrap());
+        if retain {
+            // Written in place, then a second backward: its gradient is unchanged.
+            w.grad().unwrap().mul_scalar_(0.0).unwrap();
+            w.zero_grad();
+            loss.backward().unwrap();
+            assert_eq!(w.grad().unwrap().to_vec::<f32>().unwrap(), grads[1]);
+        }
         (muls, grads)
     };
-    let (implicit_muls, implicit) = run(false);
-    let (explicit_muls, explicit) = run(true);
-    assert_eq!((implicit_muls, explicit_muls), (0, 2));
+    let (implicit_muls, implicit) = run(false, false);
+    let (explicit_muls, explicit) = run(true, false);
+    let (retained_muls, retained) = run(false, true);
+    assert_eq!((implicit_muls, explicit_muls, retained_muls), (0, 2, 2));
     assert_eq!(implicit, explicit);
+    assert_eq!(implicit, retained);
 }

@@ -24,7 +24,8 @@ struct Frame {
     /// Callbacks queued to run at its end.
     callbacks: Vec<Callback>,
     /// The ones it made itself as the gradients of scalar roots (`loss.backward()`), with
-    /// their storage versions: see [`is_unit_seed`]. Weak, so they stay unique to the pass.
+    /// their storage versions, when it frees each node's backward after running it: see
+    /// [`takes_kept_gradients`]. Weak, so they stay unique to the pass.
     unit_seeds: Vec<(std::sync::Weak<TensorInner>, u64)>,
 }
 
@@ -65,10 +66,12 @@ pub(crate) fn current_pass() -> Option<u64> {
     FRAMES.with(|f| f.borrow().last().map(|f| f.id))
 }
 
-/// Whether `g` is a gradient of exactly one that the running pass made itself for a scalar
-/// root and nothing has changed since: a backward may then skip multiplying by it (the
-/// chunked head loss keeps gradients the size of the vocabulary's table).
-pub(crate) fn is_unit_seed(g: &Tensor) -> bool {
+/// Whether a backward whose output's gradient is `g` may return gradients it kept as they
+/// are: `g` is a gradient of exactly one that the running pass made itself for a scalar root,
+/// unchanged since, and the pass frees the backward once it has run, so nothing it kept can
+/// see what later happens to the tensors it hands over (`.grad` written in place, say). The
+/// chunked head loss keeps gradients the size of the vocabulary's table and so skips a pass.
+pub(crate) fn takes_kept_gradients(g: &Tensor) -> bool {
     let inner = g.inner_arc();
     FRAMES.with(|f| {
         f.borrow().last().is_some_and(|frame| {
@@ -117,8 +120,8 @@ pub(crate) fn run_backward(
 ) -> Result<Vec<Option<Tensor>>> {
     let roots = crate::tensor::seed_gradients(outputs, grad_outputs)?;
     let unit_seeds = match grad_outputs {
-        None => roots.iter().map(|(_, g)| (Arc::downgrade(&g.inner_arc()), g.version())).collect(),
-        Some(_) => Vec::new(),
+        None if !retain_graph => roots.iter().map(|(_, g)| (Arc::downgrade(&g.inner_arc()), g.version())).collect(),
+        _ => Vec::new(),
     };
     let _mode = set_grad_enabled(create_graph);
     let callbacks = FrameGuard::push(unit_seeds);
@@ -248,7 +251,8 @@ pub(crate) fn run_backward(
             } else {
                 let _span =
                     crate::profiler::Span::begin(crate::profiler::EventKind::Backward, || backward_name(node.name));
-                let in_place = match (&node.add_into, &node.edges[..]) {
+                let add_into = node.add_into.lock().unwrap_or_else(|p| p.into_inner());
+                let in_place = match (add_into.as_ref(), &node.edges[..]) {
                     (Some(add_into), [Some(edge)]) if !create_graph => {
                         match sole_pending(edge, &pending, &leaf_pending) {
                             Some(sum) => add_into(&grads, sum),
@@ -265,6 +269,7 @@ pub(crate) fn run_backward(
         };
         if !retain_graph {
             node.backward.lock().unwrap_or_else(|p| p.into_inner()).take();
+            node.add_into.lock().unwrap_or_else(|p| p.into_inner()).take();
         }
 
         for (edge, g) in node.edges.iter().zip(input_grads) {

@@ -13,7 +13,7 @@ mod engine;
 mod mode;
 
 pub use engine::grad;
-pub(crate) use engine::{current_pass, is_unit_seed, queue_callback, run_backward};
+pub(crate) use engine::{current_pass, queue_callback, run_backward, takes_kept_gradients};
 pub use mode::{is_grad_enabled, no_grad, set_grad_enabled, GradModeGuard};
 
 use crate::error::{Error, ErrorKind, Result};
@@ -56,7 +56,8 @@ pub(crate) struct Node {
     /// Non-leaf outputs whose `.grad` should be kept (`retain_grad`), by output index.
     pub retained: Mutex<Vec<(usize, std::sync::Weak<TensorInner>)>>,
     /// For ops of one input whose gradient is mostly zeros: adds it into a pending sum.
-    pub add_into: Option<AddIntoFn>,
+    /// Freed with `backward`.
+    pub add_into: Mutex<Option<AddIntoFn>>,
 }
 
 /// The edge for input tensor `t`, or `None` when it needs no gradient.
@@ -111,7 +112,7 @@ fn record_node(
         n_outputs: outputs.len(),
         hooks: Mutex::new(Vec::new()),
         retained: Mutex::new(Vec::new()),
-        add_into,
+        add_into: Mutex::new(add_into),
     });
     outputs.into_iter().enumerate().map(|(i, t)| t.with_grad_fn(node.clone(), i)).collect()
 }
