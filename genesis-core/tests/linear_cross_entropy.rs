@@ -5,6 +5,9 @@ use genesis::nn::functional::{cross_entropy, linear_cross_entropy};
 use genesis::nn::Reduction;
 use genesis::{DType, Device, Tensor};
 
+mod common;
+use common::one_profiler;
+
 fn cpu() -> Device {
     Device::cpu().unwrap()
 }
@@ -59,12 +62,14 @@ fn reads_nothing_to_the_host_and_every_target_ignored_gives_nan_and_zero_gradien
     let target = Tensor::from_vec(vec![1i64, -100, 3, 8, 0, 2], &[6], &cpu()).unwrap();
     let (h, w) = (leaf(&hidden), leaf(&weight));
     let options = ProfilerOptions { device_time: false, ..Default::default() };
+    let profiling = one_profiler();
     let (_, prof) = profile(options, || {
         let _span = record_function("loss");
         linear_cross_entropy(&h, &w, &target, -100, Reduction::Mean, 4)?.backward()
     })
     .unwrap();
     let thread = prof.events().iter().find(|e| e.name == "loss").map(|e| e.thread);
+    drop(profiling);
     let reads = prof.events().iter().filter(|e| e.name == "copy_to_host" && Some(e.thread) == thread).count();
     assert_eq!(reads, 0, "reads to the host");
     let ignored = Tensor::from_vec(vec![-100i64; 6], &[6], &cpu()).unwrap();
@@ -127,6 +132,7 @@ fn the_implicit_gradient_of_one_is_not_multiplied_in() {
         let loss = linear_cross_entropy(&h, &w, &target, -100, Reduction::Mean, 4).unwrap();
         let one = Tensor::ones(&[], DType::F32, &cpu()).unwrap();
         let options = ProfilerOptions { device_time: false, ..Default::default() };
+        let _profiling = one_profiler();
         let ((), prof) = profile(options, || {
             let _span = record_function("backward");
             loss.backward_with(explicit.then_some(&one), retain, false)

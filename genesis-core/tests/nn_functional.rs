@@ -6,12 +6,8 @@ use genesis::nn::Reduction;
 use genesis::testing::{gradcheck, GradcheckOptions};
 use genesis::{DType, Device, ErrorKind, Generator, Result, Tensor};
 
-/// The profiler records one session per process and the tests of this file run on parallel
-/// threads: each profiled section holds this lock.
-fn one_profiler() -> std::sync::MutexGuard<'static, ()> {
-    static PROFILING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    PROFILING.lock().unwrap_or_else(|p| p.into_inner())
-}
+mod common;
+use common::one_profiler;
 
 /// How many `op` events `f` records on the calling thread: the profiler records every thread,
 /// and other tests of this binary run the same ops meanwhile.

@@ -7,12 +7,8 @@ use genesis::optim::{
 };
 use genesis::{f16, DType, Device, Result, Tensor};
 
-/// The profiler records one session per process and the tests of this file run on parallel
-/// threads: each profiled section holds this lock.
-fn one_profiler() -> std::sync::MutexGuard<'static, ()> {
-    static PROFILING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    PROFILING.lock().unwrap_or_else(|p| p.into_inner())
-}
+mod common;
+use common::one_profiler;
 
 fn param(values: &[f32], shape: &[usize], cpu: &Device) -> Result<Tensor> {
     Tensor::from_slice(values, shape, cpu)?.requires_grad_(true)

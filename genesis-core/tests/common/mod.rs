@@ -58,3 +58,10 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// The profiler records one session per process and a test binary's tests run on parallel
+/// threads: each profiled section holds this lock.
+pub fn one_profiler() -> std::sync::MutexGuard<'static, ()> {
+    static PROFILING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    PROFILING.lock().unwrap_or_else(|p| p.into_inner())
+}
