@@ -2,6 +2,9 @@
 
 use genesis::{autograd, grad, no_grad, DType, Device, ErrorKind, Tensor};
 
+mod common;
+use common::profile_this_thread;
+
 fn cpu() -> Device {
     Device::parse("cpu").expect("cpu")
 }
@@ -238,7 +241,6 @@ fn second_order_gradients_through_ops_that_read_their_output() {
 /// never written, and the gradients are the same either way.
 #[test]
 fn gather_gradients_are_added_into_a_pending_sum_only_when_nothing_else_holds_it() {
-    use genesis::profiler::{profile, record_function};
     let table: Vec<f64> = (0..15).map(|i| i as f64 * 0.5 - 3.0).collect();
     let w = leaf(&table, &[5, 3]);
     let ids = Tensor::from_slice(&[1i64, 3, 1, 0], &[4], &cpu()).unwrap();
@@ -257,15 +259,8 @@ fn gather_gradients_are_added_into_a_pending_sum_only_when_nothing_else_holds_it
     // pass walks an op's inputs last to first, as a model's embedding comes last).
     let embedded = w.embedding(&ids).unwrap().mul(&u).unwrap().sum().unwrap();
     let loss = embedded.add(&w.mul(&c).unwrap().sum().unwrap()).unwrap();
-    let ((), prof) = profile(Default::default(), || {
-        let _span = record_function("tied");
-        loss.backward()
-    })
-    .unwrap();
+    let ((), mine) = profile_this_thread(Default::default(), || loss.backward()).unwrap();
     assert_eq!(w.grad().unwrap().to_vec::<f64>().unwrap(), expected);
-    // Other tests may run meanwhile: look at this thread's events.
-    let thread = prof.events().iter().find(|e| e.name == "tied").map(|e| e.thread);
-    let mine: Vec<_> = prof.events().iter().filter(|e| Some(e.thread) == thread).collect();
     let node = mine.iter().find(|e| e.name == "IndexSelectBackward").map(|e| e.id);
     let ops: Vec<&str> = mine.iter().filter(|e| node.is_some() && e.parent == node).map(|e| e.name.as_str()).collect();
     assert_eq!(ops, ["index_add"], "the embedding's gradient goes into the pending sum, with no zeros");

@@ -6,7 +6,7 @@ use genesis::nn::Reduction;
 use genesis::{DType, Device, Tensor};
 
 mod common;
-use common::one_profiler;
+use common::profile_this_thread;
 
 fn cpu() -> Device {
     Device::cpu().unwrap()
@@ -55,22 +55,17 @@ fn equals_cross_entropy_of_the_full_logits_for_any_chunk() {
 /// is NaN, as in PyTorch, the sum 0, and the gradients zero.
 #[test]
 fn reads_nothing_to_the_host_and_every_target_ignored_gives_nan_and_zero_gradients() {
-    use genesis::profiler::{profile, record_function, ProfilerOptions};
+    use genesis::profiler::ProfilerOptions;
     // In f32, which takes the fused kernels (f64's composition checks the targets on the host).
     let f32 = |t: Tensor| t.to_dtype(DType::F32).unwrap();
     let (hidden, weight) = (f32(rand(&[6, 4], 5)), f32(rand(&[9, 4], 6)));
     let target = Tensor::from_vec(vec![1i64, -100, 3, 8, 0, 2], &[6], &cpu()).unwrap();
     let (h, w) = (leaf(&hidden), leaf(&weight));
     let options = ProfilerOptions { device_time: false, ..Default::default() };
-    let profiling = one_profiler();
-    let (_, prof) = profile(options, || {
-        let _span = record_function("loss");
-        linear_cross_entropy(&h, &w, &target, -100, Reduction::Mean, 4)?.backward()
-    })
-    .unwrap();
-    let thread = prof.events().iter().find(|e| e.name == "loss").map(|e| e.thread);
-    drop(profiling);
-    let reads = prof.events().iter().filter(|e| e.name == "copy_to_host" && Some(e.thread) == thread).count();
+    let (_, events) =
+        profile_this_thread(options, || linear_cross_entropy(&h, &w, &target, -100, Reduction::Mean, 4)?.backward())
+            .unwrap();
+    let reads = events.iter().filter(|e| e.name == "copy_to_host").count();
     assert_eq!(reads, 0, "reads to the host");
     let ignored = Tensor::from_vec(vec![-100i64; 6], &[6], &cpu()).unwrap();
     for (reduction, expected) in [(Reduction::Mean, f64::NAN), (Reduction::Sum, 0.0)] {
@@ -123,7 +118,7 @@ fn bad_input_is_a_clear_error() {
 /// `.grad` written in place would change the next backward). Equal bit for bit.
 #[test]
 fn the_implicit_gradient_of_one_is_not_multiplied_in() {
-    use genesis::profiler::{profile, record_function, ProfilerOptions};
+    use genesis::profiler::ProfilerOptions;
     let f32 = |t: Tensor| t.to_dtype(DType::F32).unwrap();
     let (hidden, weight) = (f32(rand(&[6, 4], 7)), f32(rand(&[9, 4], 8)));
     let target = Tensor::from_vec(vec![1i64, -100, 3, 8, 0, 2], &[6], &cpu()).unwrap();
@@ -132,16 +127,10 @@ fn the_implicit_gradient_of_one_is_not_multiplied_in() {
         let loss = linear_cross_entropy(&h, &w, &target, -100, Reduction::Mean, 4).unwrap();
         let one = Tensor::ones(&[], DType::F32, &cpu()).unwrap();
         let options = ProfilerOptions { device_time: false, ..Default::default() };
-        let _profiling = one_profiler();
-        let ((), prof) = profile(options, || {
-            let _span = record_function("backward");
-            loss.backward_with(explicit.then_some(&one), retain, false)
-        })
-        .unwrap();
-        let thread = prof.events().iter().find(|e| e.name == "backward").map(|e| e.thread);
-        let mine: Vec<_> = prof.events().iter().filter(|e| Some(e.thread) == thread).collect();
-        let node = mine.iter().find(|e| e.name == "LinearCrossEntropyBackward").map(|e| e.id);
-        let muls = mine.iter().filter(|e| node.is_some() && e.parent == node && e.name == "mul").count();
+        let ((), events) =
+            profile_this_thread(options, || loss.backward_with(explicit.then_some(&one), retain, false)).unwrap();
+        let node = events.iter().find(|e| e.name == "LinearCrossEntropyBackward").map(|e| e.id);
+        let muls = events.iter().filter(|e| node.is_some() && e.parent == node && e.name == "mul").count();
         let grads = [h.grad().unwrap(), w.grad().unwrap()].map(|g| g.to_vec::<f32>().unwrap());
         if retain {
             // Written in place, then a second backward: its gradient is unchanged.

@@ -6,6 +6,9 @@ use genesis::nn::functional as F;
 use genesis::testing::{composites_only, gradcheck, GradcheckOptions};
 use genesis::{manual_seed, DType, Device, ErrorKind, Generator, Result, Tensor};
 
+mod common;
+use common::profile_this_thread;
+
 fn cpu() -> Device {
     Device::parse("cpu").unwrap()
 }
@@ -377,15 +380,8 @@ fn masked_attention_kernel_matches_composite() {
                 .to_vec::<f32>()
                 .unwrap()
         };
-        let (fused, profile) = genesis::profiler::profile(Default::default(), || {
-            let _span = genesis::profiler::record_function("masked_attention_test");
-            Ok(run())
-        })
-        .unwrap();
-        // The profiler records every thread and other tests run this op too: look on this one.
-        let thread = profile.events().iter().find(|e| e.name == "masked_attention_test").map(|e| e.thread);
-        let ran = profile.events().iter().any(|e| e.name == "masked_attention" && Some(e.thread) == thread);
-        assert!(ran, "the kernel ran");
+        let (fused, events) = profile_this_thread(Default::default(), || Ok(run())).unwrap();
+        assert!(events.iter().any(|e| e.name == "masked_attention"), "the kernel ran");
         let composite = composites_only(run);
         assert_eq!(fused.iter().filter(|x| x.is_nan()).count(), 6 * 4 * if mask.rank() == 4 { 1 } else { 2 });
         for (a, b) in fused.iter().zip(&composite) {

@@ -7,20 +7,12 @@ use genesis::testing::{gradcheck, GradcheckOptions};
 use genesis::{DType, Device, ErrorKind, Generator, Result, Tensor};
 
 mod common;
-use common::one_profiler;
+use common::profile_this_thread;
 
-/// How many `op` events `f` records on the calling thread: the profiler records every thread,
-/// and other tests of this binary run the same ops meanwhile.
+/// How many `op` events `f` records on the calling thread.
 fn ops_on_this_thread<T>(op: &str, f: impl FnOnce() -> Result<T>) -> usize {
-    use genesis::profiler::{profile, record_function};
-    let _profiling = one_profiler();
-    let (_, prof) = profile(Default::default(), || {
-        let _span = record_function("ops_on_this_thread");
-        f()
-    })
-    .unwrap();
-    let thread = prof.events().iter().find(|e| e.name == "ops_on_this_thread").map(|e| e.thread);
-    prof.events().iter().filter(|e| e.name == op && Some(e.thread) == thread).count()
+    let (_, events) = profile_this_thread(Default::default(), f).unwrap();
+    events.iter().filter(|e| e.name == op).count()
 }
 
 fn cpu() -> Device {
@@ -503,7 +495,7 @@ fn add_rms_norm_fused_matches_the_addition_then_the_norm() {
 /// older plugins.
 #[test]
 fn add_rms_norm_backward_adds_the_sum_gradient_in_the_norm_pass() {
-    use genesis::profiler::{profile, record_function, ProfilerOptions};
+    use genesis::profiler::ProfilerOptions;
     let f32 = |t: Tensor| t.to_dtype(DType::F32).unwrap().detach().requires_grad_(true).unwrap();
     let (x, r, w) = (f32(rand(&[4, 6], 70)), f32(rand(&[4, 6], 71)), f32(rand(&[6], 72)));
     let run = || -> Result<(Vec<String>, Vec<Vec<f32>>)> {
@@ -513,17 +505,9 @@ fn add_rms_norm_backward_adds_the_sum_gradient_in_the_norm_pass() {
         let (y, sum) = F::add_rms_norm(&x, &r, &[6], Some(&w), Some(1e-6))?;
         let loss = y.mul(&y)?.sum()?.add(&sum.mul_scalar(0.5)?.sum()?)?;
         let options = ProfilerOptions { device_time: false, ..Default::default() };
-        // The profiler records every thread, and other tests of this binary run norms
-        // meanwhile: take the node on this test's thread (the one that records the span).
-        let _profiling = one_profiler();
-        let ((), prof) = profile(options, || {
-            let _span = record_function("add_rms_norm_backward_test");
-            loss.backward()
-        })?;
-        let thread = prof.events().iter().find(|e| e.name == "add_rms_norm_backward_test").map(|e| e.thread);
-        let node =
-            prof.events().iter().find(|e| e.name == "AddRmsNormBackward" && Some(e.thread) == thread).map(|e| e.id);
-        let ops = prof.events().iter().filter(|e| node.is_some() && e.parent == node).map(|e| e.name.clone()).collect();
+        let ((), events) = profile_this_thread(options, || loss.backward())?;
+        let node = events.iter().find(|e| e.name == "AddRmsNormBackward").map(|e| e.id);
+        let ops = events.iter().filter(|e| node.is_some() && e.parent == node).map(|e| e.name.clone()).collect();
         let grads = [&x, &r, &w].iter().map(|t| t.grad().unwrap().to_vec::<f32>()).collect::<Result<Vec<_>>>()?;
         Ok((ops, grads))
     };

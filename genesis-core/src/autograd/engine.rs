@@ -236,7 +236,7 @@ pub(crate) fn run_backward(
 
         let input_grads = {
             let guard = node.backward.lock().unwrap_or_else(|p| p.into_inner());
-            let f = guard.as_ref().ok_or_else(|| {
+            let (f, add_into) = guard.as_ref().ok_or_else(|| {
                 Error::new(
                     ErrorKind::InvalidArgument,
                     format!(
@@ -251,25 +251,19 @@ pub(crate) fn run_backward(
             } else {
                 let _span =
                     crate::profiler::Span::begin(crate::profiler::EventKind::Backward, || backward_name(node.name));
-                let add_into = node.add_into.lock().unwrap_or_else(|p| p.into_inner());
-                let in_place = match (add_into.as_ref(), &node.edges[..]) {
-                    (Some(add_into), [Some(edge)]) if !create_graph => {
-                        match sole_pending(edge, &pending, &leaf_pending) {
-                            Some(sum) => add_into(&grads, sum),
-                            None => Ok(false),
-                        }
-                    }
-                    _ => Ok(false),
+                let context = |e: Error| e.context(format_args!("{} backward", node.name));
+                let sum = match (add_into, &node.edges[..]) {
+                    (Some(_), [Some(edge)]) if !create_graph => sole_pending(edge, &pending, &leaf_pending),
+                    _ => None,
                 };
-                match in_place.map_err(|e| e.context(format_args!("{} backward", node.name)))? {
-                    true => vec![None],
-                    false => f(&grads).map_err(|e| e.context(format_args!("{} backward", node.name)))?,
+                match (add_into, sum) {
+                    (Some(add_into), Some(sum)) if add_into(&grads, sum).map_err(context)? => vec![None],
+                    _ => f(&grads).map_err(context)?,
                 }
             }
         };
         if !retain_graph {
             node.backward.lock().unwrap_or_else(|p| p.into_inner()).take();
-            node.add_into.lock().unwrap_or_else(|p| p.into_inner()).take();
         }
 
         for (edge, g) in node.edges.iter().zip(input_grads) {

@@ -45,9 +45,10 @@ pub(crate) enum Edge {
 /// One recorded op in the graph.
 pub(crate) struct Node {
     pub name: &'static str,
-    /// Taken (set to `None`) after a backward without `retain_graph`, which frees the saved
-    /// tensors it captured.
-    pub backward: Mutex<Option<BackwardFn>>,
+    /// The backward and, for ops of one input whose gradient is mostly zeros, the function
+    /// that adds that gradient into a pending sum instead. Taken (set to `None`) after a
+    /// backward without `retain_graph`, which frees the saved tensors they captured.
+    pub backward: Mutex<Option<(BackwardFn, Option<AddIntoFn>)>>,
     /// One entry per input; `None` for inputs that need no gradient.
     pub edges: Vec<Option<Edge>>,
     pub n_outputs: usize,
@@ -55,9 +56,6 @@ pub(crate) struct Node {
     pub hooks: Mutex<Vec<(usize, Arc<Hook>)>>,
     /// Non-leaf outputs whose `.grad` should be kept (`retain_grad`), by output index.
     pub retained: Mutex<Vec<(usize, std::sync::Weak<TensorInner>)>>,
-    /// For ops of one input whose gradient is mostly zeros: adds it into a pending sum.
-    /// Freed with `backward`.
-    pub add_into: Mutex<Option<AddIntoFn>>,
 }
 
 /// The edge for input tensor `t`, or `None` when it needs no gradient.
@@ -107,12 +105,11 @@ fn record_node(
     }
     let node = Arc::new(Node {
         name,
-        backward: Mutex::new(Some(backward)),
+        backward: Mutex::new(Some((backward, add_into))),
         edges: inputs.iter().map(|t| edge_of(t)).collect(),
         n_outputs: outputs.len(),
         hooks: Mutex::new(Vec::new()),
         retained: Mutex::new(Vec::new()),
-        add_into: Mutex::new(add_into),
     });
     outputs.into_iter().enumerate().map(|(i, t)| t.with_grad_fn(node.clone(), i)).collect()
 }

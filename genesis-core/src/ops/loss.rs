@@ -212,10 +212,10 @@ pub fn cross_entropy(
 }
 
 /// The summed cross-entropy of `logits (n, c)` at `target (n,)` and, with `grad_scale` (a
-/// scalar tensor on the logits' device), the gradient of `grad_scale · sum` with respect to the logits (in the logits' dtype), without
-/// recording autograd: the building block of a loss computed a block of rows at a time. The
-/// fused kernels run where the device claims them (f32 statistics, so not for f64);
-/// otherwise the composition `softmax - onehot`.
+/// scalar tensor on the logits' device), the gradient of `grad_scale · sum` with respect to
+/// the logits (in the logits' dtype), without recording autograd: the building block of a
+/// loss computed a block of rows at a time. The fused kernels run where the device claims
+/// them (f32 statistics, so not for f64); otherwise the composition `softmax - onehot`.
 pub(crate) fn cross_entropy_sum_and_grad(
     logits: &Tensor,
     target: &Tensor,

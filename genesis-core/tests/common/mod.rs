@@ -65,3 +65,19 @@ pub fn one_profiler() -> std::sync::MutexGuard<'static, ()> {
     static PROFILING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     PROFILING.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+/// `f` profiled (holding [`one_profiler`]), with the events the calling thread recorded: the
+/// profiler records every thread, and other tests of the binary run the same ops meanwhile.
+pub fn profile_this_thread<T>(
+    options: genesis::profiler::ProfilerOptions,
+    f: impl FnOnce() -> genesis::Result<T>,
+) -> genesis::Result<(T, Vec<genesis::profiler::Event>)> {
+    use genesis::profiler::{profile, record_function};
+    let _profiling = one_profiler();
+    let (value, prof) = profile(options, || {
+        let _span = record_function("profile_this_thread");
+        f()
+    })?;
+    let thread = prof.events().iter().find(|e| e.name == "profile_this_thread").map(|e| e.thread);
+    Ok((value, prof.events().iter().filter(|e| Some(e.thread) == thread).cloned().collect()))
+}
